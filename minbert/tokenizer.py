@@ -1,0 +1,81 @@
+"""WordPiece tokenisation through the `tokenizers` library (Rust, batched).
+
+Loaded from a checkpoint's tokenizer.json, or built from vocab.txt with BERT's normalisation
+(lower-casing as tokenizer_config.json says, True when it says nothing, as for BERT itself).
+Padding and truncation are ours to decide: a tokenizer.json may carry its own (all-MiniLM-L6-v2's
+pads everything to 128), which we switch off.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from tokenizers import Tokenizer as _Backend
+from tokenizers.implementations import BertWordPieceTokenizer
+
+
+class Tokenizer:
+    def __init__(self, backend: _Backend):
+        self.backend = backend
+        self.backend.no_padding()
+        self.backend.no_truncation()
+        self._max_length = None
+        self.pad_id = self._token_id("[PAD]")
+        self.cls_id = self._token_id("[CLS]")
+        self.sep_id = self._token_id("[SEP]")
+
+    def _token_id(self, token: str) -> int:
+        i = self.backend.token_to_id(token)
+        if i is None:
+            raise ValueError(f"the vocabulary has no {token} token; is this a BERT vocabulary?")
+        return i
+
+    @classmethod
+    def from_checkpoint(cls, path: str | Path) -> "Tokenizer":
+        path = Path(path)
+        if (path / "tokenizer.json").is_file():
+            try:
+                return cls(_Backend.from_file(str(path / "tokenizer.json")))
+            except Exception as e:  # the Rust side raises plain Exceptions
+                raise ValueError(f"{path / 'tokenizer.json'}: cannot read the tokenizer: {e}") from e
+        if (path / "vocab.txt").is_file():
+            lowercase = True
+            if (path / "tokenizer_config.json").is_file():
+                lowercase = json.loads((path / "tokenizer_config.json").read_text()).get("do_lower_case", True)
+            wp = BertWordPieceTokenizer(str(path / "vocab.txt"), lowercase=lowercase, strip_accents=None,
+                                        clean_text=True, handle_chinese_chars=True)
+            return cls(wp._tokenizer)
+        raise FileNotFoundError(f"{path}: no tokenizer.json or vocab.txt")
+
+    @property
+    def vocab_size(self) -> int:
+        return self.backend.get_vocab_size()
+
+    def encode(self, texts: Sequence[str], pairs: Sequence[str] | None = None,
+               max_length: int = 128) -> list[list[int]] | list[tuple[list[int], list[int]]]:
+        """Token ids (and token type ids) of single sentences or sentence pairs, unpadded,
+        truncated to max_length (longest-first for pairs, as BERT does)."""
+        if max_length != self._max_length:
+            self.backend.enable_truncation(max_length, strategy="longest_first")
+            self._max_length = max_length
+        inputs = list(texts) if pairs is None else list(zip(texts, pairs))
+        return [(e.ids, e.type_ids) for e in self.backend.encode_batch(inputs)]
+
+    def pad(self, encoded: Sequence[tuple[Sequence[int], Sequence[int]]], device=None) -> dict[str, torch.Tensor]:
+        """Pad to the longest sequence in the batch (dynamic padding)."""
+        B, T = len(encoded), max(len(ids) for ids, _ in encoded)
+        input_ids = torch.full((B, T), self.pad_id, dtype=torch.long)
+        token_type_ids = torch.zeros((B, T), dtype=torch.long)
+        attention_mask = torch.zeros((B, T), dtype=torch.long)
+        for i, (ids, types) in enumerate(encoded):
+            n = len(ids)
+            input_ids[i, :n] = torch.as_tensor(ids)
+            token_type_ids[i, :n] = torch.as_tensor(types)
+            attention_mask[i, :n] = 1
+        batch = {"input_ids": input_ids, "token_type_ids": token_type_ids, "attention_mask": attention_mask}
+        return {k: v.to(device) for k, v in batch.items()} if device is not None else batch
+
+    def __call__(self, texts, pairs=None, max_length: int = 128, device=None) -> dict[str, torch.Tensor]:
+        return self.pad(self.encode(texts, pairs, max_length), device=device)

@@ -1,0 +1,112 @@
+"""Our encoder against the reference `transformers.BertModel` (test-only oracle), same weights."""
+import pytest
+import torch
+from transformers import BertConfig as HFConfig
+from transformers import BertModel
+
+from minbert import Bert, BertConfig, load_bert, load_tokenizer, resolve_checkpoint, save_hf
+
+SENTS = ["It 's a lovely film with lovely performances by Buy and Accorsi .",
+         "No one goes unindicted here .", "ok", "What are some tips for staying calm during or before an exam ?",
+         "Two black dogs are playing on the grass ."]
+PAIRS = ["How do I stay calm before a competitive exam ?", "a", "Two dogs play in a grassy plain .",
+         "UN chief welcomes peaceful presidential elections in Guinea", "yes"]
+# our attention path -> the reference's attention implementation that computes the same sums
+IMPLS = [("matmul", "eager"), ("sdpa", "sdpa")]
+
+
+def _compare(ours: Bert, ref: BertModel, batch, atol=1e-5):
+    ours.eval(), ref.eval()
+    with torch.no_grad():
+        o = ours(**batch, output_hidden_states=True)
+        r = ref(**batch, output_hidden_states=True)
+    torch.testing.assert_close(o.last_hidden_state, r.last_hidden_state, atol=atol, rtol=0)
+    torch.testing.assert_close(o.pooler_output, r.pooler_output, atol=atol, rtol=0)
+    assert len(o.hidden_states) == len(r.hidden_states)
+    for a, b in zip(o.hidden_states, r.hidden_states):
+        torch.testing.assert_close(a, b, atol=atol, rtol=0)
+
+
+@pytest.fixture(scope="module")
+def minilm_dir():
+    return resolve_checkpoint("minilm-l6")
+
+
+@pytest.mark.parametrize("ours_impl,ref_impl", IMPLS)
+def test_minilm_matches_transformers(minilm_dir, ours_impl, ref_impl):
+    ours = load_bert(minilm_dir, attn_impl=ours_impl)
+    ref = BertModel.from_pretrained(str(minilm_dir), attn_implementation=ref_impl)
+    tok = load_tokenizer(minilm_dir)
+    _compare(ours, ref, tok(SENTS))           # single sentences, padded to the longest
+    _compare(ours, ref, tok(SENTS, PAIRS))    # pairs with token type ids
+
+
+@pytest.mark.parametrize("ours_impl,ref_impl", IMPLS)
+def test_bert_base_shaped_random_model_round_trips_through_hf_layout(tmp_path, ours_impl, ref_impl):
+    torch.manual_seed(0)
+    hf_cfg = HFConfig(vocab_size=1000, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                      intermediate_size=3072, attn_implementation=ref_impl)
+    ref = BertModel(hf_cfg)
+    assert ref.config._attn_implementation == ref_impl
+    ref.save_pretrained(tmp_path)             # config.json + model.safetensors, HF's own writer
+    (tmp_path / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] +
+                                                  [f"w{i}" for i in range(995)]) + "\n")
+    ours = load_bert(tmp_path, attn_impl=ours_impl)
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(5, 1000, (4, 37), generator=g)
+    mask = torch.ones_like(ids)
+    for i, n in enumerate([37, 20, 5, 11]):
+        mask[i, n:] = 0
+    types = (torch.arange(37) > 8).long().expand(4, -1).clone() * mask
+    _compare(ours, ref, {"input_ids": ids, "attention_mask": mask, "token_type_ids": types})
+
+
+def test_our_export_loads_in_transformers(tmp_path, minilm_dir):
+    ours = load_bert(minilm_dir)
+    save_hf(ours, tmp_path / "export", vocab_src=minilm_dir)
+    ref = BertModel.from_pretrained(str(tmp_path / "export"), attn_implementation="eager")
+    for layer in ours.layers:
+        layer.attn_impl = "matmul"
+    _compare(ours, ref, load_tokenizer(tmp_path / "export")(SENTS, PAIRS))
+
+
+def test_training_mode_gradients_match_reference(minilm_dir):
+    """Same weights, dropout off (p=0): loss on the pooled output and its gradients agree."""
+    ours = load_bert(minilm_dir, attn_impl="matmul")
+    ref = BertModel.from_pretrained(str(minilm_dir), attn_implementation="eager",
+                                    hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    for m in ours.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+    batch = load_tokenizer(minilm_dir)(SENTS, PAIRS)
+    ours.train(), ref.train()
+    ours(**batch).pooler_output.pow(2).sum().backward()
+    ref(**batch).pooler_output.pow(2).sum().backward()
+    torch.testing.assert_close(ours.embeddings.word.weight.grad, ref.embeddings.word_embeddings.weight.grad,
+                               atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(ours.layers[5].ffn_out.weight.grad, ref.encoder.layer[5].output.dense.weight.grad,
+                               atol=1e-5, rtol=1e-4)
+    q_grad = ours.layers[2].qkv.weight.grad[:384]
+    torch.testing.assert_close(q_grad, ref.encoder.layer[2].attention.self.query.weight.grad, atol=1e-5, rtol=1e-4)
+
+
+def test_encode_from_layer_n_equals_full_forward(minilm_dir):
+    """The frozen-prefix cache relies on this: layers N.. applied to hidden state N."""
+    ours = load_bert(minilm_dir).eval()
+    batch = load_tokenizer(minilm_dir)(SENTS)
+    with torch.no_grad():
+        full = ours(**batch, output_hidden_states=True)
+        for n in range(ours.num_layers + 1):
+            h = ours.encode(full.hidden_states[n], batch["attention_mask"], start=n)
+            torch.testing.assert_close(h, full.last_hidden_state, atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match="6 layers"):
+        ours.encode(full.hidden_states[0], batch["attention_mask"], start=7)
+
+
+def test_config_rejects_what_we_do_not_implement(tmp_path):
+    (tmp_path / "config.json").write_text('{"hidden_size": 10, "num_attention_heads": 3}')
+    with pytest.raises(ValueError, match="divisible"):
+        BertConfig.from_json(tmp_path / "config.json")
+    (tmp_path / "config.json").write_text('{"position_embedding_type": "relative_key"}')
+    with pytest.raises(ValueError, match="relative_key"):
+        BertConfig.from_json(tmp_path / "config.json")
