@@ -172,16 +172,18 @@ class Bert(nn.Module):
     def embed(self, input_ids, token_type_ids=None):  # (B, T) -> (B, T, H), the input of layer 0
         return self.embeddings(input_ids, token_type_ids)
 
-    def encode(self, h, attention_mask=None, start: int = 0, output_hidden_states: bool = False):
-        """Run layers start..L-1 on h, the hidden states entering layer `start`.
-        attention_mask (B, T): 1 for real tokens, 0 for padding."""
-        if not 0 <= start <= self.num_layers:
-            raise ValueError(f"start layer {start} out of range: the model has {self.num_layers} layers")
+    def encode(self, h, attention_mask=None, start: int = 0, end: int | None = None,
+               output_hidden_states: bool = False):
+        """Run layers start..end-1 (end defaults to all) on h, the hidden states entering layer
+        `start`. attention_mask (B, T): 1 for real tokens, 0 for padding."""
+        end = self.num_layers if end is None else end
+        if not 0 <= start <= end <= self.num_layers:
+            raise ValueError(f"layers {start}..{end} out of range: the model has {self.num_layers} layers")
         if attention_mask is None:
             attention_mask = torch.ones(h.shape[:2], dtype=torch.bool, device=h.device)
         mask = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T)
         states = [h]
-        for layer in self.layers[start:]:
+        for layer in self.layers[start:end]:
             h = layer(h, mask)
             states.append(h)
         return (h, tuple(states)) if output_hidden_states else h

@@ -1,0 +1,85 @@
+"""Tokenise each task's examples once, then build padded batches from index lists.
+
+Batches are padded to their own longest sequence (dynamic padding); with the sampler's
+length bucketing most of the tokens computed are real ones.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from minbert import Tokenizer
+
+from .loaders import Example
+
+
+@dataclass
+class TaskData:
+    """One task's examples with their token ids, ready for batching.
+    `sequences` holds one list of (ids, type_ids) per input sequence: one for a single sentence
+    or a cross-encoded pair, two for a siamese pair."""
+    task: str
+    examples: list[Example]
+    sequences: list[list[tuple[list[int], list[int]]]]
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """Tokens per example: what bucketing sorts by (the longer side of a siamese pair)."""
+        return np.max([[len(ids) for ids, _ in seq] for seq in self.sequences], axis=0)
+
+    @property
+    def labelled(self) -> bool:
+        return len(self.examples) > 0 and self.examples[0].label is not None
+
+
+@dataclass
+class Batch:
+    task: str
+    inputs: list[dict[str, torch.Tensor]]  # per sequence: input_ids, token_type_ids, attention_mask (B, T)
+    labels: torch.Tensor | None
+    ids: list[str]
+    indices: Sequence[int]  # into TaskData.examples
+
+    @property
+    def size(self) -> int:
+        return len(self.ids)
+
+    def to(self, device) -> "Batch":
+        inputs = [{k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in seq.items()}
+                  for seq in self.inputs]
+        labels = None if self.labels is None else self.labels.to(device, non_blocking=True)
+        return Batch(self.task, inputs, labels, self.ids, self.indices)
+
+
+def encode_task(task: str, examples: list[Example], tokenizer: Tokenizer, pair_encoding: str = "cross",
+                max_length: int = 128) -> TaskData:
+    a = [e.text_a for e in examples]
+    if task == "sst":
+        sequences = [tokenizer.encode(a, max_length=max_length)]
+    elif pair_encoding == "cross":
+        sequences = [tokenizer.encode(a, [e.text_b for e in examples], max_length=max_length)]
+    else:
+        sequences = [tokenizer.encode(a, max_length=max_length),
+                     tokenizer.encode([e.text_b for e in examples], max_length=max_length)]
+    return TaskData(task, examples, sequences)
+
+
+def make_batch(data: TaskData, indices: Sequence[int], tokenizer: Tokenizer) -> Batch:
+    inputs = [tokenizer.pad([seq[i] for i in indices]) for seq in data.sequences]
+    labels = None
+    if data.labelled:
+        dtype = torch.long if data.task == "sst" else torch.float
+        labels = torch.tensor([data.examples[i].label for i in indices], dtype=dtype)
+    return Batch(data.task, inputs, labels, [data.examples[i].id for i in indices], indices)
+
+
+def eval_batches(data: TaskData, tokenizer: Tokenizer, batch_size: int) -> list[Batch]:
+    """Batches sorted by length (least padding); predictions are put back in file order by index."""
+    order = np.argsort(data.lengths, kind="stable")
+    return [make_batch(data, order[i:i + batch_size].tolist(), tokenizer) for i in range(0, len(order), batch_size)]

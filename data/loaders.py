@@ -1,0 +1,251 @@
+"""Loaders for the CS224N multitask files: SST-5 ("sst"), Quora ("para") and STS-B ("sts").
+
+The course files are tab-separated and csv-quoted, with an unnamed pandas index column and a
+header row, and they are not clean: stray quotes swallow fields, binary labels are floats,
+sentences carry leading spaces. The course's own loader skips bad rows silently; we skip them
+loudly: every skipped record comes back as a BadRow naming the line it starts on, one warning
+per file gives the count, and `strict=True` turns the first one into an error.
+
+Two promises, which tests/test_loaders_fuzz.py holds us to: no file content makes us raise
+anything but DataError, and every Example returned is a record that is really in the file.
+"""
+from __future__ import annotations
+
+import codecs
+import csv
+import logging
+import math
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+TASKS = ("sst", "para", "sts")
+SPLITS = ("train", "dev", "test")
+COURSE_FILES: dict[str, dict[str, str]] = {
+    "sst": {"train": "ids-sst-train.csv", "dev": "ids-sst-dev.csv", "test": "ids-sst-test-student.csv"},
+    "para": {"train": "quora-train.csv", "dev": "quora-dev.csv", "test": "quora-test-student.csv"},
+    "sts": {"train": "sts-train.csv", "dev": "sts-dev.csv", "test": "sts-test-student.csv"},
+}
+
+# Columns are found by name: ids-sst-test-student.csv has an extra leading column, so
+# positions differ between files of the same task.
+ID_COLUMN = "id"
+TEXT_COLUMNS = {"sst": ("sentence",), "para": ("sentence1", "sentence2"), "sts": ("sentence1", "sentence2")}
+LABEL_COLUMN = {"sst": "sentiment", "para": "is_duplicate", "sts": "similarity"}
+
+FETCH_HINT = ("run `python -m data.download`, or pass --data-dir pointing at a folder that holds "
+              "the course's CSV files")
+
+# A plain decimal literal. float() alone would also accept "nan", "1_0", "٣" and "infinity",
+# none of which is a label anyone meant to write.
+_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?", re.ASCII)
+
+
+class DataError(ValueError):
+    """A bad or missing data file; the message names the path (and line)."""
+
+
+@dataclass(frozen=True)
+class Example:
+    id: str
+    text_a: str
+    text_b: str | None  # None for sst
+    label: int | float | None  # sst: int 0..4; para: int 0/1; sts: float in [0, 5]; None when unlabelled
+
+
+@dataclass(frozen=True)
+class BadRow:
+    path: str
+    line: int  # 1-based physical line on which the record starts
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}: {self.reason}"
+
+
+@dataclass
+class LoadResult:
+    examples: list[Example]
+    bad_rows: list[BadRow]
+    path: str
+
+
+def _check_task(task: str) -> None:
+    if task not in TASKS:
+        raise ValueError(f"unknown task {task!r}; expected one of {TASKS}")
+
+
+def _parse_label(task: str, raw: str) -> tuple[int | float | None, str | None]:
+    """(label, None) or (None, why not)."""
+    col = LABEL_COLUMN[task]
+    s = raw.strip()
+    if not s:
+        return None, f"empty {col}"
+    if not _NUMBER.fullmatch(s):
+        return None, f"{col} {raw!r} is not a number"
+    x = float(s)  # "1e999" gives inf, caught by the range checks below
+    if task == "sts":
+        if not (math.isfinite(x) and 0.0 <= x <= 5.0):
+            return None, f"similarity {raw!r} is outside [0, 5]"
+        return x, None
+    hi = 4 if task == "sst" else 1
+    if not (math.isfinite(x) and x.is_integer() and 0 <= x <= hi):
+        want = "an integer in 0..4" if task == "sst" else "0 or 1"
+        return None, f"{col} {raw!r} is not {want}"
+    return int(x), None
+
+
+def _read_lines(path: Path) -> tuple[list[str], set[int]]:
+    """The file's physical lines (endings kept) and the numbers of those that are not UTF-8.
+
+    We decode line by line, not the whole file, so one bad byte costs one row, not the file.
+    An undecodable line is kept (with replacement characters) so the csv parser still sees the
+    file's structure; the record it belongs to is rejected later.
+    """
+    if not path.exists():
+        raise DataError(f"{path}: no such file; {FETCH_HINT}")
+    if path.is_dir():
+        raise DataError(f"{path}: is a directory, not a CSV file; {FETCH_HINT}")
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise DataError(f"{path}: cannot read: {e.strerror or e}") from e
+    if data.startswith(codecs.BOM_UTF8):
+        data = data[len(codecs.BOM_UTF8):]
+    lines, undecodable = [], set()
+    # bytes.splitlines breaks only on \n, \r and \r\n, the same line ends the csv module knows
+    # (str.splitlines would also break on \x0b, \x1c, U+2028, ... inside sentences).
+    for i, raw in enumerate(data.splitlines(keepends=True), start=1):
+        try:
+            lines.append(raw.decode("utf-8"))
+        except UnicodeDecodeError:
+            undecodable.add(i)
+            lines.append(raw.decode("utf-8", errors="replace"))
+    return lines, undecodable
+
+
+def load_task_file(path: str | os.PathLike[str], task: str, *, labelled: bool | None = None,
+                   strict: bool = False, max_report: int = 5) -> LoadResult:
+    """Load one course file of `task`.
+
+    labelled: None reads labels when the header has the task's label column; True demands it;
+    False ignores labels. Bad rows are skipped and returned in `bad_rows` (strict: the first one
+    raises DataError). Any problem with the file itself raises DataError naming the path.
+    """
+    _check_task(task)
+    path = Path(path)
+    lines, undecodable = _read_lines(path)
+
+    # strict: a stray character after a closing quote is an error, not glued onto the field
+    # (which would return text that appears nowhere in the file). The course files parse the
+    # same either way.
+    reader = csv.reader(lines, delimiter="\t", strict=True)
+    header: list[str] = []
+    try:
+        while not header:
+            header = next(reader)
+    except StopIteration:
+        raise DataError(f"{path}: empty file (no header row); {FETCH_HINT}") from None
+    except csv.Error as e:
+        raise DataError(f"{path}:{reader.line_num}: unreadable header: {e}") from None
+    header_line = reader.line_num
+    if any(i in undecodable for i in range(1, header_line + 1)):
+        raise DataError(f"{path}:{header_line}: header is not valid UTF-8")
+
+    names = [c.strip() for c in header]
+    label_col = LABEL_COLUMN[task]
+    has_label = label_col in names
+    if labelled is None:
+        labelled = has_label
+    required = (ID_COLUMN, *TEXT_COLUMNS[task]) + ((label_col,) if labelled else ())
+    missing = [c for c in required if c not in names]
+    if missing:
+        what = ", ".join(repr(c) for c in missing)
+        raise DataError(f"{path}: header lacks column(s) {what} needed for task {task!r} "
+                        f"(found {names}); is this the right file? Otherwise {FETCH_HINT}")
+    twice = [c for c in required if names.count(c) > 1]
+    if twice:
+        raise DataError(f"{path}: column(s) {twice} appear more than once in the header")
+    id_idx = names.index(ID_COLUMN)
+    text_idx = [names.index(c) for c in TEXT_COLUMNS[task]]
+    label_idx = names.index(label_col) if labelled else None
+    n_fields = len(header)
+
+    examples: list[Example] = []
+    bad_rows: list[BadRow] = []
+    first_line_of: dict[str, int] = {}
+
+    def reject(line: int, reason: str) -> None:
+        bad = BadRow(str(path), line, reason)
+        if strict:
+            raise DataError(str(bad))
+        bad_rows.append(bad)
+
+    end = header_line  # last physical line consumed so far
+    while True:
+        start = end + 1  # the csv module may read several physical lines for one record
+        try:
+            row = next(reader)
+        except StopIteration:
+            break
+        except csv.Error as e:
+            span = f" (record spans lines {start}-{reader.line_num})" if reader.line_num > start else ""
+            reject(start, f"malformed CSV: {e}{span}")
+            if reader.line_num <= end:  # no progress; cannot happen with csv's reader, but never spin
+                break
+            end = reader.line_num
+            continue
+        end = reader.line_num
+        if not row:  # a blank line holds no record
+            continue
+        bad_line = next((i for i in range(start, end + 1) if i in undecodable), None) if undecodable else None
+        if bad_line is not None:
+            reject(start, f"invalid UTF-8 on line {bad_line}")
+            continue
+        if len(row) != n_fields:
+            span = (f"; a stray quote may have joined lines {start}-{end}" if end > start else "")
+            reject(start, f"expected {n_fields} tab-separated fields, got {len(row)}{span}")
+            continue
+        ex_id = row[id_idx].strip()
+        if not ex_id:
+            reject(start, "empty id")
+            continue
+        texts = [row[i].strip() for i in text_idx]
+        empty = [c for c, t in zip(TEXT_COLUMNS[task], texts) if not t]
+        if empty:
+            reject(start, "empty " + " and ".join(empty))
+            continue
+        label = None
+        if label_idx is not None:
+            label, why = _parse_label(task, row[label_idx])
+            if why is not None:
+                reject(start, why)
+                continue
+        if ex_id in first_line_of:
+            reject(start, f"duplicate id {ex_id!r} (first on line {first_line_of[ex_id]}; kept that one)")
+            continue
+        first_line_of[ex_id] = start
+        examples.append(Example(ex_id, texts[0], texts[1] if len(texts) > 1 else None, label))
+
+    if bad_rows:
+        shown = "; ".join(str(b) for b in bad_rows[:max(max_report, 0)])
+        more = f" (and {len(bad_rows) - max_report} more)" if len(bad_rows) > max_report else ""
+        logger.warning("%s: skipped %d bad row(s), kept %d: %s%s", path, len(bad_rows), len(examples),
+                       shown, more)
+    logger.info("%s: %d %s examples (%s)", path, len(examples), task,
+                "labelled" if labelled else "unlabelled")
+    return LoadResult(examples, bad_rows, str(path))
+
+
+def load_task_split(data_dir: str | os.PathLike[str], task: str, split: str,
+                    strict: bool = False) -> LoadResult:
+    """Load the course file for (task, split) from data_dir; train and dev must carry labels,
+    test files are read without them."""
+    _check_task(task)
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
+    path = Path(data_dir) / COURSE_FILES[task][split]
+    return load_task_file(path, task, labelled=split != "test", strict=strict)

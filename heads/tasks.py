@@ -1,0 +1,167 @@
+"""The three task heads, their losses and predictions, and the multi-task model that shares one
+encoder between them.
+
+Pair tasks come in two encodings (`pair_encoding`):
+  cross    both sentences in one sequence, [CLS] a [SEP] b [SEP] with token type ids; one pooled y.
+  siamese  each sentence encoded alone; pooled y1, y2. The heads are the "Freeze Your Layers"
+           paper's: paraphrase logit (W1 y1 + b1)^T (W2 y2 + b2); similarity 5 max(0, cos(z1, z2))
+           with z_i = W_i y_i + b_i.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from minbert import Bert
+
+TASKS = ("sst", "para", "sts")
+# The kind of output each task has: what its loss, prediction and SMART's smoothness loss use.
+KIND = {"sst": "categorical", "para": "bernoulli", "sts": "regression"}
+NUM_SENTIMENTS = 5
+MAX_SIMILARITY = 5.0
+
+
+class SentimentHead(nn.Module):
+    """pooled [CLS] -> MLP -> 5 logits."""
+
+    def __init__(self, hidden: int, dropout: float):
+        super().__init__()
+        self.mlp = nn.Sequential(nn.Dropout(dropout), nn.Linear(hidden, hidden), nn.GELU(),
+                                 nn.Dropout(dropout), nn.Linear(hidden, NUM_SENTIMENTS))
+
+    def forward(self, y):  # (B, H) -> (B, 5)
+        return self.mlp(y)
+
+
+class ParaphraseHead(nn.Module):
+    """One logit: linear on the cross-encoded pair, or the bilinear siamese form."""
+
+    def __init__(self, hidden: int, dropout: float, siamese: bool):
+        super().__init__()
+        self.siamese = siamese
+        self.drop = nn.Dropout(dropout)
+        if siamese:
+            self.w1, self.w2 = nn.Linear(hidden, hidden), nn.Linear(hidden, hidden)
+        else:
+            self.out = nn.Linear(hidden, 1)
+
+    def forward(self, y1, y2=None):  # (B, H)[, (B, H)] -> (B,)
+        if self.siamese:
+            return (self.w1(self.drop(y1)) * self.w2(self.drop(y2))).sum(-1)
+        return self.out(self.drop(y1)).squeeze(-1)
+
+
+class SimilarityHead(nn.Module):
+    """A score in [0, 5]: 5 sigmoid(w.y + b) cross-encoded, 5 max(0, cos(z1, z2)) siamese."""
+
+    def __init__(self, hidden: int, dropout: float, siamese: bool):
+        super().__init__()
+        self.siamese = siamese
+        self.drop = nn.Dropout(dropout)
+        if siamese:
+            self.w1, self.w2 = nn.Linear(hidden, hidden), nn.Linear(hidden, hidden)
+        else:
+            self.out = nn.Linear(hidden, 1)
+
+    def forward(self, y1, y2=None):  # -> (B,)
+        if self.siamese:
+            return MAX_SIMILARITY * F.cosine_similarity(self.w1(self.drop(y1)), self.w2(self.drop(y2)), dim=-1).clamp(min=0)
+        return MAX_SIMILARITY * torch.sigmoid(self.out(self.drop(y1)).squeeze(-1))
+
+
+def task_loss(task: str, output: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean loss over the batch: cross-entropy, binary cross-entropy on the logit, MSE on the score."""
+    output = output.float()  # losses in fp32 under autocast
+    if task == "sst":
+        return F.cross_entropy(output, labels.long())
+    if task == "para":
+        return F.binary_cross_entropy_with_logits(output, labels.float())
+    return F.mse_loss(output, labels.float())
+
+
+def predict(task: str, output: torch.Tensor) -> torch.Tensor:
+    """Class index, 0/1 at probability 0.5, or the similarity score."""
+    if task == "sst":
+        return output.argmax(-1)
+    if task == "para":
+        return (output > 0).long()  # sigmoid(logit) > 0.5
+    return output.float().clamp(0.0, MAX_SIMILARITY)
+
+
+class MultitaskBert(nn.Module):
+    """One shared encoder, one head per task.
+
+    The forward pass is split where training tricks cut in:
+        hs  = model.hidden_at(inputs, layer)         # hidden states entering `layer`, one per sequence
+        out = model.from_hidden(task, hs, masks, layer)
+    `forward(task, inputs)` does both from layer 0. `inputs` is a list of one padded sequence
+    (single sentence, or a cross-encoded pair) or two (siamese pair), each a dict with
+    input_ids, token_type_ids and attention_mask (B, T) -- or, from the frozen-prefix cache,
+    `hidden` (B, T, H) entering layer `cache_layer` and attention_mask.
+    """
+
+    def __init__(self, encoder: Bert, pair_encoding: str = "cross", dropout: float = 0.1):
+        super().__init__()
+        if pair_encoding not in ("cross", "siamese"):
+            raise ValueError(f"pair_encoding must be cross or siamese, not {pair_encoding!r}")
+        H = encoder.config.hidden_size
+        self.encoder = encoder
+        self.pair_encoding = pair_encoding
+        siamese = pair_encoding == "siamese"
+        self.heads = nn.ModuleDict({"sst": SentimentHead(H, dropout), "para": ParaphraseHead(H, dropout, siamese),
+                                    "sts": SimilarityHead(H, dropout, siamese)})
+        self.frozen_upto: int | None = None  # see freeze()
+
+    # ------------------------------------------------------------------ freezing
+    def freeze(self, upto: int | None) -> None:
+        """Freeze the embeddings and layers 0..upto-1 (upto=-1: embeddings only; upto=L: everything
+        but pooler and heads). Frozen modules get no grads and always run in eval mode, so their
+        dropout is off and their output is a fixed function of the input (the frozen cache needs that)."""
+        L = self.encoder.num_layers
+        if upto is not None and not -1 <= upto <= L:
+            raise ValueError(f"--freeze-upto {upto} is out of range: the model has {L} layers, "
+                             f"so it must be between -1 (embeddings only) and {L} (all layers)")
+        self.frozen_upto = upto
+        for p in self.encoder.parameters():
+            p.requires_grad_(True)
+        for m in self.frozen_modules():
+            m.requires_grad_(False)
+        self.train(self.training)
+
+    def frozen_modules(self) -> list[nn.Module]:
+        if self.frozen_upto is None:
+            return []
+        return [self.encoder.embeddings, *self.encoder.layers[: max(self.frozen_upto, 0)]]
+
+    @property
+    def first_trainable_layer(self) -> int:
+        return max(self.frozen_upto or 0, 0)
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        for m in self.frozen_modules():
+            m.eval()
+        return self
+
+    # ------------------------------------------------------------------ forward
+    def hidden_at(self, inputs: list[dict], layer: int) -> list[torch.Tensor]:
+        """The hidden states entering `layer` for each input sequence."""
+        hs = []
+        for seq in inputs:
+            if "hidden" in seq:
+                if seq["cache_layer"] != layer:
+                    raise ValueError(f"cached hidden states enter layer {seq['cache_layer']}, not {layer}")
+                hs.append(seq["hidden"])
+            else:
+                h = self.encoder.embed(seq["input_ids"], seq.get("token_type_ids"))
+                hs.append(self.encoder.encode(h, seq["attention_mask"], start=0, end=layer))
+        return hs
+
+    def from_hidden(self, task: str, hs: list[torch.Tensor], masks: list[torch.Tensor], layer: int) -> torch.Tensor:
+        pooled = [self.encoder.pool(self.encoder.encode(h, m, start=layer)) for h, m in zip(hs, masks)]
+        return self.heads[task](*pooled)
+
+    def forward(self, task: str, inputs: list[dict], layer: int = 0) -> torch.Tensor:
+        masks = [seq["attention_mask"] for seq in inputs]
+        return self.from_hidden(task, self.hidden_at(inputs, layer), masks, layer)

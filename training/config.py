@@ -1,0 +1,80 @@
+"""Everything a training run is configured by, as one plain dataclass.
+
+The CLI (training/cli.py) fills it from flags; tests build it directly. It is saved in every
+checkpoint and run directory, so a run can always be told apart from another.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from data.loaders import COURSE_FILES, TASKS
+
+
+@dataclass
+class TrainConfig:
+    # model
+    model: str = "minilm-l6"             # local dir, alias, or hub id
+    pair_encoding: str = "cross"         # cross | siamese
+    max_length: int = 128
+    head_dropout: float = 0.1
+    attn_impl: str = "auto"              # auto | sdpa | matmul
+    # data
+    data_dir: str = "data"
+    files: dict[str, str] = field(default_factory=dict)  # "sst_train" -> path, overrides data_dir
+    tasks: tuple[str, ...] = TASKS
+    max_train_examples: int | None = None  # per task: first N of a seeded shuffle (quick runs)
+    strict: bool = False
+    # schedule
+    epochs: int = 3
+    batch_size: int = 32
+    eval_batch_size: int = 256
+    task_sampling: str = "mtdnn"         # mtdnn | proportional | round-robin | annealed | mixed
+    max_batches_per_task: int | None = None
+    bucket: bool = True                  # length-aware batching
+    # optimisation
+    lr: float = 1e-4
+    weight_decay: float = 0.01
+    warmup_ratio: float = 0.1
+    max_grad_norm: float = 1.0
+    freeze_upto: int | None = None
+    # multi-task tricks
+    pcgrad: bool = False
+    pcgrad_variant: str = "pcgrad"       # pcgrad | dominant
+    smart: bool = False
+    smart_lambda: float = 1.0
+    smart_mu: float = 1.0
+    smart_eps: float = 1e-5
+    smart_step_size: float = 1e-3
+    smart_noise_var: float = 1e-5
+    smart_steps: int = 1
+    smart_norm: str = "inf"
+    smart_beta: float = 0.99
+    smart_adv_dropout: bool = False
+    smart_perturb_at: str = "embeddings"  # embeddings | first-trainable
+    # machinery
+    seed: int = 11711
+    device: str = "auto"                 # auto | cpu | cuda | cuda:N
+    precision: str = "auto"              # auto (bf16 on CUDA, fp32 on CPU) | fp32 | bf16
+    out_dir: str = "runs/default"
+    predictions_dir: str = "predictions"
+    export_hf: str | None = None
+    log_every: int = 50
+    max_bad_steps: int = 10
+
+    def file(self, task: str, split: str) -> str:
+        """Path of a task's split: the per-file override, else data_dir/<course file name>."""
+        import os
+
+        return self.files.get(f"{task}_{split}") or os.path.join(self.data_dir, COURSE_FILES[task][split])
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["tasks"] = list(self.tasks)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TrainConfig":
+        known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
+        if "tasks" in known:
+            known["tasks"] = tuple(known["tasks"])
+        return cls(**known)

@@ -1,0 +1,189 @@
+"""Dev metrics and the course's prediction files.
+
+    python -m training.evaluate --checkpoint runs/default/best.pt --data-dir data
+    python -m training.evaluate --checkpoint best.pt --score sts my-sts-dev.csv --predict sst new.csv out.csv
+
+Prediction files follow the course's submission format: a header `id \t Predicted_Sentiment`
+(`Predicted_Is_Paraphrase`, `Predicted_Similiary` -- the course's spelling), then one
+`id , prediction` row per example.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+from scipy.stats import pearsonr
+
+from data.batching import TaskData, encode_task, eval_batches
+from data.loaders import COURSE_FILES, TASKS, load_task_file
+from heads import MultitaskBert, predict
+
+log = logging.getLogger(__name__)
+
+HEADERS = {"sst": "Predicted_Sentiment", "para": "Predicted_Is_Paraphrase", "sts": "Predicted_Similiary"}
+METRIC = {"sst": "sst_acc", "para": "para_acc", "sts": "sts_pearson"}
+
+
+@torch.inference_mode()
+def predict_task(model: MultitaskBert, data: TaskData, tokenizer, batch_size: int, device,
+                 autocast=contextlib.nullcontext) -> np.ndarray:
+    """Predictions in the order of data.examples (batches run sorted by length)."""
+    was_training = model.training
+    model.eval()
+    preds = np.zeros(len(data), dtype=np.float64)
+    try:
+        for batch in eval_batches(data, tokenizer, batch_size):
+            batch = batch.to(device)
+            with autocast():
+                out = model(data.task, batch.inputs)
+            preds[np.asarray(batch.indices)] = predict(data.task, out).float().cpu().numpy()
+    finally:
+        model.train(was_training)
+    return preds
+
+
+def score(task: str, preds: np.ndarray, labels) -> float:
+    labels = np.asarray(labels, dtype=np.float64)
+    if task == "sts":
+        if len(labels) < 2 or np.std(preds) == 0 or np.std(labels) == 0:
+            return 0.0  # Pearson is undefined for constant inputs; count it as no correlation
+        return float(pearsonr(preds, labels)[0])
+    return float(np.mean(preds == labels))
+
+
+def overall(metrics: dict[str, float]) -> float:
+    """The course's score: mean of SST accuracy, paraphrase accuracy and (Pearson + 1) / 2."""
+    parts = [metrics["sst_acc"]] if "sst_acc" in metrics else []
+    parts += [metrics["para_acc"]] if "para_acc" in metrics else []
+    parts += [(metrics["sts_pearson"] + 1) / 2] if "sts_pearson" in metrics else []
+    return float(np.mean(parts))
+
+
+def evaluate(model, dev: dict[str, TaskData], tokenizer, batch_size: int, device,
+             autocast=contextlib.nullcontext) -> dict[str, float]:
+    metrics = {}
+    for task, data in dev.items():
+        preds = predict_task(model, data, tokenizer, batch_size, device, autocast)
+        metrics[METRIC[task]] = score(task, preds, [e.label for e in data.examples])
+    metrics["overall"] = overall(metrics)
+    return metrics
+
+
+def _format(task: str, value: float) -> str:
+    return f"{value:.4f}" if task == "sts" else str(int(value))
+
+
+def write_predictions(path: str | os.PathLike, task: str, ids: list[str], preds: np.ndarray) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(f"id \t {HEADERS[task]} \n")
+        for i, p in zip(ids, preds):
+            f.write(f"{i} , {_format(task, p)} \n")
+    os.replace(tmp, path)
+
+
+def read_predictions(path: str | os.PathLike) -> tuple[str, list[tuple[str, float]]]:
+    """Parse a file in the course's submission format -> (task, [(id, prediction)])."""
+    lines = Path(path).read_text().splitlines()
+    header = [h.strip() for h in lines[0].split("\t")]
+    task = {v: k for k, v in HEADERS.items()}.get(header[1] if len(header) == 2 else "")
+    if header[0] != "id" or task is None:
+        raise ValueError(f"{path}:1: not a course prediction header: {lines[0]!r}")
+    rows = []
+    for n, line in enumerate(lines[1:], 2):
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) != 2:
+            raise ValueError(f"{path}:{n}: expected 'id , prediction', got {line!r}")
+        rows.append((parts[0], float(parts[1])))
+    return task, rows
+
+
+def write_all_predictions(model, data, tokenizer, cfg, device, autocast=contextlib.nullcontext) -> dict:
+    """Dev metrics printed, and {task}-{dev,test}-output.csv written to cfg.predictions_dir."""
+    out = Path(cfg.predictions_dir)
+    metrics = {}
+    for split, sets in (("dev", data.dev), ("test", data.test)):
+        for task, d in sets.items():
+            preds = predict_task(model, d, tokenizer, cfg.eval_batch_size, device, autocast)
+            write_predictions(out / f"{task}-{split}-output.csv", task, [e.id for e in d.examples], preds)
+            if split == "dev":
+                metrics[METRIC[task]] = score(task, preds, [e.label for e in d.examples])
+    if metrics:
+        metrics["overall"] = overall(metrics)
+        print("dev metrics of the best checkpoint: " + ", ".join(f"{k} {v:.3f}" for k, v in metrics.items()))
+    log.info("wrote prediction files to %s", out)
+    return metrics
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m training.evaluate", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--checkpoint", required=True, help="a best.pt written by run_multitask.py")
+    p.add_argument("--data-dir", default=None, help="evaluate the course's dev files and predict its test files "
+                   "from this folder, writing PREDICTIONS_DIR/{sst,para,sts}-{dev,test}-output.csv")
+    p.add_argument("--predictions-dir", default="predictions")
+    p.add_argument("--score", nargs=2, action="append", default=[], metavar=("TASK", "FILE"),
+                   help="score a labelled file in the course format (repeatable)")
+    p.add_argument("--predict", nargs=3, action="append", default=[], metavar=("TASK", "FILE", "OUT"),
+                   help="predict for an unlabelled (or labelled) file in the course format (repeatable)")
+    p.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the run's tokenizer/)")
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--device", default="auto")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        datefmt="%H:%M:%S")
+    for task, *_ in args.score + args.predict:
+        if task not in TASKS:
+            p.error(f"unknown task {task!r}; one of {', '.join(TASKS)}")
+    if not (args.data_dir or args.score or args.predict):
+        p.error("nothing to do: give --data-dir, --score or --predict")
+
+    from minbert import Tokenizer
+    from .checkpointing import model_from_checkpoint
+    from .trainer import Splits, autocast_dtype, pick_device
+
+    model, cfg, _ = model_from_checkpoint(args.checkpoint)
+    tok_dir = Path(args.tokenizer) if args.tokenizer else Path(args.checkpoint).parent / "tokenizer"
+    tokenizer = Tokenizer.from_checkpoint(tok_dir)
+    device = pick_device(args.device)
+    model.to(device)
+    dtype = autocast_dtype(cfg.precision, device)
+
+    def autocast():
+        return torch.autocast(device.type, dtype=dtype) if dtype else contextlib.nullcontext()
+
+    def encoded(task, path, labelled):
+        examples = load_task_file(path, task, labelled=labelled).examples
+        return encode_task(task, examples, tokenizer, cfg.pair_encoding, cfg.max_length)
+
+    if args.data_dir:
+        splits = Splits({}, {}, {})
+        for task in cfg.tasks:
+            splits.dev[task] = encoded(task, Path(args.data_dir) / COURSE_FILES[task]["dev"], True)
+            test = Path(args.data_dir) / COURSE_FILES[task]["test"]
+            if test.is_file():
+                splits.test[task] = encoded(task, test, False)
+        cfg.predictions_dir, cfg.eval_batch_size = args.predictions_dir, args.batch_size
+        write_all_predictions(model, splits, tokenizer, cfg, device, autocast)
+    for task, path in args.score:
+        d = encoded(task, path, True)
+        preds = predict_task(model, d, tokenizer, args.batch_size, device, autocast)
+        print(f"{path}: {METRIC[task]} {score(task, preds, [e.label for e in d.examples]):.4f} ({len(d)} examples)")
+    for task, path, out in args.predict:
+        d = encoded(task, path, None)
+        write_predictions(out, task, [e.id for e in d.examples],
+                          predict_task(model, d, tokenizer, args.batch_size, device, autocast))
+        print(f"{path}: wrote {len(d)} {task} predictions to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

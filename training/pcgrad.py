@@ -1,0 +1,202 @@
+"""Gradient surgery for multi-task learning over the shared encoder.
+
+Two variants, both acting only on the shared (encoder) parameters; each task head keeps its
+own task's gradient untouched, because a head only ever appears in its own task's graph.
+
+- ``pcgrad``: Yu et al. 2020, "Gradient Surgery for Multi-Task Learning", Algorithm 1.
+  For each task i, walk the *other* tasks j in a random order; whenever the running
+  projected g_i^PC conflicts with the ORIGINAL g_j (dot < 0), remove its component along g_j:
+  g_i^PC -= (g_i^PC . g_j / ||g_j||^2) g_j. The update is the SUM of the projected gradients,
+  as in the paper (several public ports average instead, which only rescales the step by 1/T
+  but silently changes the effective learning rate relative to the non-surgery baseline).
+- ``dominant``: "Freeze Your Layers" sec. 3.2. The task gradient of largest norm g_d is kept
+  as is; every other g_i with g_i . g_d < 0 becomes g_i - (g_i . g_d / ||g_d||^2) g_d.
+  The update is g_d plus the (projected or untouched) others.
+
+An all-zero task gradient (e.g. a task whose loss does not reach the encoder) is never
+projected against, which also means no 0/0, and it contributes zero to the update.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+VARIANTS = ("pcgrad", "dominant")
+
+
+@dataclass
+class ConflictStats:
+    pairs: int                   # unordered pairs of tasks present in the step: T(T-1)/2
+    conflicting: int             # pairs whose ORIGINAL gradients have a negative dot product
+    mean_conflict_cosine: float  # mean cosine over the conflicting pairs; nan if there are none
+
+    @property
+    def conflict_fraction(self) -> float:
+        # nan (not 0) with fewer than two tasks: there was nothing that could conflict.
+        return self.conflicting / self.pairs if self.pairs else math.nan
+
+
+def conflict_stats(grads: torch.Tensor) -> ConflictStats:
+    """Pairwise conflict statistics of the original (T, P) task gradients."""
+    T = grads.shape[0]
+    g = grads.double()  # T x T numbers only; double keeps cosines of tiny grads honest
+    dots = g @ g.T
+    norms = dots.diagonal().clamp_min(0).sqrt()
+    iu = torch.triu_indices(T, T, offset=1, device=g.device)
+    pair_dots, n_i, n_j = dots[iu[0], iu[1]], norms[iu[0]], norms[iu[1]]
+    # A zero gradient has dot 0 with everything, so it can never be in a conflicting pair.
+    conflict = pair_dots < 0
+    cosines = pair_dots[conflict] / (n_i[conflict] * n_j[conflict])
+    n_conflict = int(conflict.sum())
+    mean_cos = float(cosines.mean()) if n_conflict else math.nan
+    return ConflictStats(pairs=T * (T - 1) // 2, conflicting=n_conflict, mean_conflict_cosine=mean_cos)
+
+
+def project(
+    grads: torch.Tensor,
+    variant: str = "pcgrad",
+    generator: torch.Generator | None = None,
+    order: Sequence[Sequence[int]] | None = None,
+) -> torch.Tensor:
+    """Per-task projected gradients (T, P); their sum is the surgery update.
+
+    ``order[i]`` fixes the sequence of other tasks that task i is projected against (pcgrad
+    only; tests use it to pin Algorithm 1's random order). Otherwise it is drawn from
+    ``generator``. Does not modify ``grads``.
+    """
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown surgery variant {variant!r}; expected one of {VARIANTS}")
+    if grads.dim() != 2:
+        raise ValueError(f"grads must be (T, P), got shape {tuple(grads.shape)}")
+    T = grads.shape[0]
+    # Half-precision dot products over millions of entries overflow/lose too much; do the
+    # arithmetic in fp32 at least and hand back the caller's dtype.
+    g = grads.float() if grads.dtype in (torch.float16, torch.bfloat16) else grads
+    out = g.clone()
+    sq_norms = (g * g).sum(dim=1)
+
+    if variant == "dominant":
+        d = int(torch.argmax(sq_norms))
+        if sq_norms[d] > 0:
+            gd = g[d]
+            for i in range(T):
+                if i == d:
+                    continue
+                dot = g[i] @ gd
+                if dot < 0:
+                    out[i] -= (dot / sq_norms[d]) * gd
+        return out.to(grads.dtype)
+
+    # pcgrad. The paper also shuffles the outer loop over i, but each g_i is projected against
+    # the ORIGINAL gradients only, so the outer order cannot change the result: only the
+    # per-task order of the others is random.
+    for i in range(T):
+        if order is not None:
+            others = [j for j in order[i] if j != i]
+        else:
+            others = [j for j in torch.randperm(T, generator=generator).tolist() if j != i]
+        for j in others:
+            if sq_norms[j] == 0:
+                continue
+            dot = out[i] @ g[j]
+            if dot < 0:
+                out[i] -= (dot / sq_norms[j]) * g[j]
+    return out.to(grads.dtype)
+
+
+def surgery(
+    grads: torch.Tensor, variant: str = "pcgrad", generator: torch.Generator | None = None
+) -> tuple[torch.Tensor, ConflictStats]:
+    """Combine (T, P) per-task gradients into one (P,) update. Pure: ``grads`` is untouched."""
+    stats = conflict_stats(grads)
+    if not bool(torch.isfinite(grads).all()):
+        # Skip surgery: the plain sum keeps the inf/nan visible to GradScaler's check, which
+        # then skips the step; projecting with inf norms would only produce arbitrary nans.
+        logger.debug("non-finite task gradients: surgery skipped")
+        return grads.sum(dim=0), stats
+    return project(grads, variant, generator).sum(dim=0), stats
+
+
+class PCGrad:
+    """Per-task backward passes + surgery on the shared parameters' .grad.
+
+    Usage per step::
+
+        optimizer.zero_grad(set_to_none=True)
+        stats = pcgrad.backward({"sst": l1, "para": l2, "sts": l3}, scaler=scaler)
+        scaler.step(optimizer)  # or optimizer.step()
+
+    With DDP, run the backward passes under ``model.no_sync()`` and pass a ``reduce`` that
+    all-reduce-averages the (T, P) buffer, so surgery sees the global per-task gradients
+    (and head grads need their own all-reduce).
+    """
+
+    def __init__(self, shared_params: Iterable[torch.nn.Parameter], variant: str = "pcgrad", seed: int = 0):
+        if variant not in VARIANTS:
+            raise ValueError(f"unknown surgery variant {variant!r}; expected one of {VARIANTS}")
+        # Frozen params get no gradient and must not be given one (the optimizer would then
+        # apply weight decay/momentum to them), so they are left out entirely.
+        self.params = [p for p in shared_params if p.requires_grad]
+        if not self.params:
+            raise ValueError("PCGrad needs at least one trainable shared parameter")
+        self.numels = [p.numel() for p in self.params]
+        self.variant = variant
+        self.generator = torch.Generator().manual_seed(seed)
+        self._buf: torch.Tensor | None = None  # (rows, P), allocated on first use and reused
+
+    def _buffer(self, rows: int) -> torch.Tensor:
+        if self._buf is None or self._buf.shape[0] < rows:
+            p0 = self.params[0]
+            self._buf = torch.empty(max(3, rows), sum(self.numels), dtype=p0.dtype, device=p0.device)
+        return self._buf
+
+    def backward(
+        self,
+        task_losses: dict[str, torch.Tensor],
+        scaler: torch.amp.GradScaler | None = None,
+        reduce: Callable[[torch.Tensor], None] | None = None,
+    ) -> ConflictStats:
+        if any(p.grad is not None for p in self.params):
+            raise RuntimeError("shared params already have .grad: call optimizer.zero_grad(set_to_none=True) "
+                               "before PCGrad.backward, each task's gradient must be seen alone")
+        names = list(task_losses)
+        buf = self._buffer(len(names))[: len(names)]
+        touched = [False] * len(self.params)  # did any task reach this param?
+
+        for t, name in enumerate(names):
+            loss = task_losses[name]
+            # Each task has its own forward over its own sub-batch, so graphs are disjoint and
+            # no retain_graph is needed. Head params accumulate their own task's grad untouched.
+            (scaler.scale(loss) if scaler is not None else loss).backward()
+            for k, (p, row) in enumerate(zip(self.params, buf[t].split(self.numels))):
+                if p.grad is None:  # this task does not reach p: a zero component
+                    row.zero_()
+                else:
+                    row.copy_(p.grad.reshape(-1))
+                    touched[k] = True
+                    p.grad = None  # so the next task's backward starts from nothing
+
+        if reduce is not None:
+            reduce(buf)
+
+        # AMP: the losses were scaled by s > 0, so every row is s * (true gradient). Surgery is
+        # positively homogeneous: every projection coefficient (g_i . g_j / ||g_j||^2) is
+        # scale-free and every sign test is unchanged, so surgery(s * G) = s * surgery(G).
+        # Hence we operate on the scaled gradients and write the scaled result back;
+        # scaler.unscale_/step then divide by s and run their inf/nan check as usual.
+        combined, stats = surgery(buf, self.variant, self.generator)
+
+        for p, chunk, hit in zip(self.params, combined.split(self.numels), touched):
+            # A param no task reached keeps grad None, as after a plain backward, so the
+            # optimizer skips it rather than stepping on a zero gradient.
+            p.grad = chunk.view_as(p).to(p.dtype) if hit else None
+
+        logger.debug("surgery %s over %s: %d/%d pairs conflicting, mean cosine %.3f",
+                     self.variant, names, stats.conflicting, stats.pairs, stats.mean_conflict_cosine)
+        return stats

@@ -1,0 +1,334 @@
+"""The training recipe: wires model, data, sampler, optimiser and the multi-task tricks together.
+
+One loop for CPU and CUDA. Each step trains on one task's batch (MT-DNN and the other per-task
+samplers) or on a mixed batch grouped by task (--task-sampling mixed, PCGrad's sampler); the
+loss of each task's group is computed separately so PCGrad can take one backward per task.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import random
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from data.batching import Batch, TaskData, encode_task, make_batch
+from data.loaders import load_task_file
+from data.sampler import TaskBatch, epoch_schedule, mixed_schedule, padding_efficiency
+from heads import KIND, MultitaskBert, task_loss
+from minbert import Tokenizer, load_bert, resolve_checkpoint
+
+from .checkpointing import save_checkpoint
+from .config import TrainConfig
+from .evaluate import evaluate, write_all_predictions
+from .progress import progress
+
+log = logging.getLogger(__name__)
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot work with the model or data it names (one line for the user)."""
+
+
+class NonFiniteLossError(RuntimeError):
+    pass
+
+
+# --------------------------------------------------------------------------- setup helpers
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
+    if precision == "bf16" or (precision == "auto" and device.type == "cuda"):
+        return torch.bfloat16
+    return None
+
+
+def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
+    """AdamW over the trainable parameters only; no weight decay on biases and LayerNorm weights.
+    fused=True: one kernel for the whole update (on CPU too, where it measured ~7x faster)."""
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            (no_decay if p.ndim < 2 else decay).append(p)
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    try:
+        return torch.optim.AdamW(groups, lr=cfg.lr, fused=True)
+    except (RuntimeError, TypeError):  # a device/dtype without a fused kernel
+        return torch.optim.AdamW(groups, lr=cfg.lr)
+
+
+def linear_warmup_decay(optimizer, total_steps: int, warmup_ratio: float):
+    warmup = int(total_steps * warmup_ratio)
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        return max(0.0, (total_steps - step) / max(1, total_steps - warmup))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+# --------------------------------------------------------------------------- data
+
+@dataclass
+class Splits:
+    train: dict[str, TaskData]
+    dev: dict[str, TaskData]
+    test: dict[str, TaskData]
+
+
+def load_data(cfg: TrainConfig, tokenizer: Tokenizer) -> Splits:
+    out = Splits({}, {}, {})
+    for task in cfg.tasks:
+        for split, target in (("train", out.train), ("dev", out.dev), ("test", out.test)):
+            path = cfg.file(task, split)
+            if split == "test" and not os.path.isfile(path):
+                log.warning("%s: not found; no %s test predictions will be written", path, task)
+                continue
+            examples = load_task_file(path, task, labelled=split != "test", strict=cfg.strict).examples
+            if split == "train" and cfg.max_train_examples and len(examples) > cfg.max_train_examples:
+                keep = np.random.default_rng([cfg.seed, 7]).permutation(len(examples))[: cfg.max_train_examples]
+                examples = [examples[i] for i in sorted(keep)]
+            target[task] = encode_task(task, examples, tokenizer, cfg.pair_encoding, cfg.max_length)
+    return out
+
+
+def schedule_for_epoch(cfg: TrainConfig, train: dict[str, TaskData], epoch: int) -> list[list[TaskBatch]]:
+    """The epoch's steps; each step is a list of TaskBatch (one, or one per task in a mixed batch)."""
+    sizes = {t: len(d) for t, d in train.items()}
+    if cfg.task_sampling == "mixed":
+        return mixed_schedule(sizes, cfg.batch_size, epoch=epoch, seed=cfg.seed)
+    lengths = {t: d.lengths for t, d in train.items()} if cfg.bucket else None
+    steps = epoch_schedule(sizes, cfg.batch_size, epoch=epoch, seed=cfg.seed, sampling=cfg.task_sampling,
+                           num_epochs=cfg.epochs, max_batches_per_task=cfg.max_batches_per_task, lengths=lengths)
+    return [[s] for s in steps]
+
+
+# --------------------------------------------------------------------------- the step
+
+class Stepper:
+    """Computes the loss of a step's task groups and applies one optimiser update."""
+
+    def __init__(self, model: MultitaskBert, cfg: TrainConfig, optimizer, scheduler, device, amp_dtype,
+                 total_steps: int):
+        self.model, self.cfg, self.optimizer, self.scheduler = model, cfg, optimizer, scheduler
+        self.device, self.amp_dtype = device, amp_dtype
+        self.bad_steps = 0
+        self.pcgrad = self.smart = self.teacher = None
+        shared = [p for p in model.encoder.parameters() if p.requires_grad]
+        if cfg.pcgrad:
+            from .pcgrad import PCGrad
+            self.pcgrad = PCGrad(shared, variant=cfg.pcgrad_variant, seed=cfg.seed)
+        if cfg.smart:
+            from .smart import EMATeacher, SmartConfig
+            self.smart = SmartConfig(lambda_s=cfg.smart_lambda, mu=cfg.smart_mu, eps=cfg.smart_eps,
+                                     step_size=cfg.smart_step_size, noise_std=cfg.smart_noise_var,
+                                     steps=cfg.smart_steps, norm=cfg.smart_norm, beta=cfg.smart_beta,
+                                     adv_dropout=cfg.smart_adv_dropout)
+            self.teacher = EMATeacher(model, self.smart, total_steps=total_steps)
+            self.generator = torch.Generator(device=device).manual_seed(cfg.seed)
+
+    def autocast(self):
+        if self.amp_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.amp_dtype)
+
+    def task_loss(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+        """The loss of one task's group: task loss, plus SMART's terms when on."""
+        model, layer = self.model, self.model.first_trainable_layer
+        masks = [s["attention_mask"] for s in batch.inputs]
+        perturb_layer = 0 if (self.smart and self.cfg.smart_perturb_at == "embeddings") else layer
+        # The frozen prefix needs no graph unless SMART perturbs below it.
+        frozen_prefix = model.frozen_upto is not None and perturb_layer == layer
+        with torch.set_grad_enabled(not frozen_prefix and torch.is_grad_enabled()):
+            hs = model.hidden_at(batch.inputs, perturb_layer)
+        out = model.from_hidden(batch.task, hs, masks, perturb_layer)
+        loss = task_loss(batch.task, out, batch.labels)
+        parts = {"loss": loss.item()}
+        if self.smart:
+            from .smart import adversarial_loss, bregman_loss, dropout_disabled
+            kind = KIND[batch.task]
+
+            def f(xs):
+                return model.from_hidden(batch.task, list(xs), masks, perturb_layer)
+
+            ctx = contextlib.nullcontext() if self.smart.adv_dropout else dropout_disabled(model)
+            with ctx:
+                r_s = adversarial_loss(f, tuple(hs), out, kind, self.smart, masks=tuple(masks),
+                                       generator=self.generator)
+            d_breg = bregman_loss(out, self.teacher(batch.task, batch.inputs, perturb_layer), kind)
+            loss = loss + self.smart.lambda_s * r_s + self.smart.mu * d_breg
+            parts.update(r_s=r_s.item(), d_breg=d_breg.item())
+        return loss, parts
+
+    def step(self, batches: list[Batch], step: int) -> dict[str, dict[str, float]] | None:
+        """One update. Returns per-task loss parts, or None if the step was skipped (non-finite loss)."""
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        losses, parts = {}, {}
+        for b in batches:
+            with self.autocast():
+                losses[b.task], parts[b.task] = self.task_loss(b)
+            if not torch.isfinite(losses[b.task]):
+                return self._skip(b.task, step, losses[b.task])
+            if self.pcgrad is None:
+                losses[b.task].backward()  # mixed batches without PCGrad: gradient of the sum of task losses
+        if self.pcgrad is not None:
+            stats = self.pcgrad.backward(losses)
+            parts[batches[0].task]["pcgrad_conflict"] = stats.conflict_fraction
+            parts[batches[0].task]["pcgrad_cosine"] = stats.mean_conflict_cosine
+        params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        if self.cfg.max_grad_norm > 0:
+            norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm)
+        else:
+            norm = torch.sqrt(sum(p.grad.float().pow(2).sum() for p in params if p.grad is not None))
+        if not torch.isfinite(norm):
+            return self._skip(",".join(b.task for b in batches), step, norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        if self.teacher is not None:
+            self.teacher.update(self.model)
+        self.bad_steps = 0
+        return parts
+
+    def _skip(self, task: str, step: int, value) -> None:
+        self.bad_steps += 1
+        self.optimizer.zero_grad(set_to_none=True)
+        log.warning("step %d (%s): non-finite loss or gradient (%s); step skipped (%d in a row)",
+                    step, task, value, self.bad_steps)
+        if self.bad_steps >= self.cfg.max_bad_steps:
+            raise NonFiniteLossError(f"{self.bad_steps} consecutive non-finite steps, the last at step {step} on "
+                                     f"task {task}; lower --lr, or check the data. The best checkpoint so far is "
+                                     f"kept in --out-dir")
+        return None
+
+
+# --------------------------------------------------------------------------- the run
+
+def build_model(cfg: TrainConfig) -> tuple[MultitaskBert, Tokenizer, Path]:
+    ckpt = resolve_checkpoint(cfg.model)
+    tokenizer = Tokenizer.from_checkpoint(ckpt)
+    encoder = load_bert(ckpt, attn_impl=cfg.attn_impl)
+    if tokenizer.vocab_size > encoder.config.vocab_size:
+        raise ConfigError(f"{ckpt}: the tokenizer has {tokenizer.vocab_size} tokens but the model's embedding "
+                          f"has {encoder.config.vocab_size} rows; the vocabulary belongs to another model")
+    torch.manual_seed(cfg.seed)  # head initialisation
+    model = MultitaskBert(encoder, cfg.pair_encoding, cfg.head_dropout)
+    try:
+        model.freeze(cfg.freeze_upto)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    return model, tokenizer, ckpt
+
+
+def train(cfg: TrainConfig) -> dict:
+    """Train, keep the best dev checkpoint, write predictions. Returns the best dev metrics."""
+    out_dir = Path(cfg.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    file_log = logging.FileHandler(out_dir / "train.log")
+    file_log.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.getLogger().addHandler(file_log)
+    try:
+        return _train(cfg, out_dir)
+    finally:
+        logging.getLogger().removeHandler(file_log)
+        file_log.close()
+
+
+def _train(cfg: TrainConfig, out_dir: Path) -> dict:
+    seed_everything(cfg.seed)
+    device = pick_device(cfg.device)
+    amp_dtype = autocast_dtype(cfg.precision, device)
+    (out_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
+    model, tokenizer, ckpt_dir = build_model(cfg)
+    _copy_vocab(ckpt_dir, out_dir / "tokenizer")
+    model.to(device)
+    n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    n_all = sum(p.numel() for p in model.parameters())
+    log.info("model %s: %d layers, %.1fM parameters, %.1fM trainable (freeze-upto %s); device %s, %s",
+             cfg.model, model.encoder.num_layers, n_all / 1e6, n_train / 1e6, cfg.freeze_upto, device,
+             "bf16 autocast" if amp_dtype else "fp32")
+
+    data = load_data(cfg, tokenizer)
+    steps_per_epoch = len(schedule_for_epoch(cfg, data.train, 0))
+    total = steps_per_epoch * cfg.epochs
+    optimizer = build_optimizer(model, cfg, device)
+    scheduler = linear_warmup_decay(optimizer, total, cfg.warmup_ratio)
+    stepper = Stepper(model, cfg, optimizer, scheduler, device, amp_dtype, total)
+    metrics_log = open(out_dir / "metrics.jsonl", "a")
+    best, best_metrics, step = -math.inf, {}, 0
+    for epoch in range(cfg.epochs):
+        schedule = schedule_for_epoch(cfg, data.train, epoch)
+        flat = [tb for s in schedule for tb in s]
+        eff = padding_efficiency(flat, {t: d.lengths for t, d in data.train.items()})
+        log.info("epoch %d: %d steps, padding efficiency %.2f (real tokens / tokens computed)",
+                 epoch, len(schedule), eff)
+        running: dict[str, list[float]] = {t: [] for t in cfg.tasks}
+        t0 = time.time()
+        bar = progress(schedule, desc=f"epoch {epoch}", total=len(schedule))
+        for tbs in bar:
+            batches = [make_batch(data.train[tb.task], tb.indices, tokenizer).to(device) for tb in tbs if tb.indices]
+            parts = stepper.step(batches, step)
+            step += 1
+            if parts is None:
+                continue
+            for task, p in parts.items():
+                running[task].append(p["loss"])
+            bar.set_postfix({t: f"{np.mean(v[-50:]):.3f}" for t, v in running.items() if v})
+            if step % cfg.log_every == 0:
+                record = {"step": step, "epoch": epoch, "lr": scheduler.get_last_lr()[0],
+                          **{f"loss_{t}": float(np.mean(v[-cfg.log_every:])) for t, v in running.items() if v}}
+                for p in parts.values():
+                    record.update({k: v for k, v in p.items() if k != "loss"})
+                metrics_log.write(json.dumps(record) + "\n")
+                metrics_log.flush()
+        train_time = time.time() - t0
+        metrics = evaluate(model, data.dev, tokenizer, cfg.eval_batch_size, device, stepper.autocast)
+        record = {"epoch": epoch, "step": step, "train_seconds": round(train_time, 1), "padding_efficiency": eff,
+                  **{f"train_loss_{t}": float(np.mean(v)) for t, v in running.items() if v},
+                  **{f"dev_{k}": v for k, v in metrics.items()}}
+        metrics_log.write(json.dumps(record) + "\n")
+        metrics_log.flush()
+        log.info("epoch %d: dev %s (%.0f s training)", epoch,
+                 " ".join(f"{k} {v:.3f}" for k, v in metrics.items()), train_time)
+        if metrics["overall"] > best:
+            best, best_metrics = metrics["overall"], metrics
+            save_checkpoint(out_dir / "best.pt", model, cfg, epoch=epoch, step=step, metrics=metrics)
+            log.info("new best dev score %.3f: saved %s", best, out_dir / "best.pt")
+    metrics_log.close()
+
+    from .checkpointing import load_model_state
+    load_model_state(model, out_dir / "best.pt", device)
+    write_all_predictions(model, data, tokenizer, cfg, device, stepper.autocast)
+    if cfg.export_hf:
+        from minbert import save_hf
+        save_hf(model.encoder, cfg.export_hf, vocab_src=ckpt_dir)
+        log.info("exported the encoder in the Hugging Face layout to %s", cfg.export_hf)
+    return best_metrics
+
+
+def _copy_vocab(src: Path, dst: Path) -> None:
+    """Keep the tokenizer with the run, so its checkpoint can be evaluated without the original model."""
+    dst.mkdir(parents=True, exist_ok=True)
+    for name in ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json"):
+        if (src / name).is_file():
+            shutil.copyfile(src / name, dst / name)
