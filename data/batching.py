@@ -70,13 +70,16 @@ def encode_task(task: str, examples: list[Example], tokenizer: Tokenizer, pair_e
     return TaskData(task, examples, sequences)
 
 
+def batch_labels(data: TaskData, indices: Sequence[int]) -> torch.Tensor | None:
+    if not data.labelled:
+        return None
+    dtype = torch.long if data.task == "sst" else torch.float
+    return torch.tensor([data.examples[i].label for i in indices], dtype=dtype)
+
+
 def make_batch(data: TaskData, indices: Sequence[int], tokenizer: Tokenizer) -> Batch:
     inputs = [tokenizer.pad([seq[i] for i in indices]) for seq in data.sequences]
-    labels = None
-    if data.labelled:
-        dtype = torch.long if data.task == "sst" else torch.float
-        labels = torch.tensor([data.examples[i].label for i in indices], dtype=dtype)
-    return Batch(data.task, inputs, labels, [data.examples[i].id for i in indices], indices)
+    return Batch(data.task, inputs, batch_labels(data, indices), [data.examples[i].id for i in indices], indices)
 
 
 def eval_batches(data: TaskData, tokenizer: Tokenizer, batch_size: int) -> list[Batch]:

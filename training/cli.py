@@ -73,6 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--freeze-upto", type=int, default=D.freeze_upto, metavar="N",
                    help="freeze the embeddings and encoder layers 0..N-1 (-1: embeddings only; N = number of "
                         "layers: only pooler and heads train)")
+    g.add_argument("--frozen-cache", choices=["auto", "memory", "disk", "off"], default=D.frozen_cache,
+                   help="with --freeze-upto N >= 1: compute the states entering layer N once and run only layers "
+                        "N.. each step (auto: in memory when it fits, else a memory-mapped file in --cache-dir)")
+    g.add_argument("--cache-dir", default=D.cache_dir, help="where --frozen-cache disk keeps its files")
 
     g = p.add_argument_group("PCGrad")
     g.add_argument("--pcgrad", action="store_true",
@@ -129,7 +133,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         epochs=args.epochs, batch_size=args.batch_size, eval_batch_size=args.eval_batch_size,
         task_sampling=sampling, max_batches_per_task=args.max_batches_per_task, bucket=args.bucket,
         lr=args.lr, weight_decay=args.weight_decay, warmup_ratio=args.warmup_ratio,
-        max_grad_norm=args.max_grad_norm, freeze_upto=args.freeze_upto,
+        max_grad_norm=args.max_grad_norm, freeze_upto=args.freeze_upto, frozen_cache=args.frozen_cache,
+        cache_dir=args.cache_dir,
         pcgrad=args.pcgrad, pcgrad_variant=args.pcgrad_variant,
         smart=args.smart, smart_lambda=args.smart_lambda, smart_mu=args.smart_mu, smart_eps=args.smart_eps,
         smart_step_size=args.smart_step_size, smart_noise_var=args.smart_noise_var, smart_steps=args.smart_steps,

@@ -37,6 +37,8 @@ class TrainConfig:
     warmup_ratio: float = 0.1
     max_grad_norm: float = 1.0
     freeze_upto: int | None = None
+    frozen_cache: str = "auto"           # auto | memory | disk | off
+    cache_dir: str = ".cache/frozen"
     # multi-task tricks
     pcgrad: bool = False
     pcgrad_variant: str = "pcgrad"       # pcgrad | dominant

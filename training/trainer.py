@@ -222,6 +222,18 @@ class Stepper:
         return None
 
 
+def maybe_frozen_cache(cfg: TrainConfig, model: MultitaskBert, train: dict[str, TaskData], tokenizer, device):
+    """The frozen-prefix cache when it applies (frozen encoder layers, nothing needing their gradients)."""
+    if cfg.frozen_cache == "off" or model.first_trainable_layer < 1:
+        return None
+    if cfg.smart and cfg.smart_perturb_at == "embeddings":
+        log.info("frozen-prefix cache off: SMART perturbs the embeddings, which needs gradients through the "
+                 "frozen layers every step (--smart-perturb-at first-trainable keeps the cache)")
+        return None
+    from .frozen_cache import build_frozen_cache
+    return build_frozen_cache(model, train, tokenizer, device, cfg.frozen_cache, cfg.cache_dir)
+
+
 # --------------------------------------------------------------------------- the run
 
 def build_model(cfg: TrainConfig) -> tuple[MultitaskBert, Tokenizer, Path]:
@@ -274,6 +286,7 @@ def _train(cfg: TrainConfig, out_dir: Path) -> dict:
     optimizer = build_optimizer(model, cfg, device)
     scheduler = linear_warmup_decay(optimizer, total, cfg.warmup_ratio)
     stepper = Stepper(model, cfg, optimizer, scheduler, device, amp_dtype, total)
+    cache = maybe_frozen_cache(cfg, model, data.train, tokenizer, device)
     metrics_log = open(out_dir / "metrics.jsonl", "a")
     best, best_metrics, step = -math.inf, {}, 0
     for epoch in range(cfg.epochs):
@@ -286,7 +299,8 @@ def _train(cfg: TrainConfig, out_dir: Path) -> dict:
         t0 = time.time()
         bar = progress(schedule, desc=f"epoch {epoch}", total=len(schedule))
         for tbs in bar:
-            batches = [make_batch(data.train[tb.task], tb.indices, tokenizer).to(device) for tb in tbs if tb.indices]
+            batches = [(cache.batch(data.train[tb.task], tb.indices) if cache else
+                        make_batch(data.train[tb.task], tb.indices, tokenizer)).to(device) for tb in tbs if tb.indices]
             parts = stepper.step(batches, step)
             step += 1
             if parts is None:

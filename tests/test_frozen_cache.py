@@ -1,0 +1,137 @@
+"""The frozen-prefix cache: same training trajectory as running the frozen layers, never stale."""
+import numpy as np
+import pytest
+import torch
+
+from data.batching import encode_task, make_batch
+from data.loaders import Example
+from heads import MultitaskBert
+from minbert import Bert, BertConfig, Tokenizer, save_hf
+from training.config import TrainConfig
+from training.frozen_cache import build_frozen_cache, cache_key, estimate_bytes
+from training.trainer import Stepper, build_optimizer, linear_warmup_decay
+
+WORDS = ["the", "cat", "sat", "on", "mat", "dog", "ran", "far", "away", "home", "big", "red"]
+VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS
+
+
+@pytest.fixture
+def setup(tmp_path):
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=len(VOCAB), hidden_size=16, num_hidden_layers=3, num_attention_heads=2,
+                     intermediate_size=32, max_position_embeddings=64)
+    d = save_hf(Bert(cfg), tmp_path / "ckpt")
+    (d / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
+    tok = Tokenizer.from_checkpoint(d)
+    rng = np.random.default_rng(0)
+
+    def sent():
+        return " ".join(rng.choice(WORDS, size=rng.integers(1, 12)))
+
+    train = {
+        "sst": encode_task("sst", [Example(f"s{i}", sent(), None, int(rng.integers(5))) for i in range(24)], tok),
+        "para": encode_task("para", [Example(f"p{i}", sent(), sent(), int(rng.integers(2))) for i in range(24)],
+                            tok, "siamese"),
+        "sts": encode_task("sts", [Example(f"t{i}", sent(), sent(), float(rng.uniform(0, 5))) for i in range(24)],
+                           tok, "siamese"),
+    }
+    return d, tok, train
+
+
+def _model(ckpt, upto):
+    from minbert import load_bert
+    torch.manual_seed(1)
+    m = MultitaskBert(load_bert(ckpt), "siamese", dropout=0.1)
+    m.freeze(upto)
+    return m
+
+
+def _train(ckpt, tok, train, cache, upto=2, steps=6):
+    model = _model(ckpt, upto)
+    cfg = TrainConfig(freeze_upto=upto, lr=1e-2, max_grad_norm=1.0)
+    opt = build_optimizer(model, cfg, torch.device("cpu"))
+    stepper = Stepper(model, cfg, opt, linear_warmup_decay(opt, steps, 0.0), torch.device("cpu"), None, steps)
+    torch.manual_seed(2)  # dropout in the trainable layers draws the same numbers in both runs
+    losses = []
+    for step in range(steps):
+        task = ("sst", "para", "sts")[step % 3]
+        idx = list(range((step // 3) * 8, (step // 3) * 8 + 8))
+        batch = cache.batch(train[task], idx) if cache else make_batch(train[task], idx, tok)
+        losses.append(stepper.step([batch], step)[task]["loss"])
+    return losses, model
+
+
+def test_cached_training_matches_uncached(setup):
+    ckpt, tok, train = setup
+    ref_losses, ref_model = _train(ckpt, tok, train, cache=None)
+    cache = build_frozen_cache(_model(ckpt, 2), train, tok, torch.device("cpu"), "memory", dtype="float32")
+    losses, model = _train(ckpt, tok, train, cache=cache)
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-5, atol=1e-6)
+    for (name, p), q in zip(model.named_parameters(), ref_model.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5, msg=name)
+    # fp16 storage, the default: same trajectory to fp16 precision
+    cache16 = build_frozen_cache(_model(ckpt, 2), train, tok, torch.device("cpu"), "memory")
+    losses16, _ = _train(ckpt, tok, train, cache=cache16)
+    np.testing.assert_allclose(losses16, ref_losses, rtol=5e-3, atol=5e-3)
+
+
+def test_cached_states_equal_the_frozen_layers_output(setup):
+    ckpt, tok, train = setup
+    model = _model(ckpt, 2).eval()
+    cache = build_frozen_cache(model, train, tok, torch.device("cpu"), "memory", dtype="float32")
+    idx = [3, 0, 17, 5]
+    batch = make_batch(train["para"], idx, tok)
+    cached = cache.batch(train["para"], idx)
+    with torch.no_grad():
+        for seq, c in zip(batch.inputs, cached.inputs):
+            h = model.hidden_at([seq], 2)[0]
+            m = seq["attention_mask"].bool()
+            assert torch.equal(c["attention_mask"], seq["attention_mask"])
+            torch.testing.assert_close(c["hidden"][m], h[m], rtol=0, atol=1e-6)
+    assert torch.equal(cached.labels, batch.labels) and cached.ids == batch.ids
+
+
+def test_disk_cache_round_trips_and_is_reused(setup, tmp_path, caplog):
+    ckpt, tok, train = setup
+    mem = build_frozen_cache(_model(ckpt, 2), train, tok, torch.device("cpu"), "memory")
+    disk = build_frozen_cache(_model(ckpt, 2), train, tok, torch.device("cpu"), "disk", cache_dir=tmp_path / "c")
+    for task in train:
+        for a, b in zip(mem.states[task], disk.states[task]):
+            assert isinstance(b.data, np.memmap)
+            np.testing.assert_array_equal(a.data, b.data)
+            np.testing.assert_array_equal(a.offsets, b.offsets)
+    caplog.set_level("INFO")
+    build_frozen_cache(_model(ckpt, 2), train, tok, torch.device("cpu"), "disk", cache_dir=tmp_path / "c")
+    assert "reusing" in caplog.text
+    assert len(list((tmp_path / "c").iterdir())) == 1
+
+
+def test_key_changes_with_depth_checkpoint_and_data(setup):
+    ckpt, tok, train = setup
+    base = cache_key(_model(ckpt, 2), train, 2, "float16")
+    assert cache_key(_model(ckpt, 2), train, 2, "float16") == base
+    assert cache_key(_model(ckpt, 1), train, 1, "float16") != base          # another N
+    changed = _model(ckpt, 2)
+    with torch.no_grad():
+        changed.encoder.layers[1].ffn_in.weight[0, 0] += 1e-3                 # another checkpoint
+    assert cache_key(changed, train, 2, "float16") != base
+    unfrozen_change = _model(ckpt, 2)
+    with torch.no_grad():
+        unfrozen_change.encoder.layers[2].ffn_in.weight[0, 0] += 1.0          # a trainable layer: same states
+    assert cache_key(unfrozen_change, train, 2, "float16") == base
+    fewer = {**train, "sst": encode_task("sst", train["sst"].examples[:-1], tok)}
+    assert cache_key(_model(ckpt, 2), fewer, 2, "float16") != base            # other data / tokens
+    shorter = {**train, "sst": encode_task("sst", train["sst"].examples, tok, max_length=4)}
+    assert cache_key(_model(ckpt, 2), shorter, 2, "float16") != base          # another max length
+
+
+def test_size_estimate_counts_real_tokens(setup):
+    _, _, train = setup
+    tokens = sum(len(ids) for d in train.values() for seq in d.sequences for ids, _ in seq)
+    assert estimate_bytes(train, hidden=16) == tokens * 16 * 2
+
+
+def test_needs_a_frozen_layer(setup):
+    ckpt, tok, train = setup
+    with pytest.raises(ValueError, match="at least one frozen encoder layer"):
+        build_frozen_cache(_model(ckpt, -1), train, tok, torch.device("cpu"))

@@ -1,0 +1,161 @@
+"""Frozen-prefix cache: compute the hidden states entering the first trainable layer once.
+
+With --freeze-upto N the embeddings and layers 0..N-1 have no trainable parameters and run in
+eval mode (no dropout), so the hidden states they hand to layer N are a fixed function of each
+input. We compute them in one pass over each training set, store them packed (sequences back to
+back, no padding) in fp16, and every later step runs only layers N.. on a gathered batch.
+
+Stored in memory, or in a memory-mapped file on disk (--frozen-cache disk) so a Quora-sized
+task fits. The disk cache is keyed by a hash of the frozen parameters themselves and of every
+token id, so a different model, checkpoint, tokeniser, max length, data file or N never reuses
+a stale cache.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from data.batching import Batch, TaskData, batch_labels, eval_batches
+from heads import MultitaskBert
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"float16": (torch.float16, np.float16), "float32": (torch.float32, np.float32)}
+
+
+@dataclass
+class PackedStates:
+    """Variable-length (T_i, H) hidden states back to back: example i is rows offsets[i]:offsets[i+1]."""
+    data: np.ndarray  # (total tokens, H), an in-memory array or a read-only np.memmap
+    offsets: np.ndarray  # (N + 1,)
+
+    def gather(self, indices) -> tuple[torch.Tensor, torch.Tensor]:
+        """Padded (B, T, H) float32 hidden states and their (B, T) attention mask."""
+        lengths = self.offsets[np.asarray(indices) + 1] - self.offsets[np.asarray(indices)]
+        B, T, H = len(indices), int(lengths.max()), self.data.shape[1]
+        hidden = np.zeros((B, T, H), dtype=np.float32)
+        mask = np.zeros((B, T), dtype=np.int64)
+        for row, (i, n) in enumerate(zip(indices, lengths)):
+            hidden[row, :n] = self.data[self.offsets[i]:self.offsets[i] + n]
+            mask[row, :n] = 1
+        return torch.from_numpy(hidden), torch.from_numpy(mask)
+
+
+class FrozenCache:
+    def __init__(self, layer: int, states: dict[str, list[PackedStates]]):
+        self.layer = layer
+        self.states = states  # task -> one PackedStates per input sequence (two for siamese pairs)
+
+    def batch(self, data: TaskData, indices) -> Batch:
+        """The same batch make_batch would give, with `hidden` entering self.layer instead of token ids."""
+        inputs = []
+        for packed in self.states[data.task]:
+            hidden, mask = packed.gather(indices)
+            inputs.append({"hidden": hidden, "attention_mask": mask, "cache_layer": self.layer})
+        return Batch(data.task, inputs, batch_labels(data, indices), [data.examples[i].id for i in indices], indices)
+
+
+def estimate_bytes(train: dict[str, TaskData], hidden: int, itemsize: int = 2) -> int:
+    return sum(len(ids) for d in train.values() for seq in d.sequences for ids, _ in seq) * hidden * itemsize
+
+
+def cache_key(model: MultitaskBert, train: dict[str, TaskData], layer: int, dtype: str) -> str:
+    """Hash of what the cached states depend on: the frozen parameters and every token id."""
+    h = hashlib.sha256(f"layer={layer};dtype={dtype}".encode())
+    for name, t in sorted(model.encoder.state_dict().items()):
+        if name.startswith("embeddings.") or any(name.startswith(f"layers.{i}.") for i in range(layer)):
+            h.update(name.encode())
+            h.update(t.detach().cpu().contiguous().numpy().tobytes())
+    for task in sorted(train):
+        h.update(task.encode())
+        for seq in train[task].sequences:
+            for ids, types in seq:
+                h.update(np.asarray(ids, dtype=np.int32).tobytes() + b"|" + np.asarray(types, dtype=np.int8).tobytes())
+    return h.hexdigest()[:20]
+
+
+def _offsets(seq) -> np.ndarray:
+    return np.concatenate([[0], np.cumsum([len(ids) for ids, _ in seq])]).astype(np.int64)
+
+
+@torch.inference_mode()
+def _fill(model: MultitaskBert, data: TaskData, s: int, out: np.ndarray, offsets: np.ndarray, tokenizer,
+          layer: int, device, batch_size: int) -> None:
+    for batch in eval_batches(data, tokenizer, batch_size):
+        h = model.hidden_at([{k: v.to(device) for k, v in batch.inputs[s].items()}], layer)[0]
+        h = h.float().cpu().numpy()
+        for row, i in enumerate(batch.indices):
+            n = offsets[i + 1] - offsets[i]
+            out[offsets[i]:offsets[i] + n] = h[row, :n]
+
+
+def build_frozen_cache(model: MultitaskBert, train: dict[str, TaskData], tokenizer, device, mode: str = "auto",
+                       cache_dir: str | os.PathLike = ".cache/frozen", dtype: str = "float16",
+                       batch_size: int = 128) -> FrozenCache:
+    """Compute (or, on disk, reuse) the states entering model.first_trainable_layer for every example."""
+    layer = model.first_trainable_layer
+    if layer < 1:
+        raise ValueError("the frozen cache needs at least one frozen encoder layer (--freeze-upto >= 1)")
+    np_dtype = _DTYPES[dtype][1]
+    H = model.encoder.config.hidden_size
+    size = estimate_bytes(train, H, np.dtype(np_dtype).itemsize)
+    if mode == "auto":
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        mode = "memory" if size < ram // 4 else "disk"
+    log.info("frozen-prefix cache: states entering layer %d for %s, about %.0f MiB (%s, %s)", layer,
+             ", ".join(f"{len(d)} {t}" for t, d in train.items()), size / 2**20, mode, dtype)
+    was_training = model.training
+    model.eval()
+    try:
+        if mode == "memory":
+            states = {}
+            for task, data in train.items():
+                states[task] = []
+                for s, seq in enumerate(data.sequences):
+                    offsets = _offsets(seq)
+                    out = np.empty((offsets[-1], H), dtype=np_dtype)
+                    _fill(model, data, s, out, offsets, tokenizer, layer, device, batch_size)
+                    states[task].append(PackedStates(out, offsets))
+            return FrozenCache(layer, states)
+        if mode != "disk":
+            raise ValueError(f"frozen cache mode must be auto, memory or disk, not {mode!r}")
+        return _disk_cache(model, train, tokenizer, device, Path(cache_dir), layer, dtype, batch_size)
+    finally:
+        model.train(was_training)
+
+
+def _disk_cache(model, train, tokenizer, device, cache_dir: Path, layer: int, dtype: str, batch_size: int):
+    np_dtype = _DTYPES[dtype][1]
+    H = model.encoder.config.hidden_size
+    root = cache_dir / cache_key(model, train, layer, dtype)
+    meta_path = root / "meta.json"
+    if meta_path.is_file():
+        log.info("frozen-prefix cache: reusing %s", root)
+    else:
+        root.mkdir(parents=True, exist_ok=True)
+        for task, data in train.items():
+            for s, seq in enumerate(data.sequences):
+                offsets = _offsets(seq)
+                out = np.lib.format.open_memmap(root / f"{task}.{s}.tmp.npy", mode="w+", dtype=np_dtype,
+                                                shape=(int(offsets[-1]), H))
+                _fill(model, data, s, out, offsets, tokenizer, layer, device, batch_size)
+                out.flush()
+                del out
+                os.replace(root / f"{task}.{s}.tmp.npy", root / f"{task}.{s}.npy")
+                np.save(root / f"{task}.{s}.offsets.npy", offsets)
+        # meta.json last: its presence says every array before it was written completely
+        meta_path.write_text(json.dumps({"layer": layer, "dtype": dtype,
+                                         "tasks": {t: len(d.sequences) for t, d in train.items()}}))
+        log.info("frozen-prefix cache: wrote %s", root)
+    states = {task: [PackedStates(np.load(root / f"{task}.{s}.npy", mmap_mode="r"),
+                                  np.load(root / f"{task}.{s}.offsets.npy"))
+                     for s in range(len(data.sequences))]
+              for task, data in train.items()}
+    return FrozenCache(layer, states)
