@@ -150,8 +150,8 @@ def validate(cfg: TrainConfig) -> list[str]:
     positive = {"epochs": cfg.epochs, "batch-size": cfg.batch_size, "eval-batch-size": cfg.eval_batch_size,
                 "max-length": cfg.max_length, "smart-steps": cfg.smart_steps, "max-bad-steps": cfg.max_bad_steps}
     errors += [f"--{k} must be >= 1, not {v}" for k, v in positive.items() if v < 1]
-    if cfg.max_length < 3:
-        errors.append("--max-length must leave room for [CLS] and [SEP]")
+    if 1 <= cfg.max_length < 3:
+        errors.append("--max-length must leave room for [CLS] and [SEP] (at least 3)")
     if cfg.lr <= 0:
         errors.append(f"--lr must be > 0, not {cfg.lr}")
     if not 0 <= cfg.warmup_ratio < 1:
@@ -168,10 +168,17 @@ def validate(cfg: TrainConfig) -> list[str]:
         errors.append("--pcgrad needs at least two --tasks")
     if cfg.smart and cfg.smart_eps < 0:
         errors.append("--smart-eps must be >= 0")
-    if cfg.device.startswith("cuda"):
+    if cfg.device != "auto":
         import torch
-        if not torch.cuda.is_available():
-            errors.append(f"--device {cfg.device}: CUDA is not available on this machine (use --device cpu)")
+        try:
+            device = torch.device(cfg.device)
+        except RuntimeError as e:
+            errors.append(f"--device {cfg.device}: {e}")
+        else:
+            if device.type == "cuda" and not torch.cuda.is_available():
+                errors.append(f"--device {cfg.device}: CUDA is not available on this machine (use --device cpu)")
+            elif device.type not in ("cpu", "cuda"):
+                errors.append(f"--device {cfg.device}: only cpu and cuda are supported")
     for task in cfg.tasks:
         for split in ("train", "dev"):
             path = cfg.file(task, split)

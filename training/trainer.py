@@ -287,7 +287,7 @@ def _train(cfg: TrainConfig, out_dir: Path) -> dict:
     scheduler = linear_warmup_decay(optimizer, total, cfg.warmup_ratio)
     stepper = Stepper(model, cfg, optimizer, scheduler, device, amp_dtype, total)
     cache = maybe_frozen_cache(cfg, model, data.train, tokenizer, device)
-    metrics_log = open(out_dir / "metrics.jsonl", "a")
+    metrics_log = open(out_dir / "metrics.jsonl", "w")  # a new run replaces the directory's record
     best, best_metrics, step = -math.inf, {}, 0
     for epoch in range(cfg.epochs):
         schedule = schedule_for_epoch(cfg, data.train, epoch)

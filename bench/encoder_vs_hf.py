@@ -1,0 +1,159 @@
+"""One training step of our encoder vs transformers.BertModel: same weights, same batch, same optimizer.
+
+A step is: forward (train mode, dropout 0.1 on both), loss on the pooled output, backward, AdamW step.
+The two models are timed interleaved (A B, then B A, ...) after warm-up, so that background load
+hits both alike; the table gives the median and min seconds per step and the ratio ours/reference.
+
+    python bench/encoder_vs_hf.py                                # MiniLM-L6, B=32, T=64, CPU
+    python bench/encoder_vs_hf.py --ref-attn eager --padded
+    python bench/encoder_vs_hf.py --bert-base --steps 5          # bert-base shape, random weights
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere without installing
+from minbert import Bert, BertConfig, load_bert, resolve_checkpoint, save_hf  # noqa: E402
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="minilm-l6", help="checkpoint: alias, local HF-layout dir or hub id "
+                   "(default: %(default)s); ignored with --bert-base")
+    p.add_argument("--bert-base", action="store_true", help="bert-base shape (12 layers, hidden 768, 12 heads, "
+                   "FFN 3072) with random weights, written once in the HF layout to a temp dir, loaded by both")
+    p.add_argument("--batch-size", type=int, default=32, help="sequences per batch (default: %(default)s)")
+    p.add_argument("--seq-len", type=int, default=64, help="tokens per sequence (default: %(default)s)")
+    p.add_argument("--padded", action="store_true", help="realistic padding: each sequence's length is uniform "
+                   "in [seq_len/4, seq_len], the rest is padding (default: no padding)")
+    p.add_argument("--steps", type=int, default=10, help="measured steps per implementation (default: %(default)s)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps first (default: %(default)s)")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                   help="auto = cuda when available (bf16 autocast there), else cpu (default: %(default)s)")
+    p.add_argument("--ref-attn", choices=["sdpa", "eager"], default="sdpa",
+                   help="attn_implementation of transformers.BertModel (default: %(default)s)")
+    p.add_argument("--ours-attn", choices=["auto", "sdpa", "matmul"], default="auto",
+                   help="our attn_impl; auto = matmul on CPU, sdpa on CUDA (default: %(default)s)")
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
+    p.add_argument("--seed", type=int, default=0, help="seed for the batch and dropout (default: %(default)s)")
+    return p.parse_args(argv)
+
+
+def checkpoint_dir(args, tmp: str) -> Path:
+    if not args.bert_base:
+        return resolve_checkpoint(args.model)
+    torch.manual_seed(args.seed)
+    model = Bert(BertConfig())  # the defaults are bert-base's shape; our init is BERT's (std 0.02)
+    return save_hf(model, tmp, vocab_src=resolve_checkpoint("minilm-l6"))  # same 30522-word vocabulary
+
+
+def make_batch(args, vocab_size: int, device):
+    g = torch.Generator().manual_seed(args.seed)
+    B, T = args.batch_size, args.seq_len
+    ids = torch.randint(1000, vocab_size, (B, T), generator=g)
+    ids[:, 0] = 101  # [CLS]
+    mask = torch.ones(B, T, dtype=torch.long)
+    if args.padded:
+        lengths = torch.randint(max(1, T // 4), T + 1, (B,), generator=g)
+        mask = (torch.arange(T)[None, :] < lengths[:, None]).long()
+        ids = ids * mask  # [PAD] = 0
+    batch = dict(input_ids=ids, attention_mask=mask, token_type_ids=torch.zeros_like(ids))
+    return {k: v.to(device) for k, v in batch.items()}
+
+
+def make_optimizer(model, device):
+    """AdamW, fused where this torch supports it on this device, else foreach (same choice for both)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    try:
+        opt = torch.optim.AdamW(params, lr=1e-5, fused=True)
+        opt.zero_grad(set_to_none=True)
+        return opt, "fused"
+    except (RuntimeError, TypeError):
+        return torch.optim.AdamW(params, lr=1e-5, foreach=True), "foreach"
+
+
+def train_step(model, opt, batch, device) -> float:
+    t0 = time.perf_counter()
+    opt.zero_grad(set_to_none=True)
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda"):
+        pooled = model(**batch).pooler_output
+    loss = pooled.float().pow(2).mean()
+    loss.backward()
+    opt.step()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    from transformers import BertModel  # the reference; benchmark-only dependency
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    dev = torch.device("cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+                       else "cpu")
+    ours_attn = args.ours_attn if args.ours_attn != "auto" else ("sdpa" if dev.type == "cuda" else "matmul")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = checkpoint_dir(args, tmp)
+        ours = load_bert(path, attn_impl=args.ours_attn).to(dev).train()
+        ref = BertModel.from_pretrained(str(path), attn_implementation=args.ref_attn).to(dev).train()
+    batch = make_batch(args, ours.config.vocab_size, dev)
+
+    ours.eval(), ref.eval()  # sanity: same function before any step
+    with torch.no_grad():
+        diff = (ours(**batch).pooler_output - ref(**batch).pooler_output).abs().max().item()
+    ours.train(), ref.train()
+
+    runs = {"minbert": (ours, *make_optimizer(ours, dev), ours_attn),
+            "transformers": (ref, *make_optimizer(ref, dev), args.ref_attn)}
+    times = {name: [] for name in runs}
+    torch.manual_seed(args.seed)
+    for i in range(args.warmup + args.steps):
+        order = list(runs) if i % 2 == 0 else list(runs)[::-1]  # A B, B A, ...: no order bias
+        for name in order:
+            model, opt, _, _ = runs[name]
+            t = train_step(model, opt, batch, dev)
+            if i >= args.warmup:
+                times[name].append(t)
+
+    cfg = ours.config
+    print(f"# {datetime.datetime.now():%Y-%m-%d %H:%M}  torch {torch.__version__}  threads {torch.get_num_threads()}"
+          f"  device {dev}{' (bf16 autocast) ' + torch.cuda.get_device_name() if dev.type == 'cuda' else ''}")
+    print(f"# CPU: {cpu_model()}")
+    print(f"# model: {'bert-base shape, random' if args.bert_base else args.model} ({cfg.num_hidden_layers} layers, "
+          f"hidden {cfg.hidden_size})  batch {args.batch_size}x{args.seq_len}"
+          f"{' padded, ' + str(int(batch['attention_mask'].sum())) + ' real tokens' if args.padded else ''}  "
+          f"steps {args.steps} (+{args.warmup} warm-up)  AdamW {runs['minbert'][2]}  "
+          f"eval pooled max|diff| {diff:.1e}")
+    ref_med = statistics.median(times["transformers"])
+    print(f"{'implementation':<14} {'attn':<7} {'median s/step':>13} {'min':>8} {'ratio':>6}")
+    for name, (_, _, _, attn) in runs.items():
+        med = statistics.median(times[name])
+        print(f"{name:<14} {attn:<7} {med:>13.4f} {min(times[name]):>8.4f} {med / ref_med:>5.2f}x")
+
+
+if __name__ == "__main__":
+    main()

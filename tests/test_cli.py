@@ -1,0 +1,160 @@
+"""run_multitask.py's command line: --help, and every refusal is exit status 2 with one line naming the
+problem, given before any heavy work (or, for problems only the model shows, before training)."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from data.loaders import COURSE_FILES, TASKS
+from minbert import Bert, BertConfig, save_hf
+from training.cli import build_parser, config_from_args, main, validate
+from training.config import TrainConfig
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat", "on", "mat", "##s"]
+GROUPS = ["model:", "data:", "schedule:", "optimisation:", "PCGrad:", "SMART (Jiang et al. 2020):", "run:"]
+
+
+def write_course_files(d, skip=()):
+    d.mkdir(parents=True, exist_ok=True)
+    sst = "\tid\tsentence\tsentiment\n0\ta\tthe cat sat\t3\n1\tb\tthe mats\t1\n"
+    pair = "\tid\tsentence1\tsentence2\t{}\n0\tc\tthe cat\ton the mat\t{}\n1\td\tcats sat\tthe cat\t{}\n"
+    text = {"sst": sst, "para": pair.format("is_duplicate", 1.0, 0.0), "sts": pair.format("similarity", 4.2, 1.0)}
+    for task in TASKS:
+        for split in ("train", "dev"):
+            if (task, split) not in skip:
+                (d / COURSE_FILES[task][split]).write_text(text[task])
+    return d
+
+
+def tiny_checkpoint(d, **kw):
+    torch.manual_seed(0)
+    cfg = dict(vocab_size=len(VOCAB), hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+               intermediate_size=32, max_position_embeddings=32)
+    save_hf(Bert(BertConfig(**{**cfg, **kw})), d)
+    (d / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
+    return d
+
+
+def run(argv, capsys):
+    rc = main(argv)
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def one_error_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, f"expected one line, got:\n{err}"
+    assert lines[0].startswith("run_multitask.py: error: "), lines[0]
+    return lines[0]
+
+
+@pytest.fixture
+def args(tmp_path):
+    """Flags of a run that would be valid but for what a test adds; the model does not exist, so a
+    problem not caught by validation would surface as a different error."""
+    data = write_course_files(tmp_path / "data")
+    return ["--data-dir", str(data), "--model", str(tmp_path / "no-model"), "--out-dir", str(tmp_path / "run"),
+            "--predictions-dir", str(tmp_path / "pred")]
+
+
+# ----------------------------------------------------------------------------- --help
+
+def test_help_lists_every_group_and_flag(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    for group in GROUPS:
+        assert f"\n{group}\n" in out, group
+    for action in build_parser()._actions:
+        for flag in action.option_strings:
+            assert flag in out, flag
+
+
+def test_script_help_runs_without_importing_torch():
+    code = ("import runpy, sys; sys.argv = ['run_multitask.py', '--help']\n"
+            "try:\n    runpy.run_path('run_multitask.py', run_name='__main__')\n"
+            "except SystemExit as e:\n    assert e.code == 0, e.code\n"
+            "assert 'torch' not in sys.modules, 'torch imported just to print --help'\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "usage: run_multitask.py" in r.stdout and "--freeze-upto" in r.stdout
+
+
+def test_defaults_match_trainconfig(tmp_path):
+    """Flags left out give TrainConfig's defaults (mtdnn sampling unless --pcgrad)."""
+    cfg = config_from_args(build_parser().parse_args([]))
+    assert cfg == TrainConfig()
+    assert config_from_args(build_parser().parse_args(["--pcgrad"])).task_sampling == "mixed"
+    assert config_from_args(build_parser().parse_args(["--sst-dev", "x.csv"])).file("sst", "dev") == "x.csv"
+
+
+# ----------------------------------------------------------------------------- validation errors
+
+def test_a_valid_configuration_has_no_errors(args):
+    assert validate(config_from_args(build_parser().parse_args(args + ["--device", "cpu"]))) == []
+
+
+@pytest.mark.parametrize("task,split", [("sst", "train"), ("para", "dev"), ("sts", "dev")])
+def test_missing_data_file_names_the_path(tmp_path, capsys, task, split):
+    data = write_course_files(tmp_path / "data", skip={(task, split)})
+    rc, _, err = run(["--data-dir", str(data), "--model", str(tmp_path / "m"), "--out-dir", str(tmp_path / "run")],
+                     capsys)
+    assert rc == 2
+    line = one_error_line(err)
+    assert str(data / COURSE_FILES[task][split]) in line and "no such file" in line
+    assert not (tmp_path / "run").exists()
+
+
+def test_missing_override_file_names_the_path(args, tmp_path, capsys):
+    missing = tmp_path / "elsewhere" / "my-sts-train.csv"
+    rc, _, err = run(args + ["--sts-train", str(missing)], capsys)
+    assert rc == 2
+    assert str(missing) in one_error_line(err)
+
+
+def test_pcgrad_with_mtdnn_sampling(args, capsys):
+    rc, _, err = run(args + ["--pcgrad", "--task-sampling", "mtdnn"], capsys)
+    assert rc == 2
+    line = one_error_line(err)
+    assert "--pcgrad" in line and "--task-sampling mixed" in line
+
+
+def test_zero_epochs(args, capsys):
+    rc, _, err = run(args + ["--epochs", "0"], capsys)
+    assert rc == 2
+    assert one_error_line(err) == "run_multitask.py: error: --epochs must be >= 1, not 0"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+@pytest.mark.parametrize("device", ["cuda", "cuda:1"])
+def test_cuda_device_without_cuda(args, capsys, device):
+    rc, _, err = run(args + ["--device", device], capsys)
+    assert rc == 2
+    line = one_error_line(err)
+    assert f"--device {device}" in line and "CUDA is not available" in line
+
+
+def test_several_problems_one_line_each(tmp_path, capsys):
+    data = write_course_files(tmp_path / "data", skip={("sst", "train")})
+    rc, _, err = run(["--data-dir", str(data), "--epochs", "0", "--lr", "0", "--warmup-ratio", "1"], capsys)
+    assert rc == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 4 and all(line.startswith("run_multitask.py: error: ") for line in lines)
+
+
+# ----------------------------------------------------------------------------- problems the model shows
+
+def test_tokenizer_larger_than_the_embedding(tmp_path, capsys):
+    ckpt = tiny_checkpoint(tmp_path / "ckpt", vocab_size=8)  # vocab.txt has 11 tokens
+    data = write_course_files(tmp_path / "data")
+    rc, _, err = run(["--model", str(ckpt), "--data-dir", str(data), "--device", "cpu", "--epochs", "1",
+                      "--out-dir", str(tmp_path / "run"), "--predictions-dir", str(tmp_path / "pred")], capsys)
+    assert rc == 2
+    line = one_error_line(err)
+    assert f"the tokenizer has {len(VOCAB)} tokens" in line and "embedding has 8 rows" in line
+    assert str(ckpt) in line
+    assert not (tmp_path / "run" / "best.pt").exists()
