@@ -1,17 +1,25 @@
 """Checkpoints written so that a crash mid-write never destroys the previous one."""
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
+import random
+import signal
 import tempfile
-from dataclasses import asdict
+import threading
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from heads import MultitaskBert
 from minbert import Bert, BertConfig
 
 from .config import TrainConfig
+
+log = logging.getLogger(__name__)
 
 
 def atomic_save(obj, path: str | os.PathLike) -> None:
@@ -62,3 +70,154 @@ def model_from_checkpoint(path) -> tuple[MultitaskBert, TrainConfig, dict]:
                           cfg.head_dropout)
     model.load_state_dict(ckpt["model"])
     return model, cfg, ckpt
+
+
+# --------------------------------------------------------------------------- exact resume
+
+class TrainingInterrupted(Exception):
+    """SIGINT/SIGTERM: the current step finished and a checkpoint was written."""
+
+    def __init__(self, signal_name: str, epoch: int, state: "RunState", path: Path):
+        self.signal_name, self.path = signal_name, path
+        super().__init__(f"{signal_name} received: stopped after step {state.global_step} (epoch {epoch}, step "
+                         f"{state.step_in_epoch} of the epoch) and wrote {path}. Resume with the same command "
+                         f"plus --resume auto (or --resume {path})")
+
+
+@dataclass
+class RunState:
+    """Where a run is: enough, with the model/optimiser/RNG states, to continue it exactly."""
+    epoch: int = 0
+    step_in_epoch: int = 0
+    global_step: int = 0
+    best: float = float("-inf")
+    best_metrics: dict = field(default_factory=dict)
+    losses: dict = field(default_factory=dict)  # this epoch's training losses per task so far
+
+
+# Fields a resumed run may change; any other difference would change the trajectory.
+RESUME_MAY_DIFFER = {"out_dir", "predictions_dir", "export_hf", "log_every", "save_every", "keep_last", "resume",
+                     "device", "eval_batch_size", "frozen_cache", "cache_dir", "max_bad_steps", "data_dir", "files"}
+
+
+def _rng_state() -> dict:
+    state = {"python": random.getstate(), "numpy": np.random.get_state()[1].tolist(),
+             "numpy_pos": int(np.random.get_state()[2]), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    np.random.set_state(("MT19937", np.array(state["numpy"], dtype=np.uint32), state["numpy_pos"], 0, 0.0))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def training_state(model: MultitaskBert, stepper, cfg: TrainConfig, state: RunState) -> dict:
+    out = {"model": model.state_dict(), "bert_config": asdict(model.encoder.config), "config": cfg.to_dict(),
+           "optimizer": stepper.optimizer.state_dict(), "scheduler": stepper.scheduler.state_dict(),
+           "run_state": asdict(state), "bad_steps": stepper.bad_steps, "rng": _rng_state()}
+    if stepper.teacher is not None:
+        out["smart_teacher"] = stepper.teacher.state_dict()
+        out["smart_generator"] = stepper.generator.get_state()
+    if stepper.pcgrad is not None:
+        out["pcgrad_generator"] = stepper.pcgrad.generator.get_state()
+    return out
+
+
+def restore_training_state(ckpt: dict, model: MultitaskBert, stepper, device) -> RunState:
+    model.load_state_dict(ckpt["model"])
+    model.to(device)
+    stepper.optimizer.load_state_dict(ckpt["optimizer"])
+    stepper.scheduler.load_state_dict(ckpt["scheduler"])
+    stepper.bad_steps = ckpt["bad_steps"]
+    if stepper.teacher is not None:
+        stepper.teacher.load_state_dict(ckpt["smart_teacher"])
+        stepper.generator.set_state(ckpt["smart_generator"])
+    if stepper.pcgrad is not None:
+        stepper.pcgrad.generator.set_state(ckpt["pcgrad_generator"])
+    _set_rng_state(ckpt["rng"])
+    return RunState(**ckpt["run_state"])
+
+
+class RollingCheckpoints:
+    """OUT_DIR/checkpoints/step-NNNNNNN.pt, keeping the newest `keep` of them."""
+
+    def __init__(self, out_dir: Path, keep: int):
+        self.dir, self.keep = Path(out_dir) / "checkpoints", max(1, keep)
+
+    def all(self) -> list[Path]:
+        return sorted(self.dir.glob("step-*.pt")) if self.dir.is_dir() else []
+
+    def latest(self) -> Path | None:
+        found = self.all()
+        return found[-1] if found else None
+
+    def save(self, obj: dict, step: int) -> Path:
+        path = self.dir / f"step-{step:07d}.pt"
+        atomic_save(obj, path)
+        for old in self.all()[: -self.keep]:
+            old.unlink()
+        return path
+
+
+def find_resume_checkpoint(cfg: TrainConfig, out_dir: Path) -> dict | None:
+    """--resume auto|PATH -> the checkpoint to continue from, after checking it fits this config."""
+    from .trainer import ConfigError
+
+    if not cfg.resume:
+        return None
+    if cfg.resume == "auto":
+        path = RollingCheckpoints(out_dir, 1).latest()
+        if path is None:
+            log.info("--resume auto: no checkpoint in %s, starting a new run", out_dir / "checkpoints")
+            return None
+    else:
+        path = Path(cfg.resume)
+        if not path.is_file():
+            raise ConfigError(f"--resume {path}: no such checkpoint")
+    try:
+        ckpt = read_checkpoint(path)
+    except RuntimeError as e:
+        raise ConfigError(str(e)) from None
+    if "optimizer" not in ckpt:
+        raise ConfigError(f"--resume {path}: not a training checkpoint (best.pt holds only the model; "
+                          f"resume from {out_dir / 'checkpoints'})")
+    old = ckpt["config"]
+    diff = [f"--{k.replace('_', '-')} was {old.get(k)!r}, now {v!r}" for k, v in cfg.to_dict().items()
+            if k not in RESUME_MAY_DIFFER and old.get(k) != v]
+    if diff:
+        raise ConfigError(f"--resume {path}: the checkpoint comes from an incompatible config: {'; '.join(diff)}")
+    log.info("resuming from %s", path)
+    return ckpt
+
+
+class _StopFlag:
+    requested = False
+    signal_name = ""
+
+
+@contextlib.contextmanager
+def stop_on_signals():
+    """SIGINT/SIGTERM ask the loop to stop after the current step (a second SIGINT stops at once)."""
+    flag = _StopFlag()
+    if threading.current_thread() is not threading.main_thread():
+        yield flag
+        return
+
+    def handler(signum, frame):
+        flag.requested, flag.signal_name = True, signal.Signals(signum).name
+        log.warning("%s received: finishing the current step, then writing a checkpoint (Ctrl-C again to "
+                    "stop at once)", flag.signal_name)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield flag
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)

@@ -116,6 +116,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--export-hf", metavar="DIR", default=None,
                    help="also write the trained encoder in the Hugging Face layout to DIR")
     g.add_argument("--log-every", type=int, default=D.log_every, help="log running losses every N steps")
+    g.add_argument("--save-every", type=int, default=D.save_every, metavar="N",
+                   help="write a training checkpoint (model, optimiser, scheduler, RNG, sampler position) every N "
+                        "steps and at each epoch end (0: epoch ends only)")
+    g.add_argument("--keep-last", type=int, default=D.keep_last, metavar="K",
+                   help="training checkpoints kept in OUT_DIR/checkpoints (best.pt is kept apart)")
+    g.add_argument("--resume", metavar="PATH|auto", default=None,
+                   help="continue a run exactly where it stopped: a checkpoint, or auto (the newest in "
+                        "OUT_DIR/checkpoints, else start afresh)")
     g.add_argument("--max-bad-steps", type=int, default=D.max_bad_steps,
                    help="stop after this many consecutive steps with a non-finite loss")
     g.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -141,17 +149,21 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         smart_norm=args.smart_norm, smart_beta=args.smart_beta, smart_adv_dropout=args.smart_adv_dropout == "on",
         smart_perturb_at=args.smart_perturb_at, seed=args.seed, device=args.device, precision=args.precision,
         out_dir=args.out_dir, predictions_dir=args.predictions_dir, export_hf=args.export_hf,
-        log_every=args.log_every, max_bad_steps=args.max_bad_steps)
+        log_every=args.log_every, save_every=args.save_every, keep_last=args.keep_last, resume=args.resume,
+        max_bad_steps=args.max_bad_steps)
 
 
 def validate(cfg: TrainConfig) -> list[str]:
     """Problems found without loading anything heavy; each is one line for the user."""
     errors = []
     positive = {"epochs": cfg.epochs, "batch-size": cfg.batch_size, "eval-batch-size": cfg.eval_batch_size,
-                "max-length": cfg.max_length, "smart-steps": cfg.smart_steps, "max-bad-steps": cfg.max_bad_steps}
+                "max-length": cfg.max_length, "smart-steps": cfg.smart_steps, "max-bad-steps": cfg.max_bad_steps,
+                "keep-last": cfg.keep_last, "log-every": cfg.log_every}
     errors += [f"--{k} must be >= 1, not {v}" for k, v in positive.items() if v < 1]
     if 1 <= cfg.max_length < 3:
         errors.append("--max-length must leave room for [CLS] and [SEP] (at least 3)")
+    if cfg.save_every < 0:
+        errors.append(f"--save-every must be >= 0, not {cfg.save_every}")
     if cfg.lr <= 0:
         errors.append(f"--lr must be > 0, not {cfg.lr}")
     if not 0 <= cfg.warmup_ratio < 1:
@@ -199,11 +211,19 @@ def main(argv: list[str] | None = None) -> int:
         for e in errors:
             print(f"run_multitask.py: error: {e}", file=sys.stderr)
         return 2
-    from .trainer import ConfigError, train  # heavy imports only after the flags are known to be good
+    # heavy imports only after the flags are known to be good
+    from .checkpointing import TrainingInterrupted
+    from .trainer import ConfigError, NonFiniteLossError, train
 
     try:
         train(cfg)
-    except ConfigError as e:  # problems found once the model / data are loaded (depth, vocab size)
+    except ConfigError as e:  # found once the model / data / checkpoint are read (depth, vocab, resume)
         print(f"run_multitask.py: error: {e}", file=sys.stderr)
         return 2
+    except TrainingInterrupted as e:
+        print(f"run_multitask.py: {e}", file=sys.stderr)
+        return 130 if e.signal_name == "SIGINT" else 143
+    except NonFiniteLossError as e:
+        print(f"run_multitask.py: error: {e}", file=sys.stderr)
+        return 1
     return 0

@@ -61,6 +61,9 @@ class TrainConfig:
     predictions_dir: str = "predictions"
     export_hf: str | None = None
     log_every: int = 50
+    save_every: int = 500                # steps between training checkpoints (0: epoch ends only)
+    keep_last: int = 2                   # training checkpoints kept in OUT_DIR/checkpoints
+    resume: str | None = None            # auto | PATH
     max_bad_steps: int = 10
 
     def file(self, task: str, split: str) -> str:

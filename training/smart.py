@@ -232,8 +232,13 @@ class EMATeacher:
         """Call after each optimiser step: t = beta * t + (1 - beta) * theta; buffers copied."""
         beta = self.beta
         src = dict(model.named_parameters())
-        for name, t in self.module.named_parameters():
-            t.mul_(beta).add_(src[name].detach(), alpha=1.0 - beta)
+        # Frozen parameters never change, so their copies already equal the student's: skip them
+        # (under deep freezing that is most of the model).
+        pairs = [(t, src[name].detach()) for name, t in self.module.named_parameters() if src[name].requires_grad]
+        if pairs:
+            teacher, student = map(list, zip(*pairs))
+            torch._foreach_mul_(teacher, beta)
+            torch._foreach_add_(teacher, student, alpha=1.0 - beta)
         src_buf = dict(model.named_buffers())
         for name, t in self.module.named_buffers():
             t.copy_(src_buf[name])

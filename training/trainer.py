@@ -26,7 +26,8 @@ from data.sampler import TaskBatch, epoch_schedule, mixed_schedule, padding_effi
 from heads import KIND, MultitaskBert, task_loss
 from minbert import Tokenizer, load_bert, resolve_checkpoint
 
-from .checkpointing import save_checkpoint
+from .checkpointing import (RollingCheckpoints, RunState, TrainingInterrupted, find_resume_checkpoint,
+                            restore_training_state, save_checkpoint, stop_on_signals, training_state)
 from .config import TrainConfig
 from .evaluate import evaluate, write_all_predictions
 from .progress import progress
@@ -270,6 +271,7 @@ def _train(cfg: TrainConfig, out_dir: Path) -> dict:
     seed_everything(cfg.seed)
     device = pick_device(cfg.device)
     amp_dtype = autocast_dtype(cfg.precision, device)
+    resume = find_resume_checkpoint(cfg, out_dir)  # checked before any heavy work
     (out_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
     model, tokenizer, ckpt_dir = build_model(cfg)
     _copy_vocab(ckpt_dir, out_dir / "tokenizer")
@@ -286,48 +288,65 @@ def _train(cfg: TrainConfig, out_dir: Path) -> dict:
     optimizer = build_optimizer(model, cfg, device)
     scheduler = linear_warmup_decay(optimizer, total, cfg.warmup_ratio)
     stepper = Stepper(model, cfg, optimizer, scheduler, device, amp_dtype, total)
+    state = RunState()
+    if resume is not None:
+        state = restore_training_state(resume, model, stepper, device)
+        log.info("resumed from %s at epoch %d, step %d of the epoch (%d in all)", resume, state.epoch,
+                 state.step_in_epoch, state.global_step)
     cache = maybe_frozen_cache(cfg, model, data.train, tokenizer, device)
-    metrics_log = open(out_dir / "metrics.jsonl", "w")  # a new run replaces the directory's record
-    best, best_metrics, step = -math.inf, {}, 0
-    for epoch in range(cfg.epochs):
-        schedule = schedule_for_epoch(cfg, data.train, epoch)
-        flat = [tb for s in schedule for tb in s]
-        eff = padding_efficiency(flat, {t: d.lengths for t, d in data.train.items()})
-        log.info("epoch %d: %d steps, padding efficiency %.2f (real tokens / tokens computed)",
-                 epoch, len(schedule), eff)
-        running: dict[str, list[float]] = {t: [] for t in cfg.tasks}
-        t0 = time.time()
-        bar = progress(schedule, desc=f"epoch {epoch}", total=len(schedule))
-        for tbs in bar:
-            batches = [(cache.batch(data.train[tb.task], tb.indices) if cache else
-                        make_batch(data.train[tb.task], tb.indices, tokenizer)).to(device) for tb in tbs if tb.indices]
-            parts = stepper.step(batches, step)
-            step += 1
-            if parts is None:
-                continue
-            for task, p in parts.items():
-                running[task].append(p["loss"])
-            bar.set_postfix({t: f"{np.mean(v[-50:]):.3f}" for t, v in running.items() if v})
-            if step % cfg.log_every == 0:
-                record = {"step": step, "epoch": epoch, "lr": scheduler.get_last_lr()[0],
-                          **{f"loss_{t}": float(np.mean(v[-cfg.log_every:])) for t, v in running.items() if v}}
-                for p in parts.values():
-                    record.update({k: v for k, v in p.items() if k != "loss"})
-                metrics_log.write(json.dumps(record) + "\n")
-                metrics_log.flush()
-        train_time = time.time() - t0
-        metrics = evaluate(model, data.dev, tokenizer, cfg.eval_batch_size, device, stepper.autocast)
-        record = {"epoch": epoch, "step": step, "train_seconds": round(train_time, 1), "padding_efficiency": eff,
-                  **{f"train_loss_{t}": float(np.mean(v)) for t, v in running.items() if v},
-                  **{f"dev_{k}": v for k, v in metrics.items()}}
-        metrics_log.write(json.dumps(record) + "\n")
-        metrics_log.flush()
-        log.info("epoch %d: dev %s (%.0f s training)", epoch,
-                 " ".join(f"{k} {v:.3f}" for k, v in metrics.items()), train_time)
-        if metrics["overall"] > best:
-            best, best_metrics = metrics["overall"], metrics
-            save_checkpoint(out_dir / "best.pt", model, cfg, epoch=epoch, step=step, metrics=metrics)
-            log.info("new best dev score %.3f: saved %s", best, out_dir / "best.pt")
+    checkpoints = RollingCheckpoints(out_dir, cfg.keep_last)
+    metrics_log = open(out_dir / "metrics.jsonl", "a" if resume else "w")  # a new run replaces the record
+
+    def save_last():
+        checkpoints.save(training_state(model, stepper, cfg, state), state.global_step)
+
+    with stop_on_signals() as stop:
+        for epoch in range(state.epoch, cfg.epochs):
+            schedule = schedule_for_epoch(cfg, data.train, epoch)
+            flat = [tb for s in schedule for tb in s]
+            eff = padding_efficiency(flat, {t: d.lengths for t, d in data.train.items()})
+            log.info("epoch %d: %d steps, padding efficiency %.2f (real tokens / tokens computed)",
+                     epoch, len(schedule), eff)
+            t0 = time.time()
+            todo = schedule[state.step_in_epoch:]
+            bar = progress(todo, desc=f"epoch {epoch}", total=len(todo))
+            for tbs in bar:
+                batches = [(cache.batch(data.train[tb.task], tb.indices) if cache else
+                            make_batch(data.train[tb.task], tb.indices, tokenizer)).to(device)
+                           for tb in tbs if tb.indices]
+                parts = stepper.step(batches, state.global_step)
+                state.step_in_epoch += 1
+                state.global_step += 1
+                if parts is not None:
+                    for task, p in parts.items():
+                        state.losses.setdefault(task, []).append(p["loss"])
+                    bar.set_postfix({t: f"{np.mean(v[-50:]):.3f}" for t, v in state.losses.items() if v})
+                    if state.global_step % cfg.log_every == 0:
+                        _log_step(metrics_log, state, scheduler, parts, cfg.log_every)
+                if cfg.save_every and state.global_step % cfg.save_every == 0:
+                    save_last()
+                if stop.requested:
+                    break
+            if stop.requested:
+                save_last()
+                raise TrainingInterrupted(stop.signal_name, epoch, state, checkpoints.latest())
+            train_time = time.time() - t0
+            metrics = evaluate(model, data.dev, tokenizer, cfg.eval_batch_size, device, stepper.autocast)
+            record = {"epoch": epoch, "step": state.global_step, "train_seconds": round(train_time, 1),
+                      "padding_efficiency": eff,
+                      **{f"train_loss_{t}": float(np.mean(v)) for t, v in state.losses.items() if v},
+                      **{f"dev_{k}": v for k, v in metrics.items()}}
+            metrics_log.write(json.dumps(record) + "\n")
+            metrics_log.flush()
+            log.info("epoch %d: dev %s (%.0f s training)", epoch,
+                     " ".join(f"{k} {v:.3f}" for k, v in metrics.items()), train_time)
+            if metrics["overall"] > state.best:
+                state.best, state.best_metrics = metrics["overall"], metrics
+                save_checkpoint(out_dir / "best.pt", model, cfg, epoch=epoch, step=state.global_step,
+                                metrics=metrics)
+                log.info("new best dev score %.3f: saved %s", state.best, out_dir / "best.pt")
+            state.epoch, state.step_in_epoch, state.losses = epoch + 1, 0, {}
+            save_last()
     metrics_log.close()
 
     from .checkpointing import load_model_state
@@ -337,7 +356,16 @@ def _train(cfg: TrainConfig, out_dir: Path) -> dict:
         from minbert import save_hf
         save_hf(model.encoder, cfg.export_hf, vocab_src=ckpt_dir)
         log.info("exported the encoder in the Hugging Face layout to %s", cfg.export_hf)
-    return best_metrics
+    return state.best_metrics
+
+
+def _log_step(metrics_log, state: "RunState", scheduler, parts: dict, window: int) -> None:
+    record = {"step": state.global_step, "epoch": state.epoch, "lr": scheduler.get_last_lr()[0],
+              **{f"loss_{t}": float(np.mean(v[-window:])) for t, v in state.losses.items() if v}}
+    for p in parts.values():
+        record.update({k: v for k, v in p.items() if k != "loss"})
+    metrics_log.write(json.dumps(record) + "\n")
+    metrics_log.flush()
 
 
 def _copy_vocab(src: Path, dst: Path) -> None:

@@ -1,0 +1,129 @@
+"""Never lose a run: exact resume after a real SIGTERM, atomic checkpoint writes, NaN steps skipped."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from test_training import make_checkpoint, write_data
+from training.checkpointing import atomic_save, read_checkpoint
+from training.cli import main as cli_main
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("resume")
+    return make_checkpoint(root / "ckpt"), write_data(root / "data") or root / "data"
+
+
+def _args(ckpt, data, out, *extra):
+    # dropout on, so that resuming must restore the RNG to match; batch 4 -> 2 steps per task per epoch
+    return ["--model", str(ckpt), "--data-dir", str(data), "--out-dir", str(out), "--predictions-dir",
+            str(out / "pred"), "--epochs", "3", "--batch-size", "4", "--lr", "3e-3", "--head-dropout", "0.3",
+            "--save-every", "1", "--log-every", "1", "--eval-batch-size", "4", *extra]
+
+
+# Runs the CLI in a child process that sends itself a real SIGTERM right after step K.
+CHILD = """
+import os, signal, sys
+import training.trainer as T
+K = int(sys.argv[1])
+step = T.Stepper.step
+def step_then_signal(self, batches, n):
+    out = step(self, batches, n)
+    if n + 1 == K:
+        os.kill(os.getpid(), signal.SIGTERM)
+    return out
+T.Stepper.step = step_then_signal
+from training.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def _epoch_records(out):
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k != "train_seconds"} for r in rows if "dev_overall" in r]
+
+
+@pytest.mark.parametrize("k", [3, 6])  # mid-epoch, and at an epoch's last step
+def test_sigterm_then_resume_equals_an_uninterrupted_run(files, tmp_path, k):
+    ckpt, data = files
+    torch.set_num_threads(1)
+    assert cli_main(_args(ckpt, data, tmp_path / "straight")) == 0
+
+    out = tmp_path / "interrupted"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    r = subprocess.run([sys.executable, "-c", CHILD, str(k), *_args(ckpt, data, out)], env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 143, r.stderr
+    assert f"SIGTERM received: stopped after step {k}" in r.stderr and "--resume auto" in r.stderr
+    saved = read_checkpoint(out / "checkpoints" / f"step-{k:07d}.pt")
+    assert saved["run_state"]["global_step"] == k
+
+    assert cli_main(_args(ckpt, data, out, "--resume", "auto")) == 0
+    assert _epoch_records(out) == _epoch_records(tmp_path / "straight")
+    a, b = read_checkpoint(out / "best.pt")["model"], read_checkpoint(tmp_path / "straight" / "best.pt")["model"]
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+    for f in (tmp_path / "straight" / "pred").iterdir():
+        assert (out / "pred" / f.name).read_text() == f.read_text()
+
+
+def test_keeps_the_last_k_checkpoints(files, tmp_path):
+    ckpt, data = files
+    assert cli_main(_args(ckpt, data, tmp_path, "--keep-last", "2")) == 0
+    names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert names == ["step-0000017.pt", "step-0000018.pt"]
+
+
+def test_resume_refuses_an_incompatible_config(files, tmp_path, capsys):
+    ckpt, data = files
+    assert cli_main(_args(ckpt, data, tmp_path, "--epochs", "1")) == 0
+    code = cli_main(_args(ckpt, data, tmp_path, "--epochs", "1", "--lr", "1e-3", "--resume", "auto"))
+    err = capsys.readouterr().err
+    assert code == 2 and "incompatible config: --lr was 0.003, now 0.001" in err
+    assert cli_main(_args(ckpt, data, tmp_path, "--resume", str(tmp_path / "best.pt"))) == 2
+    assert "not a training checkpoint" in capsys.readouterr().err
+
+
+def test_interrupted_checkpoint_write_leaves_the_previous_one_intact(tmp_path, monkeypatch):
+    path = tmp_path / "ckpt.pt"
+    atomic_save({"w": torch.ones(3)}, path)
+
+    def dies_halfway(obj, f):
+        f.write(b"partial bytes")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch, "save", dies_halfway)
+    with pytest.raises(KeyboardInterrupt):
+        atomic_save({"w": torch.zeros(3)}, path)
+    monkeypatch.undo()
+    assert torch.equal(read_checkpoint(path)["w"], torch.ones(3))
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"]  # no temp file left behind
+
+
+def test_nan_losses_are_skipped_and_a_run_of_them_stops(files, tmp_path, monkeypatch, capsys):
+    import training.trainer as T
+    ckpt, data = files
+    real = T.task_loss
+    calls = {"n": 0}
+
+    def sometimes_nan(task, out, labels):
+        calls["n"] += 1
+        loss = real(task, out, labels)
+        return loss * float("nan") if calls["n"] in (2, 5) else loss
+
+    monkeypatch.setattr(T, "task_loss", sometimes_nan)
+    assert cli_main(_args(ckpt, data, tmp_path / "a", "--epochs", "1")) == 0
+    records = [json.loads(x) for x in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
+    assert len([r for r in records if "loss_sst" in r or "loss_para" in r or "loss_sts" in r]) == 6 - 2
+
+    monkeypatch.setattr(T, "task_loss", lambda task, out, labels: real(task, out, labels) * float("nan"))
+    code = cli_main(_args(ckpt, data, tmp_path / "b", "--max-bad-steps", "3"))
+    err = capsys.readouterr().err
+    assert code == 1 and "3 consecutive non-finite steps, the last at step 2 on task" in err
