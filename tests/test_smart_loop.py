@@ -190,3 +190,11 @@ def test_zero_weights_give_the_plain_gradients(tiny_ckpt):
                 assert g_smart[n] is None, n
             else:
                 torch.testing.assert_close(g_smart[n], g_plain[n], rtol=1e-5, atol=1e-7, msg=n)
+
+
+def test_zero_ball_gives_zero_rs_with_dropout_on(tiny_ckpt):
+    """delta == 0 (eps = step = noise = 0): f(x + delta) is f(x), so R_s must be exactly 0."""
+    _, _, stepper, batches = _setup(tiny_ckpt, smart=True, head_dropout=0.3, smart_eps=0.0, smart_step_size=0.0,
+                                    smart_noise_var=0.0)
+    parts = stepper.step(batches, 0)
+    assert all(parts[t]["r_s"] == 0.0 for t in parts), {t: parts[t]["r_s"] for t in parts}

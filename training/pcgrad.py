@@ -110,17 +110,79 @@ def project(
     return out.to(grads.dtype)
 
 
+def gram_matrix(grads: torch.Tensor, chunk: int = 1 << 14) -> torch.Tensor:
+    """G G^T of the (T, P) gradients: float32 products over column chunks, summed in float64.
+    One read of the data, no full-size temporary; relative error ~1e-8 at P = 22M (one fp32
+    matmul over all of P: ~1e-3), at about the speed of that single matmul."""
+    T = grads.shape[0]
+    gram = torch.zeros(T, T, dtype=torch.float64, device=grads.device)
+    for c in grads.split(chunk, dim=1):
+        c = c.float() if c.dtype in (torch.float16, torch.bfloat16) else c
+        gram += (c @ c.T).double()
+    return gram
+
+
+def surgery_coefficients(gram: torch.Tensor, variant: str = "pcgrad", generator: torch.Generator | None = None,
+                         order: Sequence[Sequence[int]] | None = None) -> torch.Tensor:
+    """project() in the span of the task gradients: row i holds c_i with g_i^PC = sum_k c_ik g_k.
+    Every dot product g_i^PC . g_j = c_i . gram[:, j], so the (T, P) data are never touched."""
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown surgery variant {variant!r}; expected one of {VARIANTS}")
+    T = gram.shape[0]
+    C = torch.eye(T, dtype=torch.float64)
+    gram = gram.cpu()
+    sq = gram.diagonal()
+    if variant == "dominant":
+        d = int(torch.argmax(sq))
+        if sq[d] > 0:
+            for i in range(T):
+                if i != d and gram[i, d] < 0:
+                    C[i, d] -= gram[i, d] / sq[d]
+        return C
+    for i in range(T):
+        if order is not None:
+            others = [j for j in order[i] if j != i]
+        else:
+            others = [j for j in torch.randperm(T, generator=generator).tolist() if j != i]
+        for j in others:
+            if sq[j] == 0:
+                continue
+            dot = C[i] @ gram[:, j]
+            if dot < 0:
+                C[i, j] -= dot / sq[j]
+    return C
+
+
+def _stats_from_gram(gram: torch.Tensor) -> ConflictStats:
+    T = gram.shape[0]
+    norms = gram.diagonal().clamp_min(0).sqrt()
+    iu = torch.triu_indices(T, T, offset=1, device=gram.device)
+    pair_dots, n_i, n_j = gram[iu[0], iu[1]], norms[iu[0]], norms[iu[1]]
+    conflict = pair_dots < 0
+    cosines = pair_dots[conflict] / (n_i[conflict] * n_j[conflict])
+    n_conflict = int(conflict.sum())
+    return ConflictStats(pairs=T * (T - 1) // 2, conflicting=n_conflict,
+                         mean_conflict_cosine=float(cosines.mean()) if n_conflict else math.nan)
+
+
 def surgery(
     grads: torch.Tensor, variant: str = "pcgrad", generator: torch.Generator | None = None
 ) -> tuple[torch.Tensor, ConflictStats]:
-    """Combine (T, P) per-task gradients into one (P,) update. Pure: ``grads`` is untouched."""
-    stats = conflict_stats(grads)
-    if not bool(torch.isfinite(grads).all()):
-        # Skip surgery: the plain sum keeps the inf/nan visible to GradScaler's check, which
-        # then skips the step; projecting with inf norms would only produce arbitrary nans.
+    """Combine (T, P) per-task gradients into one (P,) update. Pure: ``grads`` is untouched.
+
+    Two passes over the data: the float64 Gram matrix, then one weighted sum of the rows."""
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown surgery variant {variant!r}; expected one of {VARIANTS}")
+    gram = gram_matrix(grads)
+    stats = _stats_from_gram(gram)
+    # A non-finite entry makes its row's squared norm inf or nan (float32 squares cannot overflow
+    # float64), so the diagonal is the finiteness check.
+    if not bool(torch.isfinite(gram.diagonal()).all()):
         logger.debug("non-finite task gradients: surgery skipped")
         return grads.sum(dim=0), stats
-    return project(grads, variant, generator).sum(dim=0), stats
+    w = surgery_coefficients(gram, variant, generator).sum(dim=0)
+    g = grads.float() if grads.dtype in (torch.float16, torch.bfloat16) else grads
+    return (w.to(g.dtype).to(g.device) @ g).to(grads.dtype), stats
 
 
 class PCGrad:

@@ -174,9 +174,17 @@ class Stepper:
 
             ctx = contextlib.nullcontext() if self.smart.adv_dropout else dropout_disabled(model)
             with ctx:
-                r_s = adversarial_loss(f, tuple(hs), out, kind, self.smart, masks=tuple(masks),
+                clean = out
+                if not self.smart.adv_dropout:  # the target must be the same dropout-free network
+                    with torch.no_grad():
+                        clean = f(tuple(hs))
+                r_s = adversarial_loss(f, tuple(hs), clean, kind, self.smart, masks=tuple(masks),
                                        generator=self.generator)
-            d_breg = bregman_loss(out, self.teacher(batch.task, batch.inputs, perturb_layer), kind)
+            teacher_inputs = batch.inputs
+            if frozen_prefix:  # the teacher's frozen prefix is the student's: reuse its output
+                teacher_inputs = [{"hidden": h, "cache_layer": perturb_layer, "attention_mask": m}
+                                  for h, m in zip(hs, masks)]
+            d_breg = bregman_loss(out, self.teacher(batch.task, teacher_inputs, perturb_layer), kind)
             loss = loss + self.smart.lambda_s * r_s + self.smart.mu * d_breg
             parts.update(r_s=r_s.item(), d_breg=d_breg.item())
         return loss, parts
