@@ -45,7 +45,12 @@ def parse_args(argv=None):
                    help="our attn_impl; auto = matmul on CPU, sdpa on CUDA (default: %(default)s)")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
     p.add_argument("--seed", type=int, default=0, help="seed for the batch and dropout (default: %(default)s)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: this torch sees no CUDA device")
+    if min(args.batch_size, args.seq_len, args.steps) < 1 or args.warmup < 0:
+        p.error("--batch-size, --seq-len and --steps must be >= 1, --warmup >= 0")
+    return args
 
 
 def checkpoint_dir(args, tmp: str) -> Path:
