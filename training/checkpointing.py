@@ -117,7 +117,9 @@ def _set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def training_state(model: MultitaskBert, stepper, cfg: TrainConfig, state: RunState) -> dict:
+def training_state(model: MultitaskBert, stepper, cfg: TrainConfig, state: RunState, dist=None) -> dict:
+    """Everything to continue the run; rank-independent apart from `rng_ranks` (distributed runs:
+    every rank's own random streams, gathered from all ranks, so every rank must call this)."""
     out = {"model": model.state_dict(), "bert_config": asdict(model.encoder.config), "config": cfg.to_dict(),
            "optimizer": stepper.optimizer.state_dict(), "scheduler": stepper.scheduler.state_dict(),
            "run_state": asdict(state), "bad_steps": stepper.bad_steps, "rng": _rng_state()}
@@ -126,10 +128,18 @@ def training_state(model: MultitaskBert, stepper, cfg: TrainConfig, state: RunSt
         out["smart_generator"] = stepper.generator.get_state()
     if stepper.pcgrad is not None:
         out["pcgrad_generator"] = stepper.pcgrad.generator.get_state()
+    if dist is not None:
+        out["rng_ranks"] = dist.all_gather_object(_own_streams(stepper))
     return out
 
 
-def restore_training_state(ckpt: dict, model: MultitaskBert, stepper, device) -> RunState:
+def _own_streams(stepper) -> dict:
+    """A rank's own random streams: dropout (the global RNGs) and SMART's noise."""
+    return {"rng": _rng_state(),
+            "smart_generator": stepper.generator.get_state() if stepper.teacher is not None else None}
+
+
+def restore_training_state(ckpt: dict, model: MultitaskBert, stepper, device, dist=None) -> RunState:
     model.load_state_dict(ckpt["model"])
     model.to(device)
     stepper.optimizer.load_state_dict(ckpt["optimizer"])
@@ -141,7 +151,20 @@ def restore_training_state(ckpt: dict, model: MultitaskBert, stepper, device) ->
     if stepper.pcgrad is not None:
         stepper.pcgrad.generator.set_state(ckpt["pcgrad_generator"])
     _set_rng_state(ckpt["rng"])
-    return RunState(**ckpt["run_state"])
+    state = RunState(**ckpt["run_state"])
+    if dist is not None:
+        ranks = ckpt.get("rng_ranks")
+        if ranks is not None and len(ranks) == dist.world_size:  # same number of ranks: each its own streams
+            _set_rng_state(ranks[dist.rank]["rng"])
+            if stepper.teacher is not None:
+                stepper.generator.set_state(ranks[dist.rank]["smart_generator"])
+        else:  # another number of ranks (or a single-process checkpoint): fresh streams per rank
+            from .distributed import rank_seed
+            seed = rank_seed(stepper.cfg.seed, dist.rank, state.global_step)
+            torch.manual_seed(seed)
+            if stepper.teacher is not None:
+                stepper.generator.manual_seed(seed)
+    return state
 
 
 class RollingCheckpoints:

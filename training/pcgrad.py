@@ -194,9 +194,8 @@ class PCGrad:
         stats = pcgrad.backward({"sst": l1, "para": l2, "sts": l3}, scaler=scaler)
         scaler.step(optimizer)  # or optimizer.step()
 
-    With DDP, run the backward passes under ``model.no_sync()`` and pass a ``reduce`` that
-    all-reduce-averages the (T, P) buffer, so surgery sees the global per-task gradients
-    (and head grads need their own all-reduce).
+    Data-parallel (training/distributed.py): ``reduce`` sums the (T, P) buffer, and the head
+    gradients, across the ranks, so surgery sees the global per-task gradients.
     """
 
     def __init__(self, shared_params: Iterable[torch.nn.Parameter], variant: str = "pcgrad", seed: int = 0):

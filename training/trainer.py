@@ -1,8 +1,9 @@
 """The training recipe: wires model, data, sampler, optimiser and the multi-task tricks together.
 
-One loop for CPU and CUDA. Each step trains on one task's batch (MT-DNN and the other per-task
-samplers) or on a mixed batch grouped by task (--task-sampling mixed, PCGrad's sampler); the
-loss of each task's group is computed separately so PCGrad can take one backward per task.
+One loop for CPU and CUDA, in one process or data-parallel under torchrun (training/distributed.py).
+Each step trains on one task's batch (MT-DNN and the other per-task samplers) or on a mixed batch
+grouped by task (--task-sampling mixed, PCGrad's sampler); the loss of each task's group is
+computed separately so PCGrad can take one backward per task.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from data.batching import Batch, TaskData, encode_task, make_batch
 from data.loaders import load_task_file
@@ -130,9 +132,10 @@ class Stepper:
     """Computes the loss of a step's task groups and applies one optimiser update."""
 
     def __init__(self, model: MultitaskBert, cfg: TrainConfig, optimizer, scheduler, device, amp_dtype,
-                 total_steps: int):
+                 total_steps: int, dist=None):
         self.model, self.cfg, self.optimizer, self.scheduler = model, cfg, optimizer, scheduler
         self.device, self.amp_dtype = device, amp_dtype
+        self.dist = dist  # a training.distributed.Dist in a data-parallel run, else None
         self.bad_steps = 0
         self.pcgrad = self.smart = self.teacher = None
         shared = [p for p in model.encoder.parameters() if p.requires_grad]
@@ -146,7 +149,13 @@ class Stepper:
                                      steps=cfg.smart_steps, norm=cfg.smart_norm, beta=cfg.smart_beta,
                                      adv_dropout=cfg.smart_adv_dropout)
             self.teacher = EMATeacher(model, self.smart, total_steps=total_steps)
-            self.generator = torch.Generator(device=device).manual_seed(cfg.seed)
+            # Data-parallel: every rank its own noise (the teacher stays identical: it follows the
+            # parameters, which are).
+            seed = cfg.seed
+            if dist is not None:
+                from .distributed import rank_seed
+                seed = rank_seed(cfg.seed, dist.rank)
+            self.generator = torch.Generator(device=device).manual_seed(seed)
 
     def autocast(self):
         if self.amp_dtype is None:
@@ -189,23 +198,42 @@ class Stepper:
             parts.update(r_s=r_s.item(), d_breg=d_breg.item())
         return loss, parts
 
-    def step(self, batches: list[Batch], step: int) -> dict[str, dict[str, float]] | None:
-        """One update. Returns per-task loss parts, or None if the step was skipped (non-finite loss)."""
+    def step(self, batches: list[Batch], step: int, weights: list[float] | None = None
+             ) -> dict[str, dict[str, float]] | None:
+        """One update. Returns per-task loss parts, or None if the step was skipped (non-finite loss).
+
+        Data-parallel (self.dist): `batches` are this rank's slices and `weights` their shares
+        n_local / n_global of their task's global batch; the weighted gradients and loss parts are
+        summed over the ranks (training/distributed.py), so the update and the returned parts are
+        those of the global batch."""
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
+        params = [p for g in self.optimizer.param_groups for p in g["params"]]
         losses, parts = {}, {}
-        for b in batches:
+        nonfinite = 0
+        for i, b in enumerate(batches):
             with self.autocast():
                 losses[b.task], parts[b.task] = self.task_loss(b)
             if not torch.isfinite(losses[b.task]):
-                return self._skip(b.task, step, losses[b.task])
+                if self.dist is None:
+                    return self._skip(b.task, step, losses[b.task])
+                nonfinite += 1  # every rank must still join the all-reduce; all skip after it
+            if self.dist is not None:
+                losses[b.task] = losses[b.task] * weights[i]
             if self.pcgrad is None:
                 losses[b.task].backward()  # mixed batches without PCGrad: gradient of the sum of task losses
+        reduce = None
+        if self.dist is not None:
+            from .distributed import StepReduce
+            reduce = StepReduce(self.dist, params, parts, weights, nonfinite)
         if self.pcgrad is not None:
-            stats = self.pcgrad.backward(losses)
+            stats = self.pcgrad.backward(losses, reduce=reduce)  # surgery on the summed task gradients
             parts[batches[0].task]["pcgrad_conflict"] = stats.conflict_fraction
             parts[batches[0].task]["pcgrad_cosine"] = stats.mean_conflict_cosine
-        params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        elif reduce is not None:
+            reduce()
+        if reduce is not None and reduce.nonfinite:
+            return self._skip(",".join(b.task for b in batches), step, "nan/inf on some rank")
         if self.cfg.max_grad_norm > 0:
             norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm)
         else:
@@ -231,7 +259,8 @@ class Stepper:
         return None
 
 
-def maybe_frozen_cache(cfg: TrainConfig, model: MultitaskBert, train: dict[str, TaskData], tokenizer, device):
+def maybe_frozen_cache(cfg: TrainConfig, model: MultitaskBert, train: dict[str, TaskData], tokenizer, device,
+                       dist=None):
     """The frozen-prefix cache when it applies (frozen encoder layers, nothing needing their gradients)."""
     if cfg.frozen_cache == "off" or model.first_trainable_layer < 1:
         return None
@@ -239,6 +268,9 @@ def maybe_frozen_cache(cfg: TrainConfig, model: MultitaskBert, train: dict[str, 
         log.info("frozen-prefix cache off: SMART perturbs the embeddings, which needs gradients through the "
                  "frozen layers every step (--smart-perturb-at first-trainable keeps the cache)")
         return None
+    if dist is not None:
+        from .distributed import frozen_cache_per_rank
+        return frozen_cache_per_rank(dist, model, train, tokenizer, device, cfg.frozen_cache, cfg.cache_dir)
     from .frozen_cache import build_frozen_cache
     return build_frozen_cache(model, train, tokenizer, device, cfg.frozen_cache, cfg.cache_dir)
 
@@ -262,28 +294,42 @@ def build_model(cfg: TrainConfig) -> tuple[MultitaskBert, Tokenizer, Path]:
 
 
 def train(cfg: TrainConfig) -> dict:
-    """Train, keep the best dev checkpoint, write predictions. Returns the best dev metrics."""
-    out_dir = Path(cfg.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    file_log = logging.FileHandler(out_dir / "train.log")
-    file_log.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    logging.getLogger().addHandler(file_log)
-    try:
-        return _train(cfg, out_dir)
-    finally:
-        logging.getLogger().removeHandler(file_log)
-        file_log.close()
+    """Train, keep the best dev checkpoint, write predictions. Returns the best dev metrics.
+    Launched by torchrun with WORLD_SIZE > 1, each process is one data-parallel rank (docs/distributed.md)."""
+    from .distributed import init_distributed
+    with init_distributed(cfg.device) as dist:
+        out_dir = Path(cfg.out_dir)
+        if dist is not None and not dist.is_main:  # rank 0 alone logs and writes the run directory
+            logging.getLogger().setLevel(logging.WARNING)
+            return _train(cfg, out_dir, dist)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        file_log = logging.FileHandler(out_dir / "train.log")
+        file_log.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        logging.getLogger().addHandler(file_log)
+        try:
+            return _train(cfg, out_dir, dist)
+        finally:
+            logging.getLogger().removeHandler(file_log)
+            file_log.close()
 
 
-def _train(cfg: TrainConfig, out_dir: Path) -> dict:
+def _train(cfg: TrainConfig, out_dir: Path, dist=None) -> dict:
+    main = dist is None or dist.is_main  # writes checkpoints, metrics, predictions; evaluates
     seed_everything(cfg.seed)
-    device = pick_device(cfg.device)
+    device = pick_device(cfg.device) if dist is None else dist.device
     amp_dtype = autocast_dtype(cfg.precision, device)
     resume = find_resume_checkpoint(cfg, out_dir)  # checked before any heavy work
-    (out_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
+    if main:
+        (out_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
     model, tokenizer, ckpt_dir = build_model(cfg)
-    _copy_vocab(ckpt_dir, out_dir / "tokenizer")
+    if main:
+        _copy_vocab(ckpt_dir, out_dir / "tokenizer")
     model.to(device)
+    if dist is not None:  # the same initial model everywhere, but each rank its own dropout masks
+        from .distributed import local_step, rank_seed
+        torch.manual_seed(rank_seed(cfg.seed, dist.rank))
+        log.info("data-parallel over %d ranks: each step's batch of %d is split between them",
+                 dist.world_size, cfg.batch_size)
     n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
     n_all = sum(p.numel() for p in model.parameters())
     log.info("model %s: %d layers, %.1fM parameters, %.1fM trainable (freeze-upto %s); device %s, %s",
@@ -295,66 +341,88 @@ def _train(cfg: TrainConfig, out_dir: Path) -> dict:
     total = steps_per_epoch * cfg.epochs
     optimizer = build_optimizer(model, cfg, device)
     scheduler = linear_warmup_decay(optimizer, total, cfg.warmup_ratio)
-    stepper = Stepper(model, cfg, optimizer, scheduler, device, amp_dtype, total)
+    stepper = Stepper(model, cfg, optimizer, scheduler, device, amp_dtype, total, dist)
     state = RunState()
     if resume is not None:
-        state = restore_training_state(resume, model, stepper, device)
+        state = restore_training_state(resume, model, stepper, device, dist)
         log.info("resumed from %s at epoch %d, step %d of the epoch (%d in all)", resume, state.epoch,
                  state.step_in_epoch, state.global_step)
-    cache = maybe_frozen_cache(cfg, model, data.train, tokenizer, device)
+    if dist is not None and len(set(dist.all_gather_object(state.global_step))) > 1:
+        raise ConfigError("the ranks resumed from different checkpoints (or some found none): put --out-dir on "
+                          "a filesystem every node sees, or pass --resume PATH readable on every node")
+    cache = maybe_frozen_cache(cfg, model, data.train, tokenizer, device, dist)
     checkpoints = RollingCheckpoints(out_dir, cfg.keep_last)
-    metrics_log = open(out_dir / "metrics.jsonl", "a" if resume else "w")  # a new run replaces the record
+    metrics_log = None
+    if main:
+        metrics_log = open(out_dir / "metrics.jsonl", "a" if resume else "w")  # a new run replaces the record
 
     def save_last():
-        checkpoints.save(training_state(model, stepper, cfg, state), state.global_step)
+        obj = training_state(model, stepper, cfg, state, dist)  # distributed: a collective, on every rank
+        if main:
+            checkpoints.save(obj, state.global_step)
+
+    def load(tb: TaskBatch) -> Batch:
+        data_t = data.train[tb.task]
+        return (cache.batch(data_t, tb.indices) if cache else make_batch(data_t, tb.indices, tokenizer)).to(device)
 
     with stop_on_signals() as stop:
+        def stop_requested() -> bool:  # distributed: all ranks stop at the same step, whichever got the signal
+            return stop.requested if dist is None else dist.any(stop.requested)
+
         for epoch in range(state.epoch, cfg.epochs):
-            schedule = schedule_for_epoch(cfg, data.train, epoch)
+            schedule = schedule_for_epoch(cfg, data.train, epoch)  # global: the same on every rank
             flat = [tb for s in schedule for tb in s]
             eff = padding_efficiency(flat, {t: d.lengths for t, d in data.train.items()})
             log.info("epoch %d: %d steps, padding efficiency %.2f (real tokens / tokens computed)",
                      epoch, len(schedule), eff)
             t0 = time.time()
             todo = schedule[state.step_in_epoch:]
-            bar = progress(todo, desc=f"epoch {epoch}", total=len(todo))
+            bar = progress(todo, desc=f"epoch {epoch}", total=len(todo)) if main else tqdm(todo, disable=True)
             for tbs in bar:
-                batches = [(cache.batch(data.train[tb.task], tb.indices) if cache else
-                            make_batch(data.train[tb.task], tb.indices, tokenizer)).to(device)
-                           for tb in tbs if tb.indices]
-                parts = stepper.step(batches, state.global_step)
+                if dist is None:
+                    parts = stepper.step([load(tb) for tb in tbs if tb.indices], state.global_step)
+                else:  # this rank's slice of each task group; the step's parts come back global
+                    mine, weights = local_step(tbs, dist.rank, dist.world_size)
+                    parts = stepper.step([load(tb) for tb in mine], state.global_step, weights)
                 state.step_in_epoch += 1
                 state.global_step += 1
                 if parts is not None:
                     for task, p in parts.items():
                         state.losses.setdefault(task, []).append(p["loss"])
                     bar.set_postfix({t: f"{np.mean(v[-50:]):.3f}" for t, v in state.losses.items() if v})
-                    if state.global_step % cfg.log_every == 0:
+                    if main and state.global_step % cfg.log_every == 0:
                         _log_step(metrics_log, state, scheduler, parts, cfg.log_every)
                 if cfg.save_every and state.global_step % cfg.save_every == 0:
                     save_last()
-                if stop.requested:
+                if stop_requested():
                     break
-            if stop.requested:
+            if stop_requested():
                 save_last()
+                if dist is not None:
+                    dist.barrier()  # nobody exits before rank 0 has written the checkpoint
                 raise TrainingInterrupted(stop.signal_name, epoch, state, checkpoints.latest())
             train_time = time.time() - t0
-            metrics = evaluate(model, data.dev, tokenizer, cfg.eval_batch_size, device, stepper.autocast)
-            record = {"epoch": epoch, "step": state.global_step, "train_seconds": round(train_time, 1),
-                      "padding_efficiency": eff,
-                      **{f"train_loss_{t}": float(np.mean(v)) for t, v in state.losses.items() if v},
-                      **{f"dev_{k}": v for k, v in metrics.items()}}
-            metrics_log.write(json.dumps(record) + "\n")
-            metrics_log.flush()
-            log.info("epoch %d: dev %s (%.0f s training)", epoch,
-                     " ".join(f"{k} {v:.3f}" for k, v in metrics.items()), train_time)
-            if metrics["overall"] > state.best:
-                state.best, state.best_metrics = metrics["overall"], metrics
-                save_checkpoint(out_dir / "best.pt", model, cfg, epoch=epoch, step=state.global_step,
-                                metrics=metrics)
-                log.info("new best dev score %.3f: saved %s", state.best, out_dir / "best.pt")
+            if main:  # only rank 0 tracks the best score: the checkpoints are its
+                metrics = evaluate(model, data.dev, tokenizer, cfg.eval_batch_size, device, stepper.autocast)
+                record = {"epoch": epoch, "step": state.global_step, "train_seconds": round(train_time, 1),
+                          "padding_efficiency": eff,
+                          **{f"train_loss_{t}": float(np.mean(v)) for t, v in state.losses.items() if v},
+                          **{f"dev_{k}": v for k, v in metrics.items()}}
+                metrics_log.write(json.dumps(record) + "\n")
+                metrics_log.flush()
+                log.info("epoch %d: dev %s (%.0f s training)", epoch,
+                         " ".join(f"{k} {v:.3f}" for k, v in metrics.items()), train_time)
+                if metrics["overall"] > state.best:
+                    state.best, state.best_metrics = metrics["overall"], metrics
+                    save_checkpoint(out_dir / "best.pt", model, cfg, epoch=epoch, step=state.global_step,
+                                    metrics=metrics)
+                    log.info("new best dev score %.3f: saved %s", state.best, out_dir / "best.pt")
+            if dist is not None:
+                dist.barrier()  # the other ranks wait while rank 0 evaluates
             state.epoch, state.step_in_epoch, state.losses = epoch + 1, 0, {}
             save_last()
+    if not main:  # rank 0 writes the predictions; the others return its best metrics when it is done
+        return dist.broadcast_object(None)
     metrics_log.close()
 
     from .checkpointing import load_model_state
@@ -364,7 +432,7 @@ def _train(cfg: TrainConfig, out_dir: Path) -> dict:
         from minbert import save_hf
         save_hf(model.encoder, cfg.export_hf, vocab_src=ckpt_dir)
         log.info("exported the encoder in the Hugging Face layout to %s", cfg.export_hf)
-    return state.best_metrics
+    return state.best_metrics if dist is None else dist.broadcast_object(state.best_metrics)
 
 
 def _log_step(metrics_log, state: "RunState", scheduler, parts: dict, window: int) -> None:
