@@ -1,6 +1,7 @@
 """Never lose a run: exact resume after a real SIGTERM, atomic checkpoint writes, NaN steps skipped."""
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -127,3 +128,16 @@ def test_nan_losses_are_skipped_and_a_run_of_them_stops(files, tmp_path, monkeyp
     code = cli_main(_args(ckpt, data, tmp_path / "b", "--max-bad-steps", "3"))
     err = capsys.readouterr().err
     assert code == 1 and "3 consecutive non-finite steps, the last at step 2 on task" in err
+
+
+def test_out_of_memory_names_the_batch_and_what_to_lower(files, tmp_path, monkeypatch, capsys):
+    import training.trainer as T
+    ckpt, data = files
+
+    def oom(self, batch):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(T.Stepper, "task_loss", oom)
+    assert cli_main(_args(ckpt, data, tmp_path)) == 1
+    assert re.search(r"error: out of memory on a (sst|para|sts) batch of 4 sequences x \d+ tokens.*"
+                     r"lower --batch-size \(now 4\) or --max-length", capsys.readouterr().err)

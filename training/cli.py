@@ -212,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"run_multitask.py: error: {e}", file=sys.stderr)
         return 2
     # heavy imports only after the flags are known to be good
+    import torch
+
     from .checkpointing import TrainingInterrupted
     from .trainer import ConfigError, NonFiniteLossError, train
 
@@ -223,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     except TrainingInterrupted as e:
         print(f"run_multitask.py: {e}", file=sys.stderr)
         return 130 if e.signal_name == "SIGINT" else 143
-    except NonFiniteLossError as e:
+    except (NonFiniteLossError, torch.OutOfMemoryError) as e:
         print(f"run_multitask.py: error: {e}", file=sys.stderr)
         return 1
     return 0

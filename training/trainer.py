@@ -212,8 +212,11 @@ class Stepper:
         losses, parts = {}, {}
         nonfinite = 0
         for i, b in enumerate(batches):
-            with self.autocast():
-                losses[b.task], parts[b.task] = self.task_loss(b)
+            try:
+                with self.autocast():
+                    losses[b.task], parts[b.task] = self.task_loss(b)
+            except torch.OutOfMemoryError as e:
+                raise torch.OutOfMemoryError(_oom_message(b, self.cfg)) from e
             if not torch.isfinite(losses[b.task]):
                 if self.dist is None:
                     return self._skip(b.task, step, losses[b.task])
@@ -257,6 +260,13 @@ class Stepper:
                                      f"task {task}; lower --lr, or check the data. The best checkpoint so far is "
                                      f"kept in --out-dir")
         return None
+
+
+def _oom_message(b: Batch, cfg: TrainConfig) -> str:
+    T = max(seq["attention_mask"].shape[1] for seq in b.inputs)
+    return (f"out of memory on a {b.task} batch of {b.size} sequences x {T} tokens "
+            f"({len(b.inputs)} sequence(s) per example): lower --batch-size (now {cfg.batch_size}) or "
+            f"--max-length (now {cfg.max_length}), or use --precision bf16 / --freeze-upto N")
 
 
 def maybe_frozen_cache(cfg: TrainConfig, model: MultitaskBert, train: dict[str, TaskData], tokenizer, device,
