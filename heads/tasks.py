@@ -34,8 +34,9 @@ class SentimentHead(nn.Module):
         return self.mlp(y)
 
 
-class ParaphraseHead(nn.Module):
-    """One logit: linear on the cross-encoded pair, or the bilinear siamese form."""
+class _PairHead(nn.Module):
+    """A head over a cross-encoded pair (one pooled y -> linear) or a siamese pair (y1, y2 ->
+    z_i = W_i y_i + b_i)."""
 
     def __init__(self, hidden: int, dropout: float, siamese: bool):
         super().__init__()
@@ -46,28 +47,30 @@ class ParaphraseHead(nn.Module):
         else:
             self.out = nn.Linear(hidden, 1)
 
-    def forward(self, y1, y2=None):  # (B, H)[, (B, H)] -> (B,)
-        if self.siamese:
-            return (self.w1(self.drop(y1)) * self.w2(self.drop(y2))).sum(-1)
-        return self.out(self.drop(y1)).squeeze(-1)
+    def projections(self, y1, y2):  # siamese: (B, H), (B, H) -> z1, z2
+        return self.w1(self.drop(y1)), self.w2(self.drop(y2))
+
+    def linear(self, y):  # cross: (B, H) -> (B,)
+        return self.out(self.drop(y)).squeeze(-1)
 
 
-class SimilarityHead(nn.Module):
-    """A score in [0, 5]: 5 sigmoid(w.y + b) cross-encoded, 5 max(0, cos(z1, z2)) siamese."""
-
-    def __init__(self, hidden: int, dropout: float, siamese: bool):
-        super().__init__()
-        self.siamese = siamese
-        self.drop = nn.Dropout(dropout)
-        if siamese:
-            self.w1, self.w2 = nn.Linear(hidden, hidden), nn.Linear(hidden, hidden)
-        else:
-            self.out = nn.Linear(hidden, 1)
+class ParaphraseHead(_PairHead):
+    """One logit: linear on the cross-encoded pair, or z1 . z2 siamese."""
 
     def forward(self, y1, y2=None):  # -> (B,)
         if self.siamese:
-            return MAX_SIMILARITY * F.cosine_similarity(self.w1(self.drop(y1)), self.w2(self.drop(y2)), dim=-1).clamp(min=0)
-        return MAX_SIMILARITY * torch.sigmoid(self.out(self.drop(y1)).squeeze(-1))
+            z1, z2 = self.projections(y1, y2)
+            return (z1 * z2).sum(-1)
+        return self.linear(y1)
+
+
+class SimilarityHead(_PairHead):
+    """A score in [0, 5]: 5 sigmoid(w.y + b) cross-encoded, 5 max(0, cos(z1, z2)) siamese."""
+
+    def forward(self, y1, y2=None):  # -> (B,)
+        if self.siamese:
+            return MAX_SIMILARITY * F.cosine_similarity(*self.projections(y1, y2), dim=-1).clamp(min=0)
+        return MAX_SIMILARITY * torch.sigmoid(self.linear(y1))
 
 
 def task_loss(task: str, output: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

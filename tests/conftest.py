@@ -3,6 +3,7 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -24,4 +25,31 @@ def course_data_dir() -> Path:
     if d is None:
         pytest.fail("course data not found: set MINBERT_DATA_DIR, put it in ../shared/data/cs224n, "
                     "or run `python -m data.download`")
+    return d
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny tensors: intra-op threads only spin against each other (up to ~40x slower on a busy
+    2-core machine) and change no result. Use with `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+TINY_VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat", "on", "mat", "##s"]
+
+
+@pytest.fixture(scope="module")
+def tiny_ckpt(tmp_path_factory):
+    """A random 2-layer, hidden-16 BERT without dropout, saved in the Hugging Face layout."""
+    from minbert import Bert, BertConfig, save_hf
+
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=len(TINY_VOCAB), hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                     intermediate_size=32, max_position_embeddings=32, hidden_dropout_prob=0.0,
+                     attention_probs_dropout_prob=0.0)
+    d = save_hf(Bert(cfg), tmp_path_factory.mktemp("ckpt") / "tiny")
+    (d / "vocab.txt").write_text("\n".join(TINY_VOCAB) + "\n")
     return d

@@ -21,24 +21,9 @@ CPU = torch.device("cpu")
 T64 = torch.float64
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny ops on a busy 2-core box: intra-op threads only spin against each other (~40x slower)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-@pytest.fixture(scope="module")
-def tiny_ckpt(tmp_path_factory):
-    torch.manual_seed(0)
-    cfg = BertConfig(vocab_size=len(VOCAB), hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-                     intermediate_size=32, max_position_embeddings=32, hidden_dropout_prob=0.0,
-                     attention_probs_dropout_prob=0.0)
-    d = save_hf(Bert(cfg), tmp_path_factory.mktemp("ckpt") / "tiny")
-    (d / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
-    return d
 
 
 def _sentence(rng) -> str:

@@ -36,13 +36,7 @@ EPOCHS = 40
 SEED = 3
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny tensors: threads only add contention on a busy machine (and change nothing else)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # ----------------------------------------------------------------------------- fixtures: model and data
