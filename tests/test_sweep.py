@@ -1,0 +1,253 @@
+"""The freezing sweep (training/sweep.py) and its report (training/report.py): stratified nested subsets,
+a resume that reruns exactly the unfinished runs, the report's statistics against numpy, the PNGs, and one
+real tiny sweep through the child processes."""
+import csv
+import json
+import logging
+import math
+import struct
+import sys
+from collections import Counter
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from data.loaders import Example, load_task_file
+from test_training import make_checkpoint, write_data
+from training import report as R
+from training import sweep as S
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sweep-inputs")
+    return write_data(root / "data"), make_checkpoint(root / "ckpt")
+
+
+# ----------------------------------------------------------------------------- stratified nested subsets
+
+def check_subsets(labels, subsets):
+    full = Counter(labels)
+    previous = set()
+    for n in sorted(subsets):
+        idx = subsets[n]
+        assert len(idx) == n == len(set(idx)) and idx == sorted(idx)
+        got = Counter(labels[i] for i in idx)
+        for k, c in full.items():  # within 1 of the exact share n * c / N, for every class
+            assert abs(Fraction(got[k]) - Fraction(n * c, len(labels))) < 1, (n, k, got[k], n * c / len(labels))
+        assert previous <= set(idx)  # nested
+        previous = set(idx)
+
+
+def test_subsets_are_stratified_nested_and_seeded():
+    rng = np.random.default_rng(0)
+    labels = list(rng.permutation([0] * 50 + [1] * 30 + [2] * 13 + [3] * 5 + [4] * 2))
+    sizes = [10, 25, 60, 100]
+    a = S.stratified_nested_subsets(labels, sizes, seed=1)
+    check_subsets(labels, a)
+    assert a[100] == list(range(100))
+    assert Counter(labels[i] for i in a[10]) == {0: 5, 1: 3, 2: 1, 3: 1}  # 5, 3, 1.3, .5, .2 -> LR
+    assert S.stratified_nested_subsets(labels, sizes, seed=1) == a
+    assert S.stratified_nested_subsets(labels, list(reversed(sizes)), seed=1) == a
+    b = S.stratified_nested_subsets(labels, sizes, seed=2)
+    assert b[10] != a[10] and b[60] != a[60]
+    with pytest.raises(ValueError, match="101"):
+        S.stratified_nested_subsets(labels, [101], seed=1)
+
+
+def test_largest_remainder_and_the_alabama_paradox():
+    assert S.largest_remainder({0: 5, 1: 3, 2: 2}, 5) == {0: 3, 1: 1, 2: 1}  # tie .5/.5: the larger class
+    # largest remainder alone takes a seat from class 0 when n goes 3 -> 4; the nested counts do not
+    sizes = {0: 1, 1: 3, 2: 3}
+    assert S.largest_remainder(sizes, 3) == {0: 1, 1: 1, 2: 1}
+    assert S.largest_remainder(sizes, 4) == {0: 0, 1: 2, 2: 2}
+    assert S.nested_counts(sizes, [3, 4]) == {3: {0: 1, 1: 1, 2: 1}, 4: {0: 1, 1: 2, 2: 1}}
+    labels = [0] + [1] * 3 + [2] * 3
+    check_subsets(labels, S.stratified_nested_subsets(labels, [3, 4, 5, 6, 7], seed=0))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.integers(1, 25), min_size=1, max_size=6), st.data())
+def test_subsets_property(class_sizes, data):
+    labels = [k for k, c in enumerate(class_sizes) for _ in range(c)]
+    sizes = data.draw(st.lists(st.integers(0, len(labels)), min_size=1, max_size=6, unique=True))
+    seed = data.draw(st.integers(0, 2**31))
+    check_subsets(labels, S.stratified_nested_subsets(labels, sizes, seed))
+
+
+def test_sts_strata():
+    assert S.strata("sts", [0.0, 0.99, 1.0, 2.5, 4.2, 5.0]) == [0, 0, 1, 2, 4, 4]
+    assert S.strata("sst", [3, 0]) == [3, 0]
+
+
+def test_course_file_round_trip(tmp_path):
+    tricky = [Example("a1", 'he said "no"', "tab\there", 0.4), Example("b2", "x, y; 'z'", "multi\nline", 5.0),
+              Example("c3", "plain", "text", 3.25)]
+    S.write_course_file(tmp_path / "sts.csv", "sts", tricky)
+    assert load_task_file(tmp_path / "sts.csv", "sts", strict=True).examples == tricky
+    sst = [Example("s1", 'a "quoted" word', None, 4), Example("s2", "b", None, 0)]
+    S.write_course_file(tmp_path / "sst.csv", "sst", sst)
+    assert (tmp_path / "sst.csv").read_text().splitlines()[0] == "\tid\tsentence\tsentiment"
+    assert load_task_file(tmp_path / "sst.csv", "sst", strict=True).examples == sst
+
+
+# ----------------------------------------------------------------------------- resume
+
+def sweep_args(data, ckpt, out, *extra):
+    return ["--tasks", "sst", "--depths", "none", "1", "--sizes", "3", "8", "--seeds", "1", "--data-dir", str(data),
+            "--model", str(ckpt), "--out", str(out / "sweep"), "--runs-dir", str(out / "runs"), "--epochs", "2",
+            "--batch-size", "4", *extra]
+
+
+def fake_training(calls, crash_on=None):
+    def fake(cfg, threads=None):
+        calls.append((cfg.freeze_upto, len(load_task_file(cfg.files["sst_train"], "sst").examples), cfg.seed))
+        if len(calls) == crash_on:
+            raise KeyboardInterrupt  # the sweep killed in the middle of a run
+        acc = 0.1 * len(calls)
+        rec = {"epoch": 0, "step": 1, "train_seconds": 0.5, "dev_sst_acc": acc, "dev_overall": acc}
+        Path(cfg.out_dir, "metrics.jsonl").write_text(json.dumps(rec) + "\n")
+        return {"metrics": {"sst_acc": acc, "overall": acc}, "wall_seconds": 1.0, "peak_rss_mib": 0.0,
+                "base_rss_mib": 0.0, "cuda_peak_mib": None, "trainable_params": 10, "total_params": 20, "threads": 1}
+    return fake
+
+
+def test_resume_runs_exactly_the_unfinished_runs(inputs, tmp_path, monkeypatch, caplog):
+    data, ckpt = inputs
+    calls = []
+    monkeypatch.setattr(S, "measure", fake_training(calls, crash_on=3))
+    with pytest.raises(KeyboardInterrupt):
+        S.main(sweep_args(data, ckpt, tmp_path, "--in-process"))
+    results = tmp_path / "sweep" / "results.jsonl"
+    assert len(results.read_text().splitlines()) == 2
+    with open(results, "a") as f:
+        f.write('{"tasks": "sst", "depth": 1, "si')  # killed while writing a line
+    plan = [(None, 3, 1), (1, 3, 1), (None, 8, 1), (1, 8, 1)]
+    assert calls == plan[:3]
+
+    calls.clear()
+    monkeypatch.setattr(S, "measure", fake_training(calls))
+    with caplog.at_level(logging.WARNING):
+        assert S.main(sweep_args(data, ckpt, tmp_path, "--in-process")) == 0
+    assert "partial last line" in caplog.text
+    assert calls == plan[2:]
+    records = [json.loads(x) for x in results.read_text().splitlines()]
+    assert [(r["depth"], r["size"], r["seed"]) for r in records] == plan
+    assert all(r["n_train"] == {"sst": r["size"]} and r["best_epoch"] == 0 for r in records)
+    run_dirs = sorted(p.name for p in (tmp_path / "runs").iterdir())
+    assert run_dirs == sorted(S.RunKey(*(("sst",) + k)).name for k in plan)
+
+    calls.clear()  # all done: nothing runs
+    assert S.main(sweep_args(data, ckpt, tmp_path, "--in-process")) == 0 and calls == []
+    # other settings into the same results are refused
+    assert S.main(sweep_args(data, ckpt, tmp_path, "--in-process", "--lr", "0.5")) == 2 and calls == []
+
+
+def test_bad_arguments_fail_before_training(inputs, tmp_path, capsys):
+    data, ckpt = inputs
+    with pytest.raises(SystemExit):
+        S.main(sweep_args(data, ckpt, tmp_path, "--depths", "3"))  # the tiny model has 2 layers
+    assert "at most 2" in capsys.readouterr().err
+    assert S.main(sweep_args(data, ckpt, tmp_path, "--sizes", "9")) == 2
+    assert "only 8 training examples" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        S.main(sweep_args(data, ckpt, tmp_path, "--depths", "-2"))
+
+
+# ----------------------------------------------------------------------------- report
+
+def hand_written_results(path, data):
+    values = {(None, 100): [0.30, 0.35, 0.33], (3, 100): [0.25, 0.28, 0.20, 0.29], (None, "all"): [0.5]}
+    lines = []
+    for (depth, size), accs in values.items():
+        for seed, acc in enumerate(accs, 1):
+            lines.append(json.dumps({"tasks": "sst", "depth": depth, "size": size, "seed": seed,
+                                     "dev": {"sst_acc": acc, "overall": acc}, "wall_seconds": 10.0 * seed,
+                                     "train_seconds": 5.0, "peak_rss_mib": 500.0 + seed, "trainable_params": 1000,
+                                     "settings": {"data_dir": str(data), "model": "m", "epochs": 3}}))
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "results.jsonl").write_text("\n".join(lines) + "\n")
+    return values
+
+
+def test_report_statistics_match_numpy(inputs, tmp_path, capsys):
+    data, _ = inputs
+    out = tmp_path / "sweep"
+    values = hand_written_results(out, data)
+    assert R.main([str(out)]) == 0
+    rows = list(csv.DictReader(open(out / "report.csv")))
+    assert [(r["depth"], r["size"]) for r in rows] == [("none", "100"), ("3", "100"), ("none", "all")]
+    for r in rows:
+        v = np.array(values[None if r["depth"] == "none" else int(r["depth"]),
+                            "all" if r["size"] == "all" else int(r["size"])])
+        assert r["metric"] == "sst_acc" and int(r["seeds"]) == len(v)
+        for name, want in (("mean", v.mean()), ("median", np.median(v)), ("min", v.min()), ("max", v.max())):
+            assert math.isclose(float(r[name]), want, rel_tol=1e-12), name
+        if len(v) > 1:
+            assert math.isclose(float(r["std"]), np.std(v, ddof=1), rel_tol=1e-12)
+        else:
+            assert r["std"] == ""
+        assert float(r["baseline"]) == 2 / 8  # tiny dev labels i % 5 for i < 8: the majority has 2
+        assert math.isclose(float(r["wall_seconds"]), np.mean([10.0 * s for s in range(1, len(v) + 1)]))
+    md = (out / "report.md").read_text()
+    assert "ddof=1" in md and "| sst | 3 | 100 | sst_acc | 4 | 0.2550 | 0.2650 |" in md
+    assert md in capsys.readouterr().out
+
+
+def png_size(path):
+    head = Path(path).read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n" and head[12:16] == b"IHDR"
+    return struct.unpack(">II", head[16:24])
+
+
+def test_plots_are_pngs_of_the_expected_size(inputs, tmp_path):
+    pytest.importorskip("matplotlib")
+    data, _ = inputs
+    out = tmp_path / "sweep"
+    hand_written_results(out, data)
+    assert R.main([str(out), "--plot"]) == 0
+    assert png_size(out / R.PLOT) == (round(R.PANEL[0] * 2 * R.DPI), round(R.PANEL[1] * R.DPI))  # metric + time
+
+    run = tmp_path / "run"
+    run.mkdir()
+    recs = [{"step": s, "epoch": s // 4, "loss_sst": 1.0 / s} for s in range(2, 13, 2)]
+    recs += [{"epoch": e, "step": 4 * (e + 1), "train_seconds": 1.0, "train_loss_sst": 1.0 / (e + 1),
+              "dev_sst_acc": 0.2 + 0.1 * e, "dev_overall": 0.2 + 0.1 * e} for e in range(3)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    assert R.main(["--curves", str(run), "-o", str(tmp_path / "c.png")]) == 0
+    assert png_size(tmp_path / "c.png") == (round(R.CURVES_SIZE[0] * R.DPI), round(R.CURVES_SIZE[1] * R.DPI))
+
+
+def test_plot_without_matplotlib_says_how_to_get_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    with pytest.raises(SystemExit, match="pip install matplotlib"):
+        R._pyplot()
+
+
+# ----------------------------------------------------------------------------- end to end
+
+def test_tiny_sweep_end_to_end(inputs, tmp_path):
+    """Two depths x one size x one seed, for real: child processes, the trainer, the record, the report."""
+    data, ckpt = inputs
+    args = ["--tasks", "sst", "--depths", "none", "2", "--sizes", "6", "--seeds", "5", "--data-dir", str(data),
+            "--model", str(ckpt), "--out", str(tmp_path / "sweep"), "--runs-dir", str(tmp_path / "runs"),
+            "--epochs", "2", "--batch-size", "4", "--lr", "1e-3", "--threads", "1", "--device", "cpu"]
+    assert S.main(args) == 0
+    records = S.read_results(tmp_path / "sweep" / "results.jsonl")
+    assert [(r["depth"], r["size"], r["seed"]) for r in records] == [(None, 6, 5), (2, 6, 5)]
+    full, frozen = records
+    for r in records:
+        assert 0 <= r["dev"]["sst_acc"] <= 1 and r["dev"]["overall"] == r["dev"]["sst_acc"]
+        assert r["n_train"] == {"sst": 6} and r["epochs"] == 2 and r["best_epoch"] in (0, 1)
+        assert r["peak_rss_mib"] >= r["base_rss_mib"] > 0 and r["wall_seconds"] > 0 and r["threads"] == 1
+        run = Path(r["run_dir"])
+        assert (run / "metrics.jsonl").is_file() and not (run / "best.pt").exists()
+        subset = load_task_file(run / "sst-train-subset.csv", "sst").examples
+        assert Counter(e.label for e in subset) == {0: 2, 1: 1, 2: 1, 3: 1, 4: 1}  # 2,2,2,1,1 of 8 -> 6
+        assert not (run / "predictions" / "sst-test-output.csv").exists()
+    assert frozen["trainable_params"] < full["trainable_params"] == full["total_params"]
+    assert R.main([str(tmp_path / "sweep")]) == 0
+    assert "| sst | 2 | 6 | sst_acc | 1 |" in (tmp_path / "sweep" / "report.md").read_text()

@@ -1,0 +1,331 @@
+"""Summarise a sweep (python -m training.sweep), and plot it or one run's training curves.
+
+    python -m training.report docs/sweep-sst --plot         # report.md, report.csv, metric_vs_depth.png
+    python -m training.report --curves runs/sweep-sst-runs/sst-freezenone-n1000-seed1
+
+For each (task set, depth, size) and each dev metric: the number of seeds, the mean, median, sample
+standard deviation (ddof=1; empty with a single seed), min and max over the seeds, and the mean wall
+time, peak RSS and trainable parameters of a run. For reference, the majority-class baseline of each
+task's dev set: the accuracy of always predicting the dev set's most frequent label (sst, para); for
+sts the Pearson correlation of a constant prediction is undefined, and is reported as 0 (as
+training.evaluate scores it). --plot needs matplotlib (pip install matplotlib, or the `plots` extra).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import logging
+import math
+import sys
+from collections import Counter
+from pathlib import Path
+
+from data.loaders import COURSE_FILES, load_task_file
+
+from .evaluate import METRIC
+from .sweep import RESULTS, read_results
+
+log = logging.getLogger(__name__)
+
+DPI = 100
+PANEL = (6.0, 4.8)  # inches per panel of metric_vs_depth.png
+CURVES_SIZE = (12.0, 4.5)  # inches of a --curves figure
+DODGE = 0.08  # horizontal offset between the sizes' points at one depth
+PLOT = "metric_vs_depth.png"
+COLUMNS = ["tasks", "depth", "size", "metric", "seeds", "mean", "median", "std", "min", "max", "baseline",
+           "wall_seconds", "train_seconds", "peak_rss_mib", "trainable_params"]
+
+
+# --------------------------------------------------------------------------- statistics
+
+def summarize(values) -> dict:
+    """n, mean, median, std (sample, ddof=1; nan for one value), min, max."""
+    xs = sorted(float(v) for v in values)
+    n = len(xs)
+    if n == 0:
+        raise ValueError("no values to summarise")
+    mean = math.fsum(xs) / n
+    median = xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+    std = math.sqrt(math.fsum((x - mean) ** 2 for x in xs) / (n - 1)) if n > 1 else math.nan
+    return {"seeds": n, "mean": mean, "median": median, "std": std, "min": xs[0], "max": xs[-1]}
+
+
+def _mean(values) -> float:
+    xs = [float(v) for v in values if v is not None]
+    return math.fsum(xs) / len(xs) if xs else math.nan
+
+
+def depth_order(d) -> tuple:
+    return (-2,) if d is None else (d,)
+
+
+def size_order(n) -> tuple:
+    return (1, 0) if n == "all" else (0, n)
+
+
+def metrics_of(tasks: str) -> list[str]:
+    names = [METRIC[t] for t in tasks.split("+")]
+    return names + ["overall"] if len(names) > 1 else names
+
+
+def summary_rows(records: list[dict], baselines: dict[str, float] | None = None) -> list[dict]:
+    """One row per (task set, depth, size, metric), in sweep order."""
+    baselines = baselines or {}
+    groups: dict[tuple, list[dict]] = {}
+    for r in records:
+        groups.setdefault((r["tasks"], r["depth"], r["size"]), []).append(r)
+    rows = []
+    for tasks, depth, size in sorted(groups, key=lambda k: (k[0], size_order(k[2]), depth_order(k[1]))):
+        group = groups[tasks, depth, size]
+        seeds = {r["seed"] for r in group}
+        if len(seeds) < len(group):
+            log.warning("%s depth %s size %s: %d records for %d seeds; each seed counted once (the last)",
+                        tasks, depth, size, len(group), len(seeds))
+            group = list({r["seed"]: r for r in group}.values())
+        for metric in metrics_of(tasks):
+            values = [r["dev"][metric] for r in group if metric in r.get("dev", {})]
+            if not values:
+                continue
+            rows.append({"tasks": tasks, "depth": depth, "size": size, "metric": metric, **summarize(values),
+                         "baseline": baselines.get(metric, math.nan),
+                         "wall_seconds": _mean(r.get("wall_seconds") for r in group),
+                         "train_seconds": _mean(r.get("train_seconds") for r in group),
+                         "peak_rss_mib": _mean(r.get("peak_rss_mib") for r in group),
+                         "trainable_params": _mean(r.get("trainable_params") for r in group)})
+    return rows
+
+
+def majority_baselines(records: list[dict], data_dir: str | None = None) -> dict[str, float]:
+    """{metric: score of the dev set's majority label} for the tasks in the records; sts_pearson: 0."""
+    out = {}
+    tasks = sorted({t for r in records for t in r["tasks"].split("+")})
+    for task in tasks:
+        if task == "sts":
+            out["sts_pearson"] = 0.0
+            continue
+        d = data_dir or next((r.get("settings", {}).get("data_dir") for r in records if r.get("settings")), None)
+        path = Path(d or "data") / COURSE_FILES[task]["dev"]
+        if not path.is_file():
+            log.warning("%s: not found; no %s baseline (pass --data-dir)", path, task)
+            continue
+        labels = [e.label for e in load_task_file(path, task, labelled=True).examples]
+        out[METRIC[task]] = Counter(labels).most_common(1)[0][1] / len(labels)
+    return out
+
+
+# --------------------------------------------------------------------------- report.md / report.csv
+
+def _fmt(x, digits=4) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return ""
+    return f"{x:.{digits}f}" if isinstance(x, float) else str(x)
+
+
+def _depth_label(d) -> str:
+    return "none" if d is None else str(d)
+
+
+def write_csv(rows: list[dict], path: Path) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS, lineterminator="\n")
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: ("" if isinstance(r[k], float) and math.isnan(r[k]) else
+                            _depth_label(r[k]) if k == "depth" else r[k]) for k in COLUMNS})
+
+
+def markdown(rows: list[dict], records: list[dict], baselines: dict[str, float]) -> str:
+    s = records[0].get("settings", {}) if records else {}
+    lines = ["# Sweep report", "",
+             f"{len(records)} runs from `{RESULTS}`. Model `{s.get('model', '?')}`, {s.get('epochs', '?')} epochs, "
+             f"lr {s.get('lr', '?')}, batch {s.get('batch_size', '?')}; dev metrics of each run's best epoch, "
+             "on the full dev set.", "",
+             "- depth: `--freeze-upto`, the embeddings and encoder layers 0..depth-1 frozen (-1 and 0: embeddings "
+             "only); none: full fine-tuning.",
+             "- size: training examples per task, a stratified subset (nested across sizes for a seed).",
+             "- mean / median / std / min / max over the seeds; std is the sample standard deviation (ddof=1), "
+             "empty for a single seed.",
+             "- wall s: mean time of one run (model loading, training, dev evaluation each epoch, final "
+             "predictions); train s: the training steps alone; peak RSS: mean peak resident memory of a "
+             "run's process (Python and torch included).",
+             "- baseline: the dev set's majority label (sst, para accuracy); for sts_pearson a constant "
+             "prediction has no defined correlation and counts as 0.", ""]
+    if baselines:
+        lines += ["Majority-class baselines (dev): " + ", ".join(f"{k} {v:.4f}" for k, v in baselines.items()), ""]
+    lines += ["| tasks | depth | size | metric | seeds | mean | median | std | min | max | wall s | train s "
+              "| peak RSS MiB | trainable params |",
+              "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append("| " + " | ".join([
+            r["tasks"], _depth_label(r["depth"]), str(r["size"]), r["metric"], str(r["seeds"]),
+            _fmt(r["mean"]), _fmt(r["median"]), _fmt(r["std"]), _fmt(r["min"]), _fmt(r["max"]),
+            _fmt(r["wall_seconds"], 1), _fmt(r["train_seconds"], 1), _fmt(r["peak_rss_mib"], 0),
+            "" if math.isnan(r["trainable_params"]) else f"{r['trainable_params'] / 1e6:.2f}M"]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------- plots
+
+def _pyplot():
+    try:
+        import matplotlib
+    except ImportError:
+        raise SystemExit("training.report: --plot and --curves need matplotlib: pip install matplotlib "
+                         "(or pip install -e '.[plots]')") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def plot_sweep(rows: list[dict], path: Path) -> Path:
+    """One row of panels per task set: each dev metric against depth (a line per size, error bars: std
+    over seeds, dashed: the majority baseline), then the mean wall time of a run. PANEL inches a panel."""
+    plt = _pyplot()
+    task_sets = sorted({r["tasks"] for r in rows})
+    ncols = max(len(metrics_of(t)) for t in task_sets) + 1
+    fig, axes = plt.subplots(len(task_sets), ncols, figsize=(PANEL[0] * ncols, PANEL[1] * len(task_sets)),
+                             dpi=DPI, squeeze=False)
+    for row, tasks in enumerate(task_sets):
+        mine = [r for r in rows if r["tasks"] == tasks]
+        depths = sorted({r["depth"] for r in mine}, key=depth_order)
+        sizes = sorted({r["size"] for r in mine}, key=size_order)
+        x_of = {d: i for i, d in enumerate(depths)}
+        offsets = {n: (j - (len(sizes) - 1) / 2) * DODGE for j, n in enumerate(sizes)}  # keep error bars apart
+        width = DODGE * (len(sizes) - 1)
+        metrics = metrics_of(tasks)
+        for col in range(ncols):
+            ax = axes[row][col]
+            if col < len(metrics):
+                metric = metrics[col]
+                for j, n in enumerate(sizes):
+                    pts = sorted((x_of[r["depth"]] + offsets[n], r) for r in mine
+                                 if r["size"] == n and r["metric"] == metric)
+                    if not pts:
+                        continue
+                    ax.errorbar([p for p, _ in pts], [r["mean"] for _, r in pts],
+                                yerr=[0.0 if math.isnan(r["std"]) else r["std"] for _, r in pts],
+                                marker="o", capsize=4, label=f"{n} examples" + ("" if n == "all" else "/task"),
+                                color=f"C{j}")
+                base = next((r["baseline"] for r in mine if r["metric"] == metric and not math.isnan(r["baseline"])),
+                            None)
+                if base is not None:
+                    ax.axhline(base, color="grey", linestyle="--", linewidth=1.2, label=f"dev majority class ({base:.3f})")
+                ax.set_ylabel(f"dev {metric}" + " (mean ± std over seeds)")
+                ax.set_title(f"{tasks}: dev {metric}")
+            elif col == ncols - 1:
+                for j, n in enumerate(sizes):
+                    pts = sorted({x_of[r["depth"]]: r for r in mine if r["size"] == n}.items())
+                    xs = [p for p, _ in pts]
+                    label = f"{n} examples" + ("" if n == "all" else "/task")
+                    ax.plot(xs, [r["wall_seconds"] for _, r in pts], marker="s", color=f"C{j}",
+                            label=f"{label}: whole run")
+                    ax.plot(xs, [r["train_seconds"] for _, r in pts], marker="^", linestyle=":", color=f"C{j}",
+                            label=f"{label}: training steps")
+                ax.set_ylim(bottom=0)
+                ax.set_ylabel("seconds per run (mean over seeds)")
+                ax.set_title(f"{tasks}: time per run")
+            else:
+                ax.axis("off")
+                continue
+            ax.set_xticks(range(len(depths)), [_depth_label(d) for d in depths])
+            ax.set_xlim(-0.5 - width, len(depths) - 0.5 + width)
+            ax.set_xlabel("--freeze-upto (frozen layers; none = full fine-tuning)")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return path
+
+
+def plot_curves(run_dir: Path, path: Path | None = None) -> Path:
+    """A run's metrics.jsonl: running training loss per task against the step, dev metrics per epoch."""
+    plt = _pyplot()
+    run_dir = Path(run_dir)
+    src = run_dir / "metrics.jsonl"
+    if not src.is_file():
+        raise SystemExit(f"training.report: {src}: no such file (is {run_dir} a run directory?)")
+    records = [json.loads(x) for x in src.read_text().splitlines() if x.strip()]
+    steps = [r for r in records if "train_seconds" not in r]
+    epochs = [r for r in records if "train_seconds" in r]
+    path = Path(path) if path else run_dir / "curves.png"
+    fig, (left, right) = plt.subplots(1, 2, figsize=CURVES_SIZE, dpi=DPI)
+    tasks = sorted({k[len("loss_"):] for r in steps for k in r if k.startswith("loss_")} |
+                   {k[len("train_loss_"):] for r in epochs for k in r if k.startswith("train_loss_")})
+    for j, t in enumerate(tasks):
+        pts = [(r["step"], r[f"loss_{t}"]) for r in steps if f"loss_{t}" in r]
+        if pts:
+            left.plot(*zip(*pts), color=f"C{j}", label=f"{t} (running mean)")
+        ep = [(r["step"], r[f"train_loss_{t}"]) for r in epochs if f"train_loss_{t}" in r]
+        if ep:
+            left.plot(*zip(*ep), "o", color=f"C{j}", markeredgecolor="black", label=f"{t} (epoch mean)")
+    left.set_xlabel("step")
+    left.set_ylabel("training loss")
+    left.set_title("training loss")
+    left.grid(alpha=0.3)
+    left.legend(fontsize="small")
+    names = [k for k in (epochs[0] if epochs else {}) if k.startswith("dev_")]
+    if len(names) == 2 and "dev_overall" in names:  # one task: overall is the same number
+        names.remove("dev_overall")
+    for j, k in enumerate(names):
+        right.plot([r["epoch"] + 1 for r in epochs], [r[k] for r in epochs], marker="o", color=f"C{j}", label=k)
+    right.set_xlabel("epoch")
+    right.set_ylabel("dev metric")
+    right.set_title("dev metrics per epoch")
+    if epochs:
+        right.set_xticks([r["epoch"] + 1 for r in epochs])
+    right.grid(alpha=0.3)
+    right.legend(fontsize="small")
+    fig.suptitle(run_dir.name)
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return path
+
+
+# --------------------------------------------------------------------------- command line
+
+def report(out: Path, plot: bool = False, data_dir: str | None = None) -> list[dict]:
+    records = read_results(out / RESULTS)
+    if not records:
+        raise SystemExit(f"training.report: {out / RESULTS}: no results (run python -m training.sweep first)")
+    baselines = majority_baselines(records, data_dir)
+    rows = summary_rows(records, baselines)
+    (out / "report.md").write_text(markdown(rows, records, baselines))
+    write_csv(rows, out / "report.csv")
+    log.info("wrote %s and %s", out / "report.md", out / "report.csv")
+    if plot:
+        log.info("wrote %s", plot_sweep(rows, out / PLOT))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m training.report", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("out", nargs="?", help="a sweep's --out folder (holding results.jsonl); report.md and "
+                   "report.csv are written there")
+    p.add_argument("--plot", action="store_true", help=f"also draw OUT/{PLOT}: dev metric against depth, one "
+                   "line per size, error bars = std over seeds, and the time per run")
+    p.add_argument("--data-dir", default=None, help="course data for the majority baselines (default: the "
+                   "sweep's --data-dir)")
+    p.add_argument("--curves", metavar="RUN_DIR", help="draw one run's training curves from RUN_DIR/metrics.jsonl")
+    p.add_argument("-o", "--output", metavar="PNG", help="where --curves writes (default: RUN_DIR/curves.png)")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        datefmt="%H:%M:%S")
+    if not args.out and not args.curves:
+        p.error("give a sweep folder (OUT) or --curves RUN_DIR")
+    if args.out:
+        out = Path(args.out)
+        if not (out / RESULTS).is_file():
+            p.error(f"{out / RESULTS}: no such file")
+        report(out, args.plot, args.data_dir)
+        print((out / "report.md").read_text(), end="")
+    if args.curves:
+        print(f"wrote {plot_curves(Path(args.curves), args.output)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,539 @@
+"""Freezing depth x training-set size x seed: how much do the frozen layers cost or save?
+
+    python -m training.sweep --tasks sst --depths none 0 3 5 6 --sizes 100 1000 --seeds 1 2 3 \\
+        --epochs 3 --data-dir ../shared/data/cs224n --out docs/sweep-sst
+    python -m training.report docs/sweep-sst --plot
+
+For every (depth, size, seed) one ordinary training run (training.trainer.train) is made in its own
+run directory under --runs-dir, on a stratified subset of each task's training file, and one JSON
+line is appended to OUT/results.jsonl as soon as it finishes: the key (tasks, depth, size, seed),
+the best dev metrics, wall time, peak memory and trainable parameters.
+
+Subsets: for each task and seed, the subsets of all sizes are nested (the 1000 examples contain the
+100) and stratified: each label class gets its share of the full training set, rounded by largest
+remainder (STS-B's continuous scores are stratified on int(score) clipped to 0..4). The subset is
+written as a course-format file in the run directory and handed to the trainer as its training file.
+Dev sets are always the full course dev files.
+
+Resuming: rerunning the same command skips every run whose key is already in results.jsonl; a run
+that was cut off starts again from scratch in a cleaned run directory (so its time is a clean
+measurement). A partial last line (the sweep killed while writing) is dropped with a warning.
+Results written with different settings (epochs, lr, model, ...) are refused: use another --out.
+
+Measurement: each run trains in a fresh child process (multiprocessing, spawn), so its peak
+resident memory is its own: getrusage(RUSAGE_SELF).ru_maxrss of the child at the end of the run,
+which includes the Python + torch baseline (base_rss_mib, the peak before training starts, is
+recorded too; the difference is what the run itself added). On CUDA, torch.cuda.max_memory_allocated
+is recorded as well. wall_seconds is the train() call in the child (model loading, frozen cache,
+training, dev evaluation each epoch, final predictions), without the child's start-up; train_seconds
+is the sum of the per-epoch training times the trainer logged. --in-process runs in this process
+instead (no memory figure: ru_maxrss is a high-water mark of the whole process).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import logging
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Hashable, Sequence
+
+from data.loaders import COURSE_FILES, LABEL_COLUMN, TASKS, TEXT_COLUMNS, Example, load_task_file
+
+from .config import TrainConfig
+
+log = logging.getLogger(__name__)
+
+RESULTS = "results.jsonl"
+MARKER = "sweep-run.json"  # written into each run directory: the sweep may clean it on a rerun
+# TrainConfig fields that differ between the runs of one sweep or do not change results.
+PER_RUN = ("out_dir", "predictions_dir", "files", "freeze_upto", "seed", "max_train_examples", "tasks",
+           "cache_dir", "resume", "log_every", "save_every", "keep_last", "export_hf")
+
+
+# --------------------------------------------------------------------------- stratified nested subsets
+
+def largest_remainder(class_sizes: dict[Hashable, int], n: int) -> dict[Hashable, int]:
+    """Split n among the classes in proportion to their sizes: each class gets the floor of its exact
+    share n * size / total, and the seats left over go to the largest fractional parts (ties: the
+    larger class, then the class first in sorted order)."""
+    total = sum(class_sizes.values())
+    if not 0 <= n <= total:
+        raise ValueError(f"cannot take {n} of {total} examples")
+    order = sorted(class_sizes, key=_sort_key)
+    counts = {k: n * class_sizes[k] // total for k in order}
+    rest = n - sum(counts.values())
+    # exact integer arithmetic: remainder of class k is (n * size_k) mod total
+    by_remainder = sorted(order, key=lambda k: (-(n * class_sizes[k] % total), -class_sizes[k]))
+    for k in by_remainder[:rest]:
+        counts[k] += 1
+    return counts
+
+
+def _sort_key(x):
+    return (str(type(x)), x)
+
+
+def nested_counts(class_sizes: dict[Hashable, int], sizes: Sequence[int]) -> dict[int, dict[Hashable, int]]:
+    """Per-class counts for each size, by largest remainder, made monotone in the size so that the
+    subsets can nest (largest remainder alone can give a class fewer seats at a larger size: the
+    Alabama paradox). Where it would, the class keeps its smaller-size count and the surplus is
+    taken back from the classes furthest above their exact share (ties: the reverse of
+    largest_remainder's order)."""
+    total = sum(class_sizes.values())
+    rank = {k: i for i, k in enumerate(sorted(class_sizes, key=_sort_key))}
+    out: dict[int, dict[Hashable, int]] = {}
+    prev = {k: 0 for k in class_sizes}
+    for n in sorted(set(sizes)):
+        counts = {k: max(c, prev[k]) for k, c in largest_remainder(class_sizes, n).items()}
+        while sum(counts.values()) > n:
+            over = [k for k in counts if counts[k] > prev[k]]
+            k = max(over, key=lambda k: (counts[k] * total - n * class_sizes[k], -class_sizes[k], rank[k]))
+            counts[k] -= 1
+        out[n] = counts
+        prev = counts
+    return out
+
+
+def stratified_nested_subsets(labels: Sequence[Hashable], sizes: Sequence[int], seed: int) -> dict[int, list[int]]:
+    """{size: sorted indices into labels} with label proportions as close to the full set's as
+    integer counts allow (largest remainder, see nested_counts), each subset containing every smaller
+    one, and the same for the same seed. One seeded permutation is drawn per label class (classes in
+    sorted order) and each size takes a prefix of it. Labels must be discrete: bin continuous ones
+    first (strata())."""
+    import numpy as np
+
+    labels = list(labels)
+    for n in sizes:
+        if not 0 <= n <= len(labels):
+            raise ValueError(f"subset size {n} is not between 0 and the {len(labels)} examples available")
+    members: dict[Hashable, list[int]] = {}
+    for i, y in enumerate(labels):
+        members.setdefault(y, []).append(i)
+    rng = np.random.default_rng(seed)
+    order = {k: [members[k][j] for j in rng.permutation(len(members[k]))] for k in sorted(members, key=_sort_key)}
+    counts = nested_counts({k: len(v) for k, v in members.items()}, sizes)
+    return {n: sorted(i for k, c in counts[n].items() for i in order[k][:c]) for n in sizes}
+
+
+def strata(task: str, labels: Sequence) -> list[int]:
+    """Discrete strata for a task's labels: the class for sst/para, int(score) clipped to 0..4 for sts."""
+    if task == "sts":
+        return [min(max(int(y), 0), 4) for y in labels]
+    return [int(y) for y in labels]
+
+
+def write_course_file(path: str | os.PathLike, task: str, examples: Sequence[Example]) -> None:
+    """Examples as a course-format file: tab-separated, csv-quoted, a leading index column."""
+    columns = ["", "id", *TEXT_COLUMNS[task], LABEL_COLUMN[task]]
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f, delimiter="\t", lineterminator="\n")
+        w.writerow(columns)
+        for i, e in enumerate(examples):
+            texts = [e.text_a] if task == "sst" else [e.text_a, e.text_b]
+            w.writerow([i, e.id, *texts, repr(float(e.label)) if task == "sts" else int(e.label)])
+    os.replace(tmp, path)
+
+
+# --------------------------------------------------------------------------- the plan and its record
+
+@dataclass(frozen=True)
+class RunKey:
+    tasks: str           # "sst", "sst+para", ...
+    depth: int | None    # --freeze-upto; None: full fine-tuning
+    size: int | str      # training examples per task, or "all"
+    seed: int
+
+    @property
+    def name(self) -> str:
+        d = "none" if self.depth is None else self.depth
+        return f"{self.tasks}-freeze{d}-n{self.size}-seed{self.seed}"
+
+    def to_dict(self) -> dict:
+        return {"tasks": self.tasks, "depth": self.depth, "size": self.size, "seed": self.seed}
+
+    @classmethod
+    def of(cls, record: dict) -> "RunKey":
+        return cls(record["tasks"], record["depth"], record["size"], record["seed"])
+
+
+def plan(tasks: Sequence[str], depths, sizes, seeds) -> list[RunKey]:
+    """Seeds outermost, so that a sweep stopped early already holds whole seeds."""
+    name = "+".join(tasks)
+    return [RunKey(name, d, n, s) for s in seeds for n in sizes for d in depths]
+
+
+def read_results(path: str | os.PathLike, repair: bool = False) -> list[dict]:
+    """The records of a results.jsonl. A line that is not a JSON object is skipped with a warning;
+    repair=True also cuts a partial last line (no newline: the writer was killed) off the file, so
+    that the next record starts on a line of its own."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        cut = data.rfind(b"\n") + 1
+        log.warning("%s: ignoring a partial last line (%d bytes, the sweep was stopped while writing it)%s",
+                    path, len(data) - cut, "; removed it" if repair else "")
+        data = data[:cut]
+        if repair:
+            with open(path, "r+b") as f:
+                f.truncate(cut)
+    records = []
+    for n, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            r = json.loads(line)
+            if not isinstance(r, dict):
+                raise ValueError("not a JSON object")
+            RunKey.of(r)
+        except (ValueError, KeyError) as e:
+            log.warning("%s:%d: skipping an unreadable record (%s)", path, n, e)
+            continue
+        records.append(r)
+    return records
+
+
+def append_result(path: Path, record: dict) -> None:
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(record) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def settings_of(cfg: TrainConfig) -> dict:
+    return {k: v for k, v in cfg.to_dict().items() if k not in PER_RUN}
+
+
+# --------------------------------------------------------------------------- one run, measured
+
+def measure(cfg: TrainConfig, threads: int | None = None) -> dict:
+    """Train in this process and return the best dev metrics with time and memory figures."""
+    import resource
+
+    import torch
+
+    from .trainer import build_model, train
+
+    if threads:
+        torch.set_num_threads(threads)
+    cuda = cfg.device.startswith("cuda") or (cfg.device == "auto" and torch.cuda.is_available())
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    t0 = time.perf_counter()
+    metrics = train(cfg)
+    wall = time.perf_counter() - t0
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    cuda_peak = torch.cuda.max_memory_allocated() / 2**20 if cuda else None
+    model, _, _ = build_model(cfg)  # after the measurement: only to count what freezing left trainable
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in model.parameters())
+    return {"metrics": metrics, "wall_seconds": wall, "peak_rss_mib": peak, "base_rss_mib": base,
+            "cuda_peak_mib": cuda_peak, "trainable_params": trainable, "total_params": total,
+            "threads": torch.get_num_threads()}
+
+
+def _child(cfg_dict: dict, threads: int | None, log_level: int, conn) -> None:
+    logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        datefmt="%H:%M:%S")
+    try:
+        conn.send(("ok", measure(TrainConfig.from_dict(cfg_dict), threads)))
+    except BaseException as e:  # noqa: BLE001 - reported to the parent, which decides
+        import traceback
+        conn.send(("error", f"{type(e).__name__}: {e}", traceback.format_exc()))
+    finally:
+        conn.close()
+
+
+class RunFailed(RuntimeError):
+    pass
+
+
+def measure_isolated(cfg: TrainConfig, threads: int | None = None) -> dict:
+    """measure(cfg) in a fresh spawned process (its own ru_maxrss and CUDA allocator)."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe(duplex=False)
+    p = ctx.Process(target=_child, args=(cfg.to_dict(), threads, logging.getLogger().getEffectiveLevel(), child),
+                    name=f"sweep:{Path(cfg.out_dir).name}")
+    p.start()
+    child.close()
+    try:
+        try:
+            reply = parent.recv()
+        except EOFError:
+            p.join()
+            raise RunFailed(f"the training process died without a result (exit code {p.exitcode})") from None
+        p.join()
+    finally:
+        if p.is_alive():  # interrupted while waiting: SIGTERM makes the trainer stop cleanly
+            p.terminate()
+            p.join(30)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    if reply[0] == "error":
+        log.debug("%s", reply[2])
+        raise RunFailed(f"{reply[1]}\n{reply[2]}")
+    return reply[1]
+
+
+# --------------------------------------------------------------------------- the sweep
+
+def base_config(args: argparse.Namespace) -> TrainConfig:
+    return TrainConfig(
+        model=args.model, data_dir=args.data_dir, tasks=tuple(args.tasks), epochs=args.epochs, lr=args.lr,
+        batch_size=args.batch_size, eval_batch_size=args.eval_batch_size, max_length=args.max_length,
+        pair_encoding=args.pair_encoding, head_dropout=args.head_dropout, warmup_ratio=args.warmup_ratio,
+        weight_decay=args.weight_decay, task_sampling=args.task_sampling, frozen_cache=args.frozen_cache,
+        device=args.device, precision=args.precision, log_every=args.log_every, save_every=0, keep_last=1)
+
+
+def _clean_run_dir(run_dir: Path) -> None:
+    if run_dir.exists():
+        if not (run_dir / MARKER).is_file() and any(run_dir.iterdir()):
+            raise SystemExit(f"{run_dir} exists and is not a sweep run directory; refusing to delete it "
+                             f"(move it, or pass another --runs-dir)")
+        log.info("%s: left over from an interrupted run; starting it again", run_dir)
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True)
+
+
+def run_sweep(args: argparse.Namespace) -> int:
+    out, runs_dir = Path(args.out), Path(args.runs_dir or default_runs_dir(args.out))
+    out.mkdir(parents=True, exist_ok=True)
+    results_path = out / RESULTS
+    base = base_config(args)
+    settings = settings_of(base)
+
+    records = read_results(results_path, repair=not args.dry_run)
+    clash = [r for r in records if r.get("settings", settings) != settings]
+    if clash:
+        old = clash[0]["settings"]
+        diff = [f"{k}: {old.get(k)!r} there, {v!r} now" for k, v in settings.items() if old.get(k) != v]
+        diff += [f"{k}: {v!r} there, absent now" for k, v in old.items() if k not in settings]
+        print(f"training.sweep: error: {results_path} holds {len(clash)} result(s) made with other settings "
+              f"({'; '.join(diff)}); use another --out", file=sys.stderr)
+        return 2
+    done = {RunKey.of(r) for r in records}
+
+    # every training subset, before any training: a bad size fails now, not an hour in
+    subsets: dict[tuple[str, int], dict[int | str, list[Example]]] = {}
+    full: dict[str, list[Example]] = {}
+    for task in args.tasks:
+        full[task] = load_task_file(base.file(task, "train"), task, labelled=True).examples
+        wanted = [len(full[task]) if n == "all" else n for n in args.sizes]
+        too_big = [n for n in wanted if n > len(full[task])]
+        if too_big:
+            print(f"training.sweep: error: --sizes {too_big[0]}: {task} has only {len(full[task])} training "
+                  f"examples in {base.file(task, 'train')}", file=sys.stderr)
+            return 2
+        labels = strata(task, [e.label for e in full[task]])
+        for seed in args.seeds:
+            idx = stratified_nested_subsets(labels, wanted, seed)
+            subsets[task, seed] = {n: [full[task][i] for i in idx[w]] for n, w in zip(args.sizes, wanted)}
+
+    keys = plan(args.tasks, args.depths, args.sizes, args.seeds)
+    todo = [k for k in keys if k not in done]
+    log.info("%d runs planned, %d already in %s, %d to do; run directories in %s", len(keys), len(keys) - len(todo),
+             results_path, len(todo), runs_dir)
+    if args.dry_run:
+        for k in keys:
+            print(f"{'done' if k in done else 'todo'}  {k.name}")
+        return 0
+
+    runner = measure if args.in_process else measure_isolated
+    failures, spent = [], []
+    for i, key in enumerate(todo, 1):
+        run_dir = runs_dir / key.name
+        _clean_run_dir(run_dir)
+        (run_dir / MARKER).write_text(json.dumps(key.to_dict()) + "\n")
+        files = {}
+        for task in args.tasks:
+            path = run_dir / f"{task}-train-subset.csv"
+            write_course_file(path, task, subsets[task, key.seed][key.size])
+            files[f"{task}_train"] = str(path)
+            if not args.test_predictions:  # the trainer skips a missing test file (with a warning)
+                files[f"{task}_test"] = str(run_dir / f"{task}-test-skipped-by-sweep.csv")
+        cfg = TrainConfig.from_dict({**base.to_dict(), "files": files, "freeze_upto": key.depth, "seed": key.seed,
+                                     "out_dir": str(run_dir), "predictions_dir": str(run_dir / "predictions"),
+                                     "cache_dir": str(runs_dir / ".frozen-cache")})
+        eta = f", about {(len(todo) - i + 1) * sum(spent) / len(spent) / 60:.0f} min left" if spent else ""
+        log.info("run %d/%d: %s%s", i, len(todo), key.name, eta)
+        try:
+            m = runner(cfg, args.threads)
+        except RunFailed as e:
+            log.error("run %s failed: %s", key.name, e)
+            failures.append(key)
+            if args.keep_going:
+                continue
+            print(f"training.sweep: error: run {key.name} failed (its log: {run_dir / 'train.log'}); the "
+                  f"finished runs are kept, rerun the same command to go on", file=sys.stderr)
+            return 1
+        spent.append(m["wall_seconds"])
+        epochs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        epochs = [r for r in epochs if "train_seconds" in r]
+        best_epoch = max(epochs, key=lambda r: r["dev_overall"])["epoch"] if epochs else None
+        record = {**key.to_dict(),
+                  "dev": m["metrics"], "best_epoch": best_epoch, "epochs": base.epochs,
+                  "n_train": {t: len(subsets[t, key.seed][key.size]) for t in args.tasks},
+                  "wall_seconds": round(m["wall_seconds"], 2),
+                  "train_seconds": round(sum(r["train_seconds"] for r in epochs), 2),
+                  "peak_rss_mib": None if args.in_process else round(m["peak_rss_mib"], 1),
+                  "base_rss_mib": None if args.in_process else round(m["base_rss_mib"], 1),
+                  "cuda_peak_mib": None if m["cuda_peak_mib"] is None else round(m["cuda_peak_mib"], 1),
+                  "trainable_params": m["trainable_params"], "total_params": m["total_params"],
+                  "threads": m["threads"], "run_dir": str(run_dir),
+                  "finished": time.strftime("%Y-%m-%dT%H:%M:%S"), "settings": settings}
+        append_result(results_path, record)
+        if not args.keep_checkpoints:
+            shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+            (run_dir / "best.pt").unlink(missing_ok=True)
+        log.info("run %d/%d: %s done in %.0f s: %s", i, len(todo), key.name, m["wall_seconds"],
+                 " ".join(f"{k} {v:.4f}" for k, v in m["metrics"].items()))
+    if failures:
+        print(f"training.sweep: {len(failures)} run(s) failed: {', '.join(k.name for k in failures)}; rerun the "
+              f"same command to retry them", file=sys.stderr)
+        return 1
+    log.info("sweep complete: %s; summarise with `python -m training.report %s`", results_path, out)
+    return 0
+
+
+def default_runs_dir(out: str | os.PathLike) -> Path:
+    return Path("runs") / f"{Path(out).resolve().name}-runs"
+
+
+# --------------------------------------------------------------------------- command line
+
+def _depth(s: str) -> int | None:
+    if s.lower() in ("none", "full"):
+        return None
+    try:
+        d = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{s!r} is not a depth: an integer >= -1, or none") from None
+    if d < -1:
+        raise argparse.ArgumentTypeError(f"{d}: a depth is >= -1 (-1: embeddings only), or none")
+    return d
+
+
+def _size(s: str) -> int | str:
+    if s.lower() == "all":
+        return "all"
+    try:
+        n = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{s!r} is not a size: a positive integer, or all") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"size {n}: must be >= 1")
+    return n
+
+
+def _unique(items: list) -> list:
+    return list(dict.fromkeys(items))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    D = TrainConfig()
+    p = argparse.ArgumentParser(prog="python -m training.sweep", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    g = p.add_argument_group("the grid")
+    g.add_argument("--tasks", nargs="+", choices=TASKS, default=["sst"], help="tasks trained together in each run "
+                   "(default: sst)")
+    g.add_argument("--depths", nargs="+", type=_depth, default=[None, 0, 3, 5, 6], metavar="D",
+                   help="--freeze-upto values: D freezes the embeddings and encoder layers 0..D-1 (-1 and 0 both "
+                        "freeze only the embeddings); none: full fine-tuning (default: none 0 3 5 6)")
+    g.add_argument("--sizes", nargs="+", type=_size, default=[100, 1000], metavar="N",
+                   help="training examples per task (stratified, nested across sizes), or all (default: 100 1000)")
+    g.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3], metavar="S",
+                   help="seeds: each picks the subsets and seeds the training run (default: 1 2 3)")
+
+    g = p.add_argument_group("where")
+    g.add_argument("--out", default="runs/sweep", help="folder for results.jsonl (and the report) (default: %(default)s)")
+    g.add_argument("--runs-dir", default=None, help="folder for the run directories (checkpoints, logs, the subset "
+                   "files) (default: runs/<name of OUT>-runs)")
+    g.add_argument("--data-dir", default=D.data_dir, help="folder with the course's CSV files (default: %(default)s)")
+    g.add_argument("--model", default=D.model, help="checkpoint, as for run_multitask.py (default: %(default)s)")
+
+    g = p.add_argument_group("training (passed to every run; see run_multitask.py --help)")
+    g.add_argument("--epochs", type=int, default=D.epochs, help="(default: %(default)s)")
+    g.add_argument("--lr", type=float, default=D.lr, help="(default: %(default)s)")
+    g.add_argument("--batch-size", type=int, default=D.batch_size, help="(default: %(default)s)")
+    g.add_argument("--eval-batch-size", type=int, default=D.eval_batch_size, help="(default: %(default)s)")
+    g.add_argument("--max-length", type=int, default=D.max_length, help="(default: %(default)s)")
+    g.add_argument("--pair-encoding", choices=["cross", "siamese"], default=D.pair_encoding,
+                   help="(default: %(default)s)")
+    g.add_argument("--head-dropout", type=float, default=D.head_dropout, help="(default: %(default)s)")
+    g.add_argument("--warmup-ratio", type=float, default=D.warmup_ratio, help="(default: %(default)s)")
+    g.add_argument("--weight-decay", type=float, default=D.weight_decay, help="(default: %(default)s)")
+    g.add_argument("--task-sampling", choices=["mtdnn", "proportional", "round-robin", "annealed", "mixed"],
+                   default=D.task_sampling, help="(default: %(default)s)")
+    g.add_argument("--frozen-cache", choices=["auto", "memory", "disk", "off"], default=D.frozen_cache,
+                   help="(default: %(default)s)")
+    g.add_argument("--device", default=D.device, help="(default: %(default)s)")
+    g.add_argument("--precision", choices=["auto", "fp32", "bf16"], default=D.precision, help="(default: %(default)s)")
+    g.add_argument("--log-every", type=int, default=2, help="log running losses every N steps, for "
+                   "`python -m training.report --curves` (default: %(default)s)")
+
+    g = p.add_argument_group("the sweep")
+    g.add_argument("--threads", type=int, default=None, help="torch threads per run (default: torch's choice, "
+                   "which follows OMP_NUM_THREADS)")
+    g.add_argument("--in-process", action="store_true", help="train in this process instead of a child per run "
+                   "(no peak-memory figure)")
+    g.add_argument("--keep-going", action="store_true", help="after a failed run, go on with the others "
+                   "(default: stop; the finished runs are kept either way)")
+    g.add_argument("--keep-checkpoints", action="store_true", help="keep each run's best.pt and training "
+                   "checkpoint (default: delete them once the result is recorded; logs, metrics and dev "
+                   "predictions stay)")
+    g.add_argument("--test-predictions", action="store_true", help="also write test-set predictions in every run")
+    g.add_argument("--dry-run", action="store_true", help="list the runs, done or to do, and stop")
+    g.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    args.tasks, args.depths = _unique(args.tasks), _unique(args.depths)
+    args.sizes, args.seeds = _unique(args.sizes), _unique(args.seeds)
+    for name in ("epochs", "batch_size", "eval_batch_size", "log_every"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.threads is not None and args.threads < 1:
+        p.error("--threads must be >= 1")
+    if -1 in args.depths and 0 in args.depths:
+        log.warning("--depths -1 and 0 both freeze exactly the embeddings: their runs are identical")
+    for task in args.tasks:
+        path = Path(args.data_dir) / COURSE_FILES[task]["train"]
+        if not path.is_file():
+            p.error(f"{path}: no such file; pass --data-dir pointing at the course's CSV files")
+    layers = _num_layers(args.model)
+    deep = [d for d in args.depths if d is not None and layers is not None and d > layers]
+    if deep:
+        p.error(f"--depths {deep[0]}: {args.model} has {layers} layers, so a depth is at most {layers}")
+    return run_sweep(args)
+
+
+def _num_layers(model: str) -> int | None:
+    """The model's depth from its config.json, or None when it cannot be read cheaply."""
+    try:
+        from minbert import resolve_checkpoint
+        return int(json.loads((resolve_checkpoint(model) / "config.json").read_text())["num_hidden_layers"])
+    except Exception:  # noqa: BLE001 - the run itself will say what is wrong
+        return None
+
+
+if __name__ == "__main__":
+    sys.exit(main())
