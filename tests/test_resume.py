@@ -141,3 +141,14 @@ def test_out_of_memory_names_the_batch_and_what_to_lower(files, tmp_path, monkey
     assert cli_main(_args(ckpt, data, tmp_path)) == 1
     assert re.search(r"error: out of memory on a (sst|para|sts) batch of 4 sequences x \d+ tokens.*"
                      r"lower --batch-size \(now 4\) or --max-length", capsys.readouterr().err)
+
+
+def test_smart_with_pcgrad_and_freezing_trains_end_to_end(files, tmp_path):
+    """The regularised loss per task is what PCGrad's per-task gradients come from."""
+    ckpt, data = files
+    assert cli_main(_args(ckpt, data, tmp_path, "--epochs", "1", "--pcgrad", "--smart", "--freeze-upto", "1",
+                          "--smart-perturb-at", "first-trainable")) == 0
+    records = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if "pcgrad_conflict" in r]
+    assert steps and all("r_s" in r and "d_breg" in r and r["r_s"] >= 0 for r in steps)
+    assert any(r.get("dev_overall") is not None for r in records)
