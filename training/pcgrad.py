@@ -44,18 +44,7 @@ class ConflictStats:
 
 def conflict_stats(grads: torch.Tensor) -> ConflictStats:
     """Pairwise conflict statistics of the original (T, P) task gradients."""
-    T = grads.shape[0]
-    g = grads.double()  # T x T numbers only; double keeps cosines of tiny grads honest
-    dots = g @ g.T
-    norms = dots.diagonal().clamp_min(0).sqrt()
-    iu = torch.triu_indices(T, T, offset=1, device=g.device)
-    pair_dots, n_i, n_j = dots[iu[0], iu[1]], norms[iu[0]], norms[iu[1]]
-    # A zero gradient has dot 0 with everything, so it can never be in a conflicting pair.
-    conflict = pair_dots < 0
-    cosines = pair_dots[conflict] / (n_i[conflict] * n_j[conflict])
-    n_conflict = int(conflict.sum())
-    mean_cos = float(cosines.mean()) if n_conflict else math.nan
-    return ConflictStats(pairs=T * (T - 1) // 2, conflicting=n_conflict, mean_conflict_cosine=mean_cos)
+    return _stats_from_gram(gram_matrix(grads))
 
 
 def project(
@@ -70,44 +59,11 @@ def project(
     only; tests use it to pin Algorithm 1's random order). Otherwise it is drawn from
     ``generator``. Does not modify ``grads``.
     """
-    if variant not in VARIANTS:
-        raise ValueError(f"unknown surgery variant {variant!r}; expected one of {VARIANTS}")
     if grads.dim() != 2:
         raise ValueError(f"grads must be (T, P), got shape {tuple(grads.shape)}")
-    T = grads.shape[0]
-    # Half-precision dot products over millions of entries overflow/lose too much; do the
-    # arithmetic in fp32 at least and hand back the caller's dtype.
     g = grads.float() if grads.dtype in (torch.float16, torch.bfloat16) else grads
-    out = g.clone()
-    sq_norms = (g * g).sum(dim=1)
-
-    if variant == "dominant":
-        d = int(torch.argmax(sq_norms))
-        if sq_norms[d] > 0:
-            gd = g[d]
-            for i in range(T):
-                if i == d:
-                    continue
-                dot = g[i] @ gd
-                if dot < 0:
-                    out[i] -= (dot / sq_norms[d]) * gd
-        return out.to(grads.dtype)
-
-    # pcgrad. The paper also shuffles the outer loop over i, but each g_i is projected against
-    # the ORIGINAL gradients only, so the outer order cannot change the result: only the
-    # per-task order of the others is random.
-    for i in range(T):
-        if order is not None:
-            others = [j for j in order[i] if j != i]
-        else:
-            others = [j for j in torch.randperm(T, generator=generator).tolist() if j != i]
-        for j in others:
-            if sq_norms[j] == 0:
-                continue
-            dot = out[i] @ g[j]
-            if dot < 0:
-                out[i] -= (dot / sq_norms[j]) * g[j]
-    return out.to(grads.dtype)
+    c = surgery_coefficients(gram_matrix(g), variant, generator, order)
+    return (c.to(g.dtype) @ g).to(grads.dtype)
 
 
 def gram_matrix(grads: torch.Tensor, chunk: int = 1 << 14) -> torch.Tensor:
