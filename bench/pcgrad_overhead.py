@@ -24,7 +24,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run from anywhere without installing
 from data.batching import encode_task, make_batch  # noqa: E402
-from data.loaders import TASKS, load_task_file  # noqa: E402
+from data.loaders import load_task_file  # noqa: E402
 from data.sampler import mixed_schedule  # noqa: E402
 from training.config import TrainConfig  # noqa: E402
 from training.pcgrad import surgery  # noqa: E402

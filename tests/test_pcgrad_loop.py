@@ -11,7 +11,6 @@ import torch
 from data.batching import encode_task
 from data.loaders import Example
 from heads import task_loss
-from minbert import Bert, BertConfig, save_hf
 from training.config import TrainConfig
 from training.trainer import Stepper, build_model, build_optimizer, linear_warmup_decay, schedule_for_epoch
 

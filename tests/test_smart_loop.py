@@ -13,7 +13,6 @@ import training.smart as smart_mod
 from data.batching import encode_task, make_batch
 from data.loaders import Example
 from heads import KIND, task_loss
-from minbert import Bert, BertConfig, save_hf
 from training.config import TrainConfig
 from training.smart import perturb, smoothness_loss
 from training.trainer import Stepper, build_model, build_optimizer, linear_warmup_decay
