@@ -260,8 +260,6 @@ def load_bert(name_or_path: str | os.PathLike, attn_impl: str = "auto") -> Bert:
 
 def save_hf(model: Bert, out_dir: str | os.PathLike, vocab_src: Path | None = None) -> Path:
     """Write `model` in the Hugging Face layout (config.json + model.safetensors + vocabulary)."""
-    import shutil
-
     from safetensors.torch import save_file
 
     out = Path(out_dir)
@@ -272,7 +270,15 @@ def save_hf(model: Bert, out_dir: str | os.PathLike, vocab_src: Path | None = No
     save_file(sd, str(tmp), metadata={"format": "pt"})
     os.replace(tmp, out / "model.safetensors")
     if vocab_src is not None:
-        for name in VOCAB_FILES + ("tokenizer_config.json", "special_tokens_map.json"):
-            if (vocab_src / name).is_file():
-                shutil.copyfile(vocab_src / name, out / name)
+        copy_tokenizer_files(vocab_src, out)
     return out
+
+
+def copy_tokenizer_files(src: Path, dst: Path) -> None:
+    """The vocabulary and tokenizer settings of checkpoint `src`, copied into `dst`."""
+    import shutil
+
+    dst.mkdir(parents=True, exist_ok=True)
+    for name in VOCAB_FILES + ("tokenizer_config.json", "special_tokens_map.json"):
+        if (src / name).is_file():
+            shutil.copyfile(src / name, dst / name)

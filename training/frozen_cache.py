@@ -27,7 +27,7 @@ from heads import MultitaskBert
 
 log = logging.getLogger(__name__)
 
-_DTYPES = {"float16": (torch.float16, np.float16), "float32": (torch.float32, np.float32)}
+_DTYPES = {"float16": np.float16, "float32": np.float32}  # storage dtype names -> numpy
 
 
 @dataclass
@@ -103,7 +103,7 @@ def build_frozen_cache(model: MultitaskBert, train: dict[str, TaskData], tokeniz
     layer = model.first_trainable_layer
     if layer < 1:
         raise ValueError("the frozen cache needs at least one frozen encoder layer (--freeze-upto >= 1)")
-    np_dtype = _DTYPES[dtype][1]
+    np_dtype = _DTYPES[dtype]
     H = model.encoder.config.hidden_size
     size = estimate_bytes(train, H, np.dtype(np_dtype).itemsize)
     if mode == "auto":
@@ -132,7 +132,7 @@ def build_frozen_cache(model: MultitaskBert, train: dict[str, TaskData], tokeniz
 
 
 def _disk_cache(model, train, tokenizer, device, cache_dir: Path, layer: int, dtype: str, batch_size: int):
-    np_dtype = _DTYPES[dtype][1]
+    np_dtype = _DTYPES[dtype]
     H = model.encoder.config.hidden_size
     root = cache_dir / cache_key(model, train, layer, dtype)
     meta_path = root / "meta.json"

@@ -12,7 +12,6 @@ import json
 import logging
 import os
 import random
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +25,7 @@ from data.loaders import load_task_file
 from data.sampler import TaskBatch, epoch_schedule, mixed_schedule, padding_efficiency
 from heads import KIND, MultitaskBert, task_loss
 from minbert import Tokenizer, load_bert, resolve_checkpoint
+from minbert.checkpoint import copy_tokenizer_files
 
 from .checkpointing import (RollingCheckpoints, RunState, TrainingInterrupted, find_resume_checkpoint,
                             restore_training_state, save_checkpoint, stop_on_signals, training_state)
@@ -332,7 +332,7 @@ def _train(cfg: TrainConfig, out_dir: Path, dist=None) -> dict:
         (out_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
     model, tokenizer, ckpt_dir = build_model(cfg)
     if main:
-        _copy_vocab(ckpt_dir, out_dir / "tokenizer")
+        copy_tokenizer_files(ckpt_dir, out_dir / "tokenizer")  # evaluate without the original
     model.to(device)
     if dist is not None:  # the same initial model everywhere, but each rank its own dropout masks
         from .distributed import local_step, rank_seed
@@ -451,11 +451,3 @@ def _log_step(metrics_log, state: "RunState", scheduler, parts: dict, window: in
         record.update({k: v for k, v in p.items() if k != "loss"})
     metrics_log.write(json.dumps(record) + "\n")
     metrics_log.flush()
-
-
-def _copy_vocab(src: Path, dst: Path) -> None:
-    """Keep the tokenizer with the run, so its checkpoint can be evaluated without the original model."""
-    dst.mkdir(parents=True, exist_ok=True)
-    for name in ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json"):
-        if (src / name).is_file():
-            shutil.copyfile(src / name, dst / name)
