@@ -110,6 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--device", default=D.device, help="auto (cuda if available), cpu, cuda, cuda:N")
     g.add_argument("--precision", choices=["auto", "fp32", "bf16"], default=D.precision,
                    help="auto: bf16 autocast on CUDA, fp32 on CPU")
+    g.add_argument("--compile", action="store_true",
+                   help="torch.compile each encoder layer (dynamic shapes); where it cannot compile, a warning "
+                        "says why and training goes on eagerly. Pays off on CUDA; the first steps are slow")
     g.add_argument("--out-dir", default=D.out_dir, help="run directory: checkpoint, metrics.jsonl, train.log")
     g.add_argument("--predictions-dir", default=D.predictions_dir,
                    help="where {sst,para,sts}-{dev,test}-output.csv are written")
@@ -148,6 +151,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         smart_step_size=args.smart_step_size, smart_noise_var=args.smart_noise_var, smart_steps=args.smart_steps,
         smart_norm=args.smart_norm, smart_beta=args.smart_beta, smart_adv_dropout=args.smart_adv_dropout == "on",
         smart_perturb_at=args.smart_perturb_at, seed=args.seed, device=args.device, precision=args.precision,
+        compile=args.compile,
         out_dir=args.out_dir, predictions_dir=args.predictions_dir, export_hf=args.export_hf,
         log_every=args.log_every, save_every=args.save_every, keep_last=args.keep_last, resume=args.resume,
         max_bad_steps=args.max_bad_steps)

@@ -57,6 +57,7 @@ class TrainConfig:
     seed: int = 11711
     device: str = "auto"                 # auto | cpu | cuda | cuda:N
     precision: str = "auto"              # auto (bf16 on CUDA, fp32 on CPU) | fp32 | bf16
+    compile: bool = False                # torch.compile each encoder layer (eager fallback)
     out_dir: str = "runs/default"
     predictions_dir: str = "predictions"
     export_hf: str | None = None

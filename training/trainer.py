@@ -351,6 +351,10 @@ def _train(cfg: TrainConfig, out_dir: Path, dist=None) -> dict:
     optimizer = build_optimizer(model, cfg, device)
     scheduler = linear_warmup_decay(optimizer, total, cfg.warmup_ratio)
     stepper = Stepper(model, cfg, optimizer, scheduler, device, amp_dtype, total, dist)
+    if cfg.compile:  # after the Stepper: SMART's teacher is a deep copy and must stay eager
+        from .compiling import compile_layers
+        compile_layers(model.encoder)
+        log.info("--compile: encoder layers compiled lazily; the first steps of each shape family are slow")
     state = RunState()
     if resume is not None:
         state = restore_training_state(resume, model, stepper, device, dist)

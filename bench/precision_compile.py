@@ -1,0 +1,116 @@
+"""bf16 autocast and --compile against plain fp32: seconds per training step, in one run.
+
+One MT-DNN batch per task (sst, para, sts; the first bucketed batch of each in the epoch-0
+schedule of the course training data, as in bench/smart_cost.py) is stepped through
+`training.trainer.Stepper.step` (forward, loss, backward, clipping, fused AdamW). Arms, each
+with its own copy of the model:
+
+    fp32            --precision fp32 (the CPU default)
+    bf16            --precision bf16 (torch.autocast to bfloat16)
+    fp32+compile    --compile        (torch.compile of each encoder layer, dynamic shapes)
+    bf16+compile    --precision bf16 --compile
+
+Rounds (one step on each of the three batches) are interleaved over the arms, order reversed
+every other round, after warm-up rounds that also absorb compilation; medians are reported.
+The last column is how far each arm's loss after the timed steps is from fp32's, a first check
+that bf16 trains the same way (eager arms draw the same dropout masks; compiled code draws its own,
+so its column also holds dropout noise). The accuracy check is a real run: see the README.
+
+    python bench/precision_compile.py                # MiniLM-L6, CPU, course data
+    python bench/precision_compile.py --no-compile --steps 10
+"""
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # run from anywhere without installing
+sys.path.insert(0, str(REPO / "bench"))
+from smart_cost import task_batches  # noqa: E402
+
+from minbert import Tokenizer, resolve_checkpoint  # noqa: E402
+from training.compiling import compile_layers  # noqa: E402
+from training.config import TrainConfig  # noqa: E402
+from training.trainer import Stepper, build_model, build_optimizer, linear_warmup_decay, pick_device  # noqa: E402
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data-dir", default=str(REPO.parent / "shared" / "data" / "cs224n"),
+                   help="folder with the course CSV files (default: %(default)s)")
+    p.add_argument("--model", default="minilm-l6", help="checkpoint alias or directory (default: %(default)s)")
+    p.add_argument("--batch-size", type=int, default=32, help="examples per task batch (default: %(default)s)")
+    p.add_argument("--freeze-upto", type=int, default=None, help="freeze as in training (default: none)")
+    p.add_argument("--steps", type=int, default=5, help="timed rounds per arm (default: %(default)s)")
+    p.add_argument("--warmup", type=int, default=2,
+                   help="untimed rounds per arm first; they include compilation (default: %(default)s)")
+    p.add_argument("--no-compile", action="store_true", help="time only the fp32 and bf16 eager arms")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (default: %(default)s)")
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
+    p.add_argument("--seed", type=int, default=11711, help="model seed (default: %(default)s)")
+    return p.parse_args(argv)
+
+
+def make_arm(args, precision: str, compiled: bool) -> Stepper:
+    cfg = TrainConfig(model=args.model, data_dir=args.data_dir, batch_size=args.batch_size, device=args.device,
+                      precision=precision, seed=args.seed, freeze_upto=args.freeze_upto, head_dropout=0.0)
+    dev = pick_device(args.device)
+    model, _, _ = build_model(cfg)  # the same seed: every arm starts from the same weights and heads
+    model.to(dev)
+    if compiled:
+        compile_layers(model.encoder)
+    opt = build_optimizer(model, cfg, dev)
+    amp = torch.bfloat16 if precision == "bf16" else None
+    return Stepper(model, cfg, opt, linear_warmup_decay(opt, 10_000, 0.0), dev, amp, 10_000)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    names = [("fp32", False), ("bf16", False)] + ([] if args.no_compile else [("fp32", True), ("bf16", True)])
+    arms = {f"{p}{'+compile' if c else ''}": make_arm(args, p, c) for p, c in names}
+    first = next(iter(arms.values()))
+    tokenizer = Tokenizer.from_checkpoint(resolve_checkpoint(args.model))
+    dev = pick_device(args.device)
+    batches = [b.to(dev) for b in task_batches(first.cfg, tokenizer)]
+
+    keys = list(arms)
+    times: dict[str, list[float]] = {k: [] for k in keys}
+    last_loss: dict[str, float] = {}
+    for i in range(args.warmup + args.steps):
+        for k in (keys if i % 2 == 0 else keys[::-1]):
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+            torch.manual_seed(i)  # the same dropout masks in every eager arm
+            t0 = time.perf_counter()
+            parts = [arms[k].step([b], i) for b in batches]
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+            if i >= args.warmup:
+                times[k].append((time.perf_counter() - t0) / len(batches))
+            last_loss[k] = sum(p[b.task]["loss"] for p, b in zip(parts, batches))
+
+    L = first.model.encoder.num_layers
+    shapes = ", ".join(f"{b.task} {b.size}x{b.inputs[0]['input_ids'].shape[1]}" for b in batches)
+    print(f"# {args.model} ({L} layers, freeze-upto {args.freeze_upto}), one batch per task ({shapes}), "
+          f"{dev}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
+          f"{platform.processor() or platform.machine()}")
+    print(f"# {args.steps} timed rounds per arm after {args.warmup} warm-up, interleaved; seconds per step "
+          f"(mean of the three task steps in a round), median and min over rounds")
+    print(f"{'arm':<16}{'median':>9}{'min':>9}{'speed-up':>10}  {'loss - fp32 loss after the last round':>38}")
+    base = statistics.median(times["fp32"])
+    for k in keys:
+        med = statistics.median(times[k])
+        print(f"{k:<16}{med:>9.3f}{min(times[k]):>9.3f}{base / med:>9.2f}x  {last_loss[k] - last_loss['fp32']:>+38.4f}")
+
+
+if __name__ == "__main__":
+    main()
