@@ -113,8 +113,8 @@ def test_cli_flag_compiles_and_a_failure_keeps_training(tmp_path, monkeypatch, c
         root = tmp_path / ("compiled" if flag else "eager")
         with caplog.at_level(logging.WARNING, logger="training.compiling"):
             rc = cli_main(["--model", str(ckpt), "--data-dir", str(data), "--epochs", "3", "--batch-size", "8",
-                           "--lr", "1e-2", "--seed", "3", "--device", "cpu", "--out-dir", str(root / "run"),
-                           "--predictions-dir", str(root / "pred"), *flag])
+                           "--lr", "1e-2", "--seed", "3", "--device", "cpu", "--precision", "fp32",
+                           "--out-dir", str(root / "run"), "--predictions-dir", str(root / "pred"), *flag])
         assert rc == 0
         runs[bool(flag)] = root
     assert len(calls) == 2  # one per encoder layer, only in the --compile run

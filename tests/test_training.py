@@ -10,6 +10,7 @@ Pearson > 0.99; the same run with lr 1e-9 (nothing learnt) stays near chance (SS
 fails check_learnt.
 """
 import json
+import logging
 import math
 import shutil
 from pathlib import Path
@@ -85,7 +86,7 @@ def write_data(d):
 
 def config(root, data, ckpt, **kw) -> TrainConfig:
     base = dict(model=str(ckpt), data_dir=str(data), epochs=EPOCHS, batch_size=N, eval_batch_size=3, lr=1e-2,
-                warmup_ratio=0.0, head_dropout=0.0, seed=SEED, device="cpu", log_every=4,
+                warmup_ratio=0.0, head_dropout=0.0, seed=SEED, device="cpu", precision="fp32", log_every=4,
                 out_dir=str(root / "run"), predictions_dir=str(root / "pred"))
     return TrainConfig(**{**base, **kw})
 
@@ -110,7 +111,8 @@ def cli_run(tmp_path_factory, inputs):
     data, ckpt = inputs
     rc = cli_main(["--model", str(ckpt), "--data-dir", str(data), "--epochs", str(EPOCHS), "--batch-size", str(N),
                    "--eval-batch-size", "3", "--lr", "1e-2", "--warmup-ratio", "0", "--head-dropout", "0",
-                   "--seed", str(SEED), "--device", "cpu", "--log-every", "4", "--out-dir", str(root / "run"),
+                   "--seed", str(SEED), "--device", "cpu", "--precision", "fp32", "--log-every", "4",
+                   "--out-dir", str(root / "run"),
                    "--predictions-dir", str(root / "pred"), "--export-hf", str(root / "hf")])
     assert rc == 0
     return root
@@ -144,6 +146,25 @@ def test_overfits_siamese(tmp_path, inputs):
     check_learnt(cfg, best)
     model, saved, _ = model_from_checkpoint(tmp_path / "run" / "best.pt")
     assert saved.pair_encoding == "siamese" and hasattr(model.heads["para"], "w1")
+
+
+def test_bf16_autocast_learns_on_cpu(tmp_path, inputs, caplog):
+    """--precision bf16 on the CPU (the default there where AMX makes it fast): the same memorisation."""
+    cfg = config(tmp_path, *inputs, precision="bf16")
+    with caplog.at_level(logging.INFO, logger="training.trainer"):
+        check_learnt(cfg, train(cfg))
+    assert "device cpu, bf16 autocast" in caplog.text
+
+
+@pytest.mark.parametrize("amx, expected", [(True, torch.bfloat16), (False, None)])
+def test_auto_precision_on_cpu_follows_amx(monkeypatch, amx, expected):
+    from training.trainer import autocast_dtype
+
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    cpu = torch.device("cpu")
+    assert autocast_dtype("auto", cpu) is expected
+    assert autocast_dtype("fp32", cpu) is None
+    assert autocast_dtype("bf16", cpu) is torch.bfloat16
 
 
 def test_encoder_is_trained_not_just_the_heads(cross_run, inputs):

@@ -109,7 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=D.seed)
     g.add_argument("--device", default=D.device, help="auto (cuda if available), cpu, cuda, cuda:N")
     g.add_argument("--precision", choices=["auto", "fp32", "bf16"], default=D.precision,
-                   help="auto: bf16 autocast on CUDA, fp32 on CPU")
+                   help="auto: bf16 autocast where the hardware computes bf16 natively (CUDA since Ampere; CPUs "
+                        "with AMX, e.g. Xeon Sapphire Rapids), else fp32")
     g.add_argument("--compile", action="store_true",
                    help="torch.compile each encoder layer (dynamic shapes); where it cannot compile, a warning "
                         "says why and training goes on eagerly. Pays off on CUDA; the first steps are slow")

@@ -56,7 +56,7 @@ class TrainConfig:
     # machinery
     seed: int = 11711
     device: str = "auto"                 # auto | cpu | cuda | cuda:N
-    precision: str = "auto"              # auto (bf16 on CUDA, fp32 on CPU) | fp32 | bf16
+    precision: str = "auto"              # auto (bf16 where native: CUDA, AMX CPUs) | fp32 | bf16
     compile: bool = False                # torch.compile each encoder layer (eager fallback)
     out_dir: str = "runs/default"
     predictions_dir: str = "predictions"
