@@ -162,7 +162,8 @@ class MultitaskBert(nn.Module):
         return hs
 
     def from_hidden(self, task: str, hs: list[torch.Tensor], masks: list[torch.Tensor], layer: int) -> torch.Tensor:
-        pooled = [self.encoder.pool(self.encoder.encode(h, m, start=layer)) for h, m in zip(hs, masks)]
+        pooled = [self.encoder.pool(self.encoder.encode(h, m, start=layer, first_only=True))
+                  for h, m in zip(hs, masks)]
         return self.heads[task](*pooled)
 
     def forward(self, task: str, inputs: list[dict], layer: int = 0) -> torch.Tensor:

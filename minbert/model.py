@@ -116,9 +116,15 @@ class Layer(nn.Module):
         self.drop = nn.Dropout(cfg.hidden_dropout_prob)
         self.act = _ACTIVATIONS[cfg.hidden_act]
 
-    def attention(self, x, mask):  # x (B, T, H), mask (B, 1, 1, T) bool, True = attend
+    def attention(self, x, mask, n_out=None):  # x (B, T, H), mask (B, 1, 1, T) bool, True = attend
         B, T, H = x.shape
-        q, k, v = self.qkv(x).view(B, T, 3, self.n_head, H // self.n_head).permute(2, 0, 3, 1, 4)  # 3 x (B, nh, T, hd)
+        nh, hd = self.n_head, H // self.n_head
+        if n_out is None:
+            q, k, v = self.qkv(x).view(B, T, 3, nh, hd).permute(2, 0, 3, 1, 4)  # 3 x (B, nh, T, hd)
+        else:  # outputs wanted for the first n_out positions only: their queries alone
+            w, b = self.qkv.weight, self.qkv.bias
+            q = F.linear(x[:, :n_out], w[:H], b[:H]).view(B, n_out, nh, hd).transpose(1, 2)  # (B, nh, n_out, hd)
+            k, v = F.linear(x, w[H:], b[H:]).view(B, T, 2, nh, hd).permute(2, 0, 3, 1, 4)  # 2 x (B, nh, T, hd)
         p = self.attn_drop.p if self.attn_drop.training else 0.0
         if _use_sdpa(self.attn_impl, x.device):
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
@@ -126,10 +132,12 @@ class Layer(nn.Module):
             att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))  # (B, nh, T, T)
             att = att.masked_fill(~mask, torch.finfo(att.dtype).min).softmax(dim=-1)
             y = self.attn_drop(att) @ v
-        return y.transpose(1, 2).reshape(B, T, H)
+        return y.transpose(1, 2).reshape(B, -1, H)  # (B, n_out or T, H)
 
-    def forward(self, x, mask):
-        x = self.attn_norm(x + self.drop(self.attn_out(self.attention(x, mask))))
+    def forward(self, x, mask, n_out=None):  # (B, T, H) -> (B, n_out or T, H)
+        a = self.attention(x, mask, n_out)
+        x = x if n_out is None else x[:, :n_out]
+        x = self.attn_norm(x + self.drop(self.attn_out(a)))
         return self.ffn_norm(x + self.drop(self.ffn_out(self.act(self.ffn_in(x)))))
 
 
@@ -173,19 +181,27 @@ class Bert(nn.Module):
         return self.embeddings(input_ids, token_type_ids)
 
     def encode(self, h, attention_mask=None, start: int = 0, end: int | None = None,
-               output_hidden_states: bool = False):
+               output_hidden_states: bool = False, first_only: bool = False):
         """Run layers start..end-1 (end defaults to all) on h, the hidden states entering layer
-        `start`. attention_mask (B, T): 1 for real tokens, 0 for padding."""
+        `start`. attention_mask (B, T): 1 for real tokens, 0 for padding.
+
+        first_only: return only position 0 ([CLS]), (B, 1, H). The last layer then computes one
+        query and one FFN row per sequence instead of T, the same numbers for [CLS] at a fraction
+        of the layer's cost; pooling and the task heads read nothing else."""
         end = self.num_layers if end is None else end
         if not 0 <= start <= end <= self.num_layers:
             raise ValueError(f"layers {start}..{end} out of range: the model has {self.num_layers} layers")
+        if first_only and output_hidden_states:
+            raise ValueError("first_only and output_hidden_states exclude each other")
         if attention_mask is None:
             attention_mask = torch.ones(h.shape[:2], dtype=torch.bool, device=h.device)
         mask = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T)
         states = [h]
-        for layer in self.layers[start:end]:
-            h = layer(h, mask)
+        for i in range(start, end):
+            h = self.layers[i](h, mask, 1 if first_only and i == end - 1 else None)
             states.append(h)
+        if first_only:
+            return h[:, :1]  # also when no layer ran (start == end)
         return (h, tuple(states)) if output_hidden_states else h
 
     def pool(self, h):  # (B, T, H) -> (B, H)

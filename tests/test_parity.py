@@ -90,6 +90,45 @@ def test_training_mode_gradients_match_reference(minilm_dir):
     torch.testing.assert_close(q_grad, ref.encoder.layer[2].attention.self.query.weight.grad, atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("ours_impl,ref_impl", IMPLS)
+def test_first_only_matches_reference_values_and_gradients(minilm_dir, ours_impl, ref_impl):
+    """The task heads' path: encode(first_only=True) computes the last layer for [CLS] alone.
+    Its pooled output and every gradient equal the reference's full forward (dropout off)."""
+    ours = load_bert(minilm_dir, attn_impl=ours_impl)
+    ref = BertModel.from_pretrained(str(minilm_dir), attn_implementation=ref_impl,
+                                    hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    for m in ours.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+    batch = load_tokenizer(minilm_dir)(SENTS, PAIRS)
+    ours.train(), ref.train()
+    cls = ours.encode(ours.embed(batch["input_ids"], batch["token_type_ids"]), batch["attention_mask"],
+                      first_only=True)
+    assert cls.shape == (len(SENTS), 1, 384)
+    pooled, r = ours.pool(cls), ref(**batch).pooler_output
+    torch.testing.assert_close(pooled, r, atol=1e-5, rtol=0)
+    pooled.pow(2).sum().backward()
+    r.pow(2).sum().backward()
+    last, ref_last = ours.layers[5], ref.encoder.layer[5]
+    for ours_grad, ref_grad in [
+        (last.qkv.weight.grad[:384], ref_last.attention.self.query.weight.grad),
+        (last.qkv.weight.grad[384:768], ref_last.attention.self.key.weight.grad),
+        (last.qkv.bias.grad[768:], ref_last.attention.self.value.bias.grad),
+        (last.ffn_in.weight.grad, ref_last.intermediate.dense.weight.grad),
+        (ours.layers[0].qkv.weight.grad[:384], ref.encoder.layer[0].attention.self.query.weight.grad),
+        (ours.embeddings.word.weight.grad, ref.embeddings.word_embeddings.weight.grad),
+    ]:
+        torch.testing.assert_close(ours_grad, ref_grad, atol=1e-5, rtol=1e-4)
+
+
+def test_first_only_with_no_layer_to_run_and_with_hidden_states(minilm_dir):
+    ours = load_bert(minilm_dir).eval()
+    h = torch.randn(2, 5, 384)
+    torch.testing.assert_close(ours.encode(h, start=6, first_only=True), h[:, :1])
+    with pytest.raises(ValueError, match="exclude"):
+        ours.encode(h, first_only=True, output_hidden_states=True)
+
+
 def test_encode_from_layer_n_equals_full_forward(minilm_dir):
     """The frozen-prefix cache relies on this: layers N.. applied to hidden state N."""
     ours = load_bert(minilm_dir).eval()
