@@ -70,16 +70,22 @@ def test_our_export_loads_in_transformers(tmp_path, minilm_dir):
     _compare(ours, ref, load_tokenizer(tmp_path / "export")(SENTS, PAIRS))
 
 
-def test_training_mode_gradients_match_reference(minilm_dir):
-    """Same weights, dropout off (p=0): loss on the pooled output and its gradients agree."""
-    ours = load_bert(minilm_dir, attn_impl="matmul")
-    ref = BertModel.from_pretrained(str(minilm_dir), attn_implementation="eager",
+def _dropout_free_pair(minilm_dir, ours_impl="matmul", ref_impl="eager"):
+    """Ours and the reference from the same MiniLM weights, dropout off, in training mode."""
+    ours = load_bert(minilm_dir, attn_impl=ours_impl)
+    ref = BertModel.from_pretrained(str(minilm_dir), attn_implementation=ref_impl,
                                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     for m in ours.modules():
         if isinstance(m, torch.nn.Dropout):
             m.p = 0.0
-    batch = load_tokenizer(minilm_dir)(SENTS, PAIRS)
     ours.train(), ref.train()
+    return ours, ref
+
+
+def test_training_mode_gradients_match_reference(minilm_dir):
+    """Same weights, dropout off (p=0): loss on the pooled output and its gradients agree."""
+    ours, ref = _dropout_free_pair(minilm_dir)
+    batch = load_tokenizer(minilm_dir)(SENTS, PAIRS)
     ours(**batch).pooler_output.pow(2).sum().backward()
     ref(**batch).pooler_output.pow(2).sum().backward()
     torch.testing.assert_close(ours.embeddings.word.weight.grad, ref.embeddings.word_embeddings.weight.grad,
@@ -94,14 +100,8 @@ def test_training_mode_gradients_match_reference(minilm_dir):
 def test_first_only_matches_reference_values_and_gradients(minilm_dir, ours_impl, ref_impl):
     """The task heads' path: encode(first_only=True) computes the last layer for [CLS] alone.
     Its pooled output and every gradient equal the reference's full forward (dropout off)."""
-    ours = load_bert(minilm_dir, attn_impl=ours_impl)
-    ref = BertModel.from_pretrained(str(minilm_dir), attn_implementation=ref_impl,
-                                    hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    for m in ours.modules():
-        if isinstance(m, torch.nn.Dropout):
-            m.p = 0.0
+    ours, ref = _dropout_free_pair(minilm_dir, ours_impl, ref_impl)
     batch = load_tokenizer(minilm_dir)(SENTS, PAIRS)
-    ours.train(), ref.train()
     cls = ours.encode(ours.embed(batch["input_ids"], batch["token_type_ids"]), batch["attention_mask"],
                       first_only=True)
     assert cls.shape == (len(SENTS), 1, 384)
