@@ -125,6 +125,26 @@ def test_key_changes_with_depth_checkpoint_and_data(setup):
     assert cache_key(_model(ckpt, 2), shorter, 2, "float16") != base          # another max length
 
 
+def test_bf16_cache_holds_what_a_bf16_step_computes(setup):
+    """Under --precision bf16 the frozen layers run in autocast; the cache must hold those states,
+    not fp32 ones, and must not be reused for an fp32 run."""
+    ckpt, tok, train = setup
+    model = _model(ckpt, 2).eval()
+    cache = build_frozen_cache(model, train, tok, torch.device("cpu"), "memory", dtype="float32",
+                               compute_dtype=torch.bfloat16)
+    idx = [3, 0, 7]
+    batch = make_batch(train["para"], idx, tok)
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+        want = model.hidden_at(batch.inputs, 2)
+    got = cache.batch(train["para"], idx).inputs
+    for w, g, inp in zip(want, got, batch.inputs):
+        real = inp["attention_mask"].bool()
+        torch.testing.assert_close(g["hidden"][real], w.float()[real], atol=1e-6, rtol=0)
+    fp32 = build_frozen_cache(model, train, tok, torch.device("cpu"), "memory", dtype="float32")
+    assert not torch.equal(fp32.batch(train["para"], idx).inputs[0]["hidden"], got[0]["hidden"])
+    assert cache_key(model, train, 2, "float16", torch.bfloat16) != cache_key(model, train, 2, "float16")
+
+
 def test_size_estimate_counts_real_tokens(setup):
     _, _, train = setup
     tokens = sum(len(ids) for d in train.values() for seq in d.sequences for ids, _ in seq)

@@ -25,6 +25,8 @@ import torch
 from data.batching import Batch, TaskData, batch_labels, eval_batches
 from heads import MultitaskBert
 
+from .progress import progress
+
 log = logging.getLogger(__name__)
 
 _DTYPES = {"float16": np.float16, "float32": np.float32}  # storage dtype names -> numpy
@@ -66,9 +68,11 @@ def estimate_bytes(train: dict[str, TaskData], hidden: int, itemsize: int = 2) -
     return sum(len(ids) for d in train.values() for seq in d.sequences for ids, _ in seq) * hidden * itemsize
 
 
-def cache_key(model: MultitaskBert, train: dict[str, TaskData], layer: int, dtype: str) -> str:
-    """Hash of what the cached states depend on: the frozen parameters and every token id."""
-    h = hashlib.sha256(f"layer={layer};dtype={dtype}".encode())
+def cache_key(model: MultitaskBert, train: dict[str, TaskData], layer: int, dtype: str,
+              compute_dtype: torch.dtype | None = None) -> str:
+    """Hash of what the cached states depend on: the frozen parameters, every token id, and the
+    precision they were computed and stored in."""
+    h = hashlib.sha256(f"layer={layer};dtype={dtype};compute={compute_dtype or 'fp32'}".encode())
     for name, t in sorted(model.encoder.state_dict().items()):
         if name.startswith("embeddings.") or any(name.startswith(f"layers.{i}.") for i in range(layer)):
             h.update(name.encode())
@@ -87,9 +91,12 @@ def _offsets(seq) -> np.ndarray:
 
 @torch.inference_mode()
 def _fill(model: MultitaskBert, data: TaskData, s: int, out: np.ndarray, offsets: np.ndarray, tokenizer,
-          layer: int, device, batch_size: int) -> None:
-    for batch in eval_batches(data, tokenizer, batch_size):
-        h = model.hidden_at([{k: v.to(device) for k, v in batch.inputs[s].items()}], layer)[0]
+          layer: int, device, batch_size: int, compute_dtype: torch.dtype | None) -> None:
+    n_batches = -(-len(data) // batch_size)
+    name = f"frozen cache: {data.task}" + (f" sentence {s + 1}" if len(data.sequences) > 1 else "")
+    for batch in progress(eval_batches(data, tokenizer, batch_size), desc=name, total=n_batches):
+        with torch.autocast(device.type, dtype=compute_dtype, enabled=compute_dtype is not None):
+            h = model.hidden_at([{k: v.to(device) for k, v in batch.inputs[s].items()}], layer)[0]
         h = h.float().cpu().numpy()
         for row, i in enumerate(batch.indices):
             n = offsets[i + 1] - offsets[i]
@@ -98,8 +105,10 @@ def _fill(model: MultitaskBert, data: TaskData, s: int, out: np.ndarray, offsets
 
 def build_frozen_cache(model: MultitaskBert, train: dict[str, TaskData], tokenizer, device, mode: str = "auto",
                        cache_dir: str | os.PathLike = ".cache/frozen", dtype: str = "float16",
-                       batch_size: int = 128) -> FrozenCache:
-    """Compute (or, on disk, reuse) the states entering model.first_trainable_layer for every example."""
+                       batch_size: int = 128, compute_dtype: torch.dtype | None = None) -> FrozenCache:
+    """Compute (or, on disk, reuse) the states entering model.first_trainable_layer for every example.
+    compute_dtype: the autocast dtype training runs the frozen layers in (None: fp32), so that the
+    cached states are the ones an uncached step would compute."""
     layer = model.first_trainable_layer
     if layer < 1:
         raise ValueError("the frozen cache needs at least one frozen encoder layer (--freeze-upto >= 1)")
@@ -121,20 +130,22 @@ def build_frozen_cache(model: MultitaskBert, train: dict[str, TaskData], tokeniz
                 for s, seq in enumerate(data.sequences):
                     offsets = _offsets(seq)
                     out = np.empty((offsets[-1], H), dtype=np_dtype)
-                    _fill(model, data, s, out, offsets, tokenizer, layer, device, batch_size)
+                    _fill(model, data, s, out, offsets, tokenizer, layer, device, batch_size, compute_dtype)
                     states[task].append(PackedStates(out, offsets))
             return FrozenCache(layer, states)
         if mode != "disk":
             raise ValueError(f"frozen cache mode must be auto, memory or disk, not {mode!r}")
-        return _disk_cache(model, train, tokenizer, device, Path(cache_dir), layer, dtype, batch_size)
+        return _disk_cache(model, train, tokenizer, device, Path(cache_dir), layer, dtype, batch_size,
+                           compute_dtype)
     finally:
         model.train(was_training)
 
 
-def _disk_cache(model, train, tokenizer, device, cache_dir: Path, layer: int, dtype: str, batch_size: int):
+def _disk_cache(model, train, tokenizer, device, cache_dir: Path, layer: int, dtype: str, batch_size: int,
+                compute_dtype: torch.dtype | None):
     np_dtype = _DTYPES[dtype]
     H = model.encoder.config.hidden_size
-    root = cache_dir / cache_key(model, train, layer, dtype)
+    root = cache_dir / cache_key(model, train, layer, dtype, compute_dtype)
     meta_path = root / "meta.json"
     if meta_path.is_file():
         log.info("frozen-prefix cache: reusing %s", root)
@@ -145,7 +156,7 @@ def _disk_cache(model, train, tokenizer, device, cache_dir: Path, layer: int, dt
                 offsets = _offsets(seq)
                 out = np.lib.format.open_memmap(root / f"{task}.{s}.tmp.npy", mode="w+", dtype=np_dtype,
                                                 shape=(int(offsets[-1]), H))
-                _fill(model, data, s, out, offsets, tokenizer, layer, device, batch_size)
+                _fill(model, data, s, out, offsets, tokenizer, layer, device, batch_size, compute_dtype)
                 out.flush()
                 del out
                 os.replace(root / f"{task}.{s}.tmp.npy", root / f"{task}.{s}.npy")

@@ -282,7 +282,7 @@ def _oom_message(b: Batch, cfg: TrainConfig) -> str:
 
 
 def maybe_frozen_cache(cfg: TrainConfig, model: MultitaskBert, train: dict[str, TaskData], tokenizer, device,
-                       dist=None):
+                       dist=None, amp_dtype: torch.dtype | None = None):
     """The frozen-prefix cache when it applies (frozen encoder layers, nothing needing their gradients)."""
     if cfg.frozen_cache == "off" or model.first_trainable_layer < 1:
         return None
@@ -292,9 +292,11 @@ def maybe_frozen_cache(cfg: TrainConfig, model: MultitaskBert, train: dict[str, 
         return None
     if dist is not None:
         from .distributed import frozen_cache_per_rank
-        return frozen_cache_per_rank(dist, model, train, tokenizer, device, cfg.frozen_cache, cfg.cache_dir)
+        return frozen_cache_per_rank(dist, model, train, tokenizer, device, cfg.frozen_cache, cfg.cache_dir,
+                                     amp_dtype)
     from .frozen_cache import build_frozen_cache
-    return build_frozen_cache(model, train, tokenizer, device, cfg.frozen_cache, cfg.cache_dir)
+    return build_frozen_cache(model, train, tokenizer, device, cfg.frozen_cache, cfg.cache_dir,
+                              compute_dtype=amp_dtype)
 
 
 # --------------------------------------------------------------------------- the run
@@ -376,7 +378,7 @@ def _train(cfg: TrainConfig, out_dir: Path, dist=None) -> dict:
     if dist is not None and len(set(dist.all_gather_object(state.global_step))) > 1:
         raise ConfigError("the ranks resumed from different checkpoints (or some found none): put --out-dir on "
                           "a filesystem every node sees, or pass --resume PATH readable on every node")
-    cache = maybe_frozen_cache(cfg, model, data.train, tokenizer, device, dist)
+    cache = maybe_frozen_cache(cfg, model, data.train, tokenizer, device, dist, amp_dtype)
     checkpoints = RollingCheckpoints(out_dir, cfg.keep_last)
     metrics_log = None
     if main:
