@@ -113,7 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "with AMX, e.g. Xeon Sapphire Rapids), else fp32")
     g.add_argument("--compile", action="store_true",
                    help="torch.compile each encoder layer (dynamic shapes); where it cannot compile, a warning "
-                        "says why and training goes on eagerly. Pays off on CUDA; the first steps are slow")
+                        "says why and training goes on eagerly. Meant for CUDA: on CPU it measured slower than eager "
+                        "(README, Benchmarks); the first steps are slow while it compiles")
     g.add_argument("--out-dir", default=D.out_dir, help="run directory: checkpoint, metrics.jsonl, train.log")
     g.add_argument("--predictions-dir", default=D.predictions_dir,
                    help="where {sst,para,sts}-{dev,test}-output.csv are written")
