@@ -70,6 +70,13 @@ def encode_task(task: str, examples: list[Example], tokenizer: Tokenizer, pair_e
     return TaskData(task, examples, sequences)
 
 
+def with_swapped_pairs(examples: list[Example]) -> list[Example]:
+    """The examples followed by each pair in the other order (id suffixed "#swap"). Paraphrase and
+    similarity are symmetric, but a cross-encoder reads [CLS] a [SEP] b [SEP] as an ordered
+    sequence: training on both orders doubles the pairs it learns from (--pair-swap)."""
+    return examples + [Example(f"{e.id}#swap", e.text_b, e.text_a, e.label) for e in examples]
+
+
 def batch_labels(data: TaskData, indices: Sequence[int]) -> torch.Tensor | None:
     if not data.labelled:
         return None

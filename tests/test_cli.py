@@ -123,6 +123,33 @@ def test_pcgrad_with_mtdnn_sampling(args, capsys):
     assert "--pcgrad" in line and "--task-sampling mixed" in line
 
 
+def test_pair_swap_needs_cross_encoding(args, capsys):
+    rc, _, err = run(args + ["--pair-swap", "--pair-encoding", "siamese"], capsys)
+    assert rc == 2
+    assert "--pair-swap is for --pair-encoding cross" in one_error_line(err)
+
+
+def test_pair_swap_doubles_the_pair_tasks_training_sets_only(tmp_path):
+    from minbert import Tokenizer
+    from training.trainer import load_data
+
+    data, ckpt = write_course_files(tmp_path / "data"), tiny_checkpoint(tmp_path / "ckpt")
+    tok = Tokenizer.from_checkpoint(ckpt)
+    plain = load_data(TrainConfig(model=str(ckpt), data_dir=str(data)), tok)
+    swapped = load_data(TrainConfig(model=str(ckpt), data_dir=str(data), pair_swap=True), tok)
+    assert swapped.train["sst"].examples == plain.train["sst"].examples
+    for task in ("para", "sts"):
+        assert swapped.dev[task].examples == plain.dev[task].examples  # scored on the file as it is
+        orig, both = plain.train[task], swapped.train[task]
+        assert both.examples[: len(orig)] == orig.examples
+        for e, s in zip(orig.examples, both.examples[len(orig):]):
+            assert (s.id, s.text_a, s.text_b, s.label) == (f"{e.id}#swap", e.text_b, e.text_a, e.label)
+        # [CLS] b [SEP] a [SEP]: b's tokens now carry type 0
+        ids, types = both.sequences[0][len(orig)]
+        want_ids, want_types = tok.encode([orig.examples[0].text_b], [orig.examples[0].text_a])[0]
+        assert (ids, types) == (want_ids, want_types)
+
+
 def test_zero_epochs(args, capsys):
     rc, _, err = run(args + ["--epochs", "0"], capsys)
     assert rc == 2

@@ -46,6 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--tasks", nargs="+", choices=TASKS, default=list(D.tasks), help="tasks to train")
     g.add_argument("--max-train-examples", type=_opt_int, default=D.max_train_examples, metavar="N",
                    help="use at most N training examples per task (a seeded random subset), for quick runs")
+    g.add_argument("--pair-swap", action="store_true",
+                   help="with --pair-encoding cross, add every paraphrase and similarity training pair in the "
+                        "other order too (both tasks are symmetric): twice the pairs, twice their steps per epoch")
     g.add_argument("--strict", action="store_true", help="a malformed data row is an error instead of "
                    "being skipped and reported")
 
@@ -143,6 +146,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         model=args.model, pair_encoding=args.pair_encoding, max_length=args.max_length,
         head_dropout=args.head_dropout, attn_impl=args.attn_impl, data_dir=args.data_dir, files=files,
         tasks=tuple(args.tasks), max_train_examples=args.max_train_examples, strict=args.strict,
+        pair_swap=args.pair_swap,
         epochs=args.epochs, batch_size=args.batch_size, eval_batch_size=args.eval_batch_size,
         task_sampling=sampling, max_batches_per_task=args.max_batches_per_task, bucket=args.bucket,
         lr=args.lr, weight_decay=args.weight_decay, warmup_ratio=args.warmup_ratio,
@@ -174,6 +178,8 @@ def validate(cfg: TrainConfig) -> list[str]:
         errors.append(f"--lr must be > 0, not {cfg.lr}")
     if not 0 <= cfg.warmup_ratio < 1:
         errors.append(f"--warmup-ratio must be in [0, 1), not {cfg.warmup_ratio}")
+    if cfg.pair_swap and cfg.pair_encoding != "cross":
+        errors.append("--pair-swap is for --pair-encoding cross")
     if cfg.max_train_examples is not None and cfg.max_train_examples < 1:
         errors.append("--max-train-examples must be >= 1")
     if cfg.freeze_upto is not None and cfg.freeze_upto < -1:

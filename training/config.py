@@ -23,6 +23,7 @@ class TrainConfig:
     files: dict[str, str] = field(default_factory=dict)  # "sst_train" -> path, overrides data_dir
     tasks: tuple[str, ...] = TASKS
     max_train_examples: int | None = None  # per task: first N of a seeded shuffle (quick runs)
+    pair_swap: bool = False              # cross: also train on every para/sts pair in the other order
     strict: bool = False
     # schedule
     epochs: int = 3

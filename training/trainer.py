@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from data.batching import Batch, TaskData, encode_task, make_batch
+from data.batching import Batch, TaskData, encode_task, make_batch, with_swapped_pairs
 from data.loaders import load_task_file
 from data.sampler import TaskBatch, epoch_schedule, mixed_schedule, padding_efficiency
 from heads import KIND, MultitaskBert, task_loss
@@ -123,6 +123,8 @@ def load_data(cfg: TrainConfig, tokenizer: Tokenizer) -> Splits:
             if split == "train" and cfg.max_train_examples and len(examples) > cfg.max_train_examples:
                 keep = np.random.default_rng([cfg.seed, 7]).permutation(len(examples))[: cfg.max_train_examples]
                 examples = [examples[i] for i in sorted(keep)]
+            if split == "train" and cfg.pair_swap and task != "sst" and cfg.pair_encoding == "cross":
+                examples = with_swapped_pairs(examples)
             target[task] = encode_task(task, examples, tokenizer, cfg.pair_encoding, cfg.max_length)
     return out
 
