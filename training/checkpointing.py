@@ -97,7 +97,8 @@ class RunState:
 
 # Fields a resumed run may change; any other difference would change the trajectory.
 RESUME_MAY_DIFFER = {"out_dir", "predictions_dir", "export_hf", "log_every", "save_every", "keep_last", "resume",
-                     "device", "compile", "eval_batch_size", "frozen_cache", "cache_dir", "max_bad_steps", "data_dir", "files"}
+                     "device", "compile", "eval_batch_size", "frozen_cache", "cache_dir", "max_bad_steps",
+                     "data_dir", "files"}
 
 
 def _rng_state() -> dict:

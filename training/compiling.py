@@ -56,4 +56,3 @@ def _guarded(eager, compiled, fallback: _Fallback):
         return eager(*args, **kwargs)
 
     return forward
-
