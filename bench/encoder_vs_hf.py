@@ -2,7 +2,10 @@
 
 A step is: forward (train mode, dropout 0.1 on both), loss on the pooled output, backward, AdamW step.
 The two models are timed interleaved (A B, then B A, ...) after warm-up, so that background load
-hits both alike; the table gives the median and min seconds per step and the ratio ours/reference.
+hits both alike; the table gives the median and min seconds per step and the ratio ours/reference,
+the achieved model TFLOP/s (6 x non-embedding parameters x tokens + 12 x layers x hidden x T per
+token for attention, the PaLM paper's count; padding counted as computed), model FLOPs utilisation
+against --peak-tflops, and on CUDA the step's peak memory above what was allocated before it.
 
     python bench/encoder_vs_hf.py                                # MiniLM-L6, B=32, T=64, CPU
     python bench/encoder_vs_hf.py --ref-attn eager --padded
@@ -45,6 +48,8 @@ def parse_args(argv=None):
                    help="our attn_impl; auto = matmul on CPU, sdpa on CUDA (default: %(default)s)")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
     p.add_argument("--seed", type=int, default=0, help="seed for the batch and dropout (default: %(default)s)")
+    p.add_argument("--peak-tflops", type=float, default=None,
+                   help="the device's peak dense TFLOP/s for MFU (default: 989 on H100/H200 in bf16, else no MFU)")
     args = p.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: this torch sees no CUDA device")
@@ -86,7 +91,27 @@ def make_optimizer(model, device):
         return torch.optim.AdamW(params, lr=1e-5, foreach=True), "foreach"
 
 
+def train_flops(cfg, batch_size: int, seq_len: int) -> float:
+    """Model FLOPs of one training step (forward + backward), PaLM appendix B: 6N per token for the
+    N non-embedding parameters, plus 12 L H T per token for the attention scores and values."""
+    H, L, F = cfg.hidden_size, cfg.num_hidden_layers, cfg.intermediate_size
+    per_layer = 4 * H * H + 2 * H * F  # qkv + attention output, FFN in + out (weights only)
+    n = L * per_layer + H * H  # + pooler
+    tokens = batch_size * seq_len
+    return 6 * n * tokens + 12 * L * H * seq_len * tokens
+
+
+def peak_tflops(args, dev) -> float | None:
+    if args.peak_tflops:
+        return args.peak_tflops
+    if dev.type == "cuda" and any(k in torch.cuda.get_device_name() for k in ("H100", "H200")):
+        return 989.0  # dense bf16 tensor-core peak of the SXM parts
+    return None
+
+
 def train_step(model, opt, batch, device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
     t0 = time.perf_counter()
     opt.zero_grad(set_to_none=True)
     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda"):
@@ -135,14 +160,20 @@ def main(argv=None):
     runs = {"minbert": (ours, *make_optimizer(ours, dev), ours_attn),
             "transformers": (ref, *make_optimizer(ref, dev), args.ref_attn)}
     times = {name: [] for name in runs}
+    peak_mem = dict.fromkeys(runs, 0)
     torch.manual_seed(args.seed)
     for i in range(args.warmup + args.steps):
         order = list(runs) if i % 2 == 0 else list(runs)[::-1]  # A B, B A, ...: no order bias
         for name in order:
             model, opt, _, _ = runs[name]
+            if dev.type == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+                before = torch.cuda.memory_allocated()
             t = train_step(model, opt, batch, dev)
             if i >= args.warmup:
                 times[name].append(t)
+                if dev.type == "cuda":
+                    peak_mem[name] = max(peak_mem[name], torch.cuda.max_memory_allocated() - before)
 
     cfg = ours.config
     print(f"# {datetime.datetime.now():%Y-%m-%d %H:%M}  torch {torch.__version__}  threads {torch.get_num_threads()}"
@@ -154,10 +185,16 @@ def main(argv=None):
           f"steps {args.steps} (+{args.warmup} warm-up)  AdamW {runs['minbert'][2]}  "
           f"eval pooled max|diff| {diff:.1e}")
     ref_med = statistics.median(times["transformers"])
-    print(f"{'implementation':<14} {'attn':<7} {'median s/step':>13} {'min':>8} {'ratio':>6}")
+    flops, peak = train_flops(cfg, args.batch_size, args.seq_len), peak_tflops(args, dev)
+    print(f"{'implementation':<14} {'attn':<7} {'median s/step':>13} {'min':>8} {'ratio':>6} {'TFLOP/s':>8}"
+          f" {'MFU':>6} {'step peak MiB':>14}")
     for name, (_, _, _, attn) in runs.items():
         med = statistics.median(times[name])
-        print(f"{name:<14} {attn:<7} {med:>13.4f} {min(times[name]):>8.4f} {med / ref_med:>5.2f}x")
+        tflops = flops / med / 1e12
+        mfu = f"{tflops / peak:6.1%}" if peak else f"{'-':>6}"
+        mem = f"{peak_mem[name] / 2**20:14.0f}" if dev.type == "cuda" else f"{'-':>14}"
+        print(f"{name:<14} {attn:<7} {med:>13.4f} {min(times[name]):>8.4f} {med / ref_med:>5.2f}x {tflops:>8.2f}"
+              f" {mfu} {mem}")
 
 
 if __name__ == "__main__":
