@@ -63,7 +63,10 @@ def fast_bf16(device: torch.device) -> bool:
     Sapphire Rapids and later), where bf16 autocast measured 2x faster per training step and the quick
     start 1.6x faster at the same dev scores (README); without AMX it is not measured: fp32 stays."""
     if device.type == "cuda":
-        return torch.cuda.is_bf16_supported(including_emulation=False)
+        try:
+            return torch.cuda.is_bf16_supported(including_emulation=False)
+        except TypeError:  # torch < 2.4: no emulation flag, and no emulation either
+            return torch.cuda.is_bf16_supported()
     if device.type == "cpu":
         is_amx = getattr(torch.cpu, "_is_amx_tile_supported", None)  # private; absent in some builds
         return bool(is_amx and is_amx())
