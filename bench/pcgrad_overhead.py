@@ -12,17 +12,13 @@ warm-up, so background load hits both alike; medians are reported. Target: ratio
 """
 from __future__ import annotations
 
-import argparse
 import platform
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # run from anywhere without installing
+from common import step_bench_parser  # noqa: E402  (puts the repository on sys.path)
 from data.batching import encode_task, make_batch  # noqa: E402
 from data.loaders import load_task_file  # noqa: E402
 from data.sampler import mixed_schedule  # noqa: E402
@@ -32,19 +28,11 @@ from training.trainer import Stepper, build_model, build_optimizer, linear_warmu
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data-dir", default=str(REPO.parent / "shared" / "data" / "cs224n"),
-                   help="folder with the course CSV files (default: %(default)s)")
-    p.add_argument("--model", default="minilm-l6", help="checkpoint alias or directory (default: %(default)s)")
-    p.add_argument("--batch-size", type=int, default=32, help="examples per mixed step (default: %(default)s)")
-    p.add_argument("--steps", type=int, default=10, help="timed steps per arm (default: %(default)s)")
-    p.add_argument("--warmup", type=int, default=2, help="untimed steps per arm first (default: %(default)s)")
+    p = step_bench_parser(__doc__, "examples per mixed step", steps=10, warmup=2)
     p.add_argument("--variant", choices=["pcgrad", "dominant"], default="pcgrad",
                    help="surgery variant (default: %(default)s)")
     p.add_argument("--freeze-upto", type=int, default=None, help="as in training (default: none frozen)")
     p.add_argument("--max-grad-norm", type=float, default=1.0, help="clipping, as in training (default: %(default)s)")
-    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
-    p.add_argument("--seed", type=int, default=11711, help="schedule and model seed (default: %(default)s)")
     return p.parse_args(argv)
 
 

@@ -21,7 +21,6 @@ so its column also holds dropout noise). The accuracy check is a real run: see t
 """
 from __future__ import annotations
 
-import argparse
 import platform
 import statistics
 import sys
@@ -30,9 +29,8 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # run from anywhere without installing
-sys.path.insert(0, str(REPO / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import step_bench_parser  # noqa: E402  (puts the repository on sys.path)
 from smart_cost import task_batches  # noqa: E402
 
 from minbert import Tokenizer, resolve_checkpoint  # noqa: E402
@@ -42,19 +40,10 @@ from training.trainer import Stepper, build_model, build_optimizer, linear_warmu
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data-dir", default=str(REPO.parent / "shared" / "data" / "cs224n"),
-                   help="folder with the course CSV files (default: %(default)s)")
-    p.add_argument("--model", default="minilm-l6", help="checkpoint alias or directory (default: %(default)s)")
-    p.add_argument("--batch-size", type=int, default=32, help="examples per task batch (default: %(default)s)")
+    p = step_bench_parser(__doc__, "examples per task batch", steps=5, warmup=2)  # warm-up includes compiling
     p.add_argument("--freeze-upto", type=int, default=None, help="freeze as in training (default: none)")
-    p.add_argument("--steps", type=int, default=5, help="timed rounds per arm (default: %(default)s)")
-    p.add_argument("--warmup", type=int, default=2,
-                   help="untimed rounds per arm first; they include compilation (default: %(default)s)")
     p.add_argument("--no-compile", action="store_true", help="time only the fp32 and bf16 eager arms")
     p.add_argument("--device", default="cpu", help="cpu or cuda (default: %(default)s)")
-    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
-    p.add_argument("--seed", type=int, default=11711, help="model seed (default: %(default)s)")
     return p.parse_args(argv)
 
 

@@ -19,17 +19,13 @@ plain; well under that with deep freezing + first-trainable.
 """
 from __future__ import annotations
 
-import argparse
 import platform
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # run from anywhere without installing
+from common import step_bench_parser  # noqa: E402  (puts the repository on sys.path)
 from data.batching import encode_task, make_batch  # noqa: E402
 from data.loaders import load_task_file  # noqa: E402
 from training.config import TrainConfig  # noqa: E402
@@ -43,18 +39,10 @@ from training.trainer import (  # noqa: E402
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data-dir", default=str(REPO.parent / "shared" / "data" / "cs224n"),
-                   help="folder with the course CSV files (default: %(default)s)")
-    p.add_argument("--model", default="minilm-l6", help="checkpoint alias or directory (default: %(default)s)")
-    p.add_argument("--batch-size", type=int, default=32, help="examples per task batch (default: %(default)s)")
-    p.add_argument("--steps", type=int, default=5, help="timed rounds per arm (default: %(default)s)")
-    p.add_argument("--warmup", type=int, default=1, help="untimed rounds per arm first (default: %(default)s)")
+    p = step_bench_parser(__doc__, "examples per task batch", steps=5, warmup=1)
     p.add_argument("--freeze-upto", type=int, default=3,
                    help="the frozen configuration's --freeze-upto (default: %(default)s = L-3 for MiniLM-L6)")
     p.add_argument("--smart-steps", type=int, default=1, help="K, SMART's ascent steps (default: %(default)s)")
-    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
-    p.add_argument("--seed", type=int, default=11711, help="schedule and model seed (default: %(default)s)")
     return p.parse_args(argv)
 
 
