@@ -9,6 +9,7 @@ import sys
 from data.loaders import COURSE_FILES, TASKS
 
 from .config import TrainConfig
+from .progress import setup_logging
 
 D = TrainConfig()
 
@@ -215,8 +216,7 @@ def validate(cfg: TrainConfig) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    setup_logging(logging.DEBUG if args.verbose else logging.INFO)
     cfg = config_from_args(args)
     errors = validate(cfg)
     if errors:

@@ -24,6 +24,8 @@ from data.batching import TaskData, encode_task, eval_batches
 from data.loaders import COURSE_FILES, TASKS, load_task_file
 from heads import MultitaskBert, predict
 
+from .progress import setup_logging
+
 log = logging.getLogger(__name__)
 
 HEADERS = {"sst": "Predicted_Sentiment", "para": "Predicted_Is_Paraphrase", "sts": "Predicted_Similiary"}
@@ -138,8 +140,7 @@ def main(argv=None) -> int:
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--device", default="auto")
     args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        datefmt="%H:%M:%S")
+    setup_logging()
     for task, *_ in args.score + args.predict:
         if task not in TASKS:
             p.error(f"unknown task {task!r}; one of {', '.join(TASKS)}")

@@ -92,9 +92,9 @@ def _offsets(seq) -> np.ndarray:
 @torch.inference_mode()
 def _fill(model: MultitaskBert, data: TaskData, s: int, out: np.ndarray, offsets: np.ndarray, tokenizer,
           layer: int, device, batch_size: int, compute_dtype: torch.dtype | None) -> None:
-    n_batches = -(-len(data) // batch_size)
+    batches = eval_batches(data, tokenizer, batch_size)
     name = f"frozen cache: {data.task}" + (f" sentence {s + 1}" if len(data.sequences) > 1 else "")
-    for batch in progress(eval_batches(data, tokenizer, batch_size), desc=name, total=n_batches):
+    for batch in progress(batches, desc=name, total=len(batches)):
         with torch.autocast(device.type, dtype=compute_dtype, enabled=compute_dtype is not None):
             h = model.hidden_at([{k: v.to(device) for k, v in batch.inputs[s].items()}], layer)[0]
         h = h.float().cpu().numpy()

@@ -14,6 +14,13 @@ from tqdm import tqdm
 
 log = logging.getLogger("progress")
 
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def setup_logging(level: int = logging.INFO) -> None:
+    """The console log of every training command line: time, level, logger, message."""
+    logging.basicConfig(level=level, format=LOG_FORMAT, datefmt="%H:%M:%S")
+
 
 class _LogProgress:
     def __init__(self, items: Iterable, desc: str, total: int, interval: float):

@@ -24,6 +24,7 @@ from pathlib import Path
 from data.loaders import COURSE_FILES, load_task_file
 
 from .evaluate import METRIC
+from .progress import setup_logging
 from .sweep import RESULTS, read_results
 
 log = logging.getLogger(__name__)
@@ -312,8 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--curves", metavar="RUN_DIR", help="draw one run's training curves from RUN_DIR/metrics.jsonl")
     p.add_argument("-o", "--output", metavar="PNG", help="where --curves writes (default: RUN_DIR/curves.png)")
     args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        datefmt="%H:%M:%S")
+    setup_logging()
     if not args.out and not args.curves:
         p.error("give a sweep folder (OUT) or --curves RUN_DIR")
     if args.out:

@@ -46,6 +46,7 @@ from typing import Hashable, Sequence
 from data.loaders import COURSE_FILES, LABEL_COLUMN, TASKS, TEXT_COLUMNS, Example, load_task_file
 
 from .config import TrainConfig
+from .progress import setup_logging
 
 log = logging.getLogger(__name__)
 
@@ -243,8 +244,7 @@ def measure(cfg: TrainConfig, threads: int | None = None) -> dict:
 
 
 def _child(cfg_dict: dict, threads: int | None, log_level: int, conn) -> None:
-    logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        datefmt="%H:%M:%S")
+    setup_logging(log_level)
     try:
         conn.send(("ok", measure(TrainConfig.from_dict(cfg_dict), threads)))
     except BaseException as e:  # noqa: BLE001 - reported to the parent, which decides
@@ -504,8 +504,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     p = build_parser()
     args = p.parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    setup_logging(logging.DEBUG if args.verbose else logging.INFO)
     args.tasks, args.depths = _unique(args.tasks), _unique(args.depths)
     args.sizes, args.seeds = _unique(args.sizes), _unique(args.seeds)
     for name in ("epochs", "batch_size", "eval_batch_size", "log_every"):

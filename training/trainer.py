@@ -31,7 +31,7 @@ from .checkpointing import (RollingCheckpoints, RunState, TrainingInterrupted, f
                             restore_training_state, save_checkpoint, stop_on_signals, training_state)
 from .config import TrainConfig
 from .evaluate import evaluate, write_all_predictions
-from .progress import progress
+from .progress import LOG_FORMAT, progress
 
 log = logging.getLogger(__name__)
 
@@ -333,7 +333,7 @@ def train(cfg: TrainConfig) -> dict:
             return _train(cfg, out_dir, dist)
         out_dir.mkdir(parents=True, exist_ok=True)
         file_log = logging.FileHandler(out_dir / "train.log")
-        file_log.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        file_log.setFormatter(logging.Formatter(LOG_FORMAT))
         logging.getLogger().addHandler(file_log)
         try:
             return _train(cfg, out_dir, dist)
