@@ -51,22 +51,23 @@ def _epoch_records(out):
     return [{k: v for k, v in r.items() if k != "train_seconds"} for r in rows if "dev_overall" in r]
 
 
-@pytest.mark.parametrize("k", [3, 6])  # mid-epoch, and at an epoch's last step
-def test_sigterm_then_resume_equals_an_uninterrupted_run(files, tmp_path, k):
+# mid-epoch, at an epoch's last step, and with a weight EMA that must be restored too
+@pytest.mark.parametrize("k, extra", [(3, ()), (6, ()), (3, ("--ema-decay", "0.5"))])
+def test_sigterm_then_resume_equals_an_uninterrupted_run(files, tmp_path, k, extra):
     ckpt, data = files
     torch.set_num_threads(1)
-    assert cli_main(_args(ckpt, data, tmp_path / "straight")) == 0
+    assert cli_main(_args(ckpt, data, tmp_path / "straight", *extra)) == 0
 
     out = tmp_path / "interrupted"
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    r = subprocess.run([sys.executable, "-c", CHILD, str(k), *_args(ckpt, data, out)], env=env,
+    r = subprocess.run([sys.executable, "-c", CHILD, str(k), *_args(ckpt, data, out, *extra)], env=env,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 143, r.stderr
     assert f"SIGTERM received: stopped after step {k}" in r.stderr and "--resume auto" in r.stderr
     saved = read_checkpoint(out / "checkpoints" / f"step-{k:07d}.pt")
     assert saved["run_state"]["global_step"] == k
 
-    assert cli_main(_args(ckpt, data, out, "--resume", "auto")) == 0
+    assert cli_main(_args(ckpt, data, out, *extra, "--resume", "auto")) == 0
     assert _epoch_records(out) == _epoch_records(tmp_path / "straight")
     a, b = read_checkpoint(out / "best.pt")["model"], read_checkpoint(tmp_path / "straight" / "best.pt")["model"]
     for name in a:

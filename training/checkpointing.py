@@ -129,6 +129,8 @@ def training_state(model: MultitaskBert, stepper, cfg: TrainConfig, state: RunSt
         out["smart_generator"] = stepper.generator.get_state()
     if stepper.pcgrad is not None:
         out["pcgrad_generator"] = stepper.pcgrad.generator.get_state()
+    if stepper.ema is not None:
+        out["ema"] = stepper.ema.state_dict()
     if dist is not None:
         out["rng_ranks"] = dist.all_gather_object(_own_streams(stepper))
     return out
@@ -151,6 +153,8 @@ def restore_training_state(ckpt: dict, model: MultitaskBert, stepper, device, di
         stepper.generator.set_state(ckpt["smart_generator"])
     if stepper.pcgrad is not None:
         stepper.pcgrad.generator.set_state(ckpt["pcgrad_generator"])
+    if stepper.ema is not None:
+        stepper.ema.load_state_dict(ckpt["ema"])
     _set_rng_state(ckpt["rng"])
     state = RunState(**ckpt["run_state"])
     if dist is not None:

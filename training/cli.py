@@ -54,9 +54,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "being skipped and reported")
 
     g = p.add_argument_group("schedule")
-    g.add_argument("--epochs", type=int, default=D.epochs)
-    g.add_argument("--batch-size", type=int, default=D.batch_size)
-    g.add_argument("--eval-batch-size", type=int, default=D.eval_batch_size)
+    g.add_argument("--epochs", type=int, default=D.epochs, help="passes over the training data")
+    g.add_argument("--batch-size", type=int, default=D.batch_size,
+                   help="examples per training batch (per task group; the global batch under torchrun)")
+    g.add_argument("--eval-batch-size", type=int, default=D.eval_batch_size,
+                   help="examples per batch in dev evaluation and prediction")
     g.add_argument("--task-sampling", choices=["mtdnn", "proportional", "round-robin", "annealed", "mixed"],
                    default=None, help="mtdnn: every task's batches pooled and shuffled each epoch (MT-DNN); "
                    "proportional / round-robin / annealed (size^alpha, alpha decaying over epochs): task per step; "
@@ -70,10 +72,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = p.add_argument_group("optimisation")
     g.add_argument("--lr", type=float, default=D.lr, help="peak learning rate of AdamW")
-    g.add_argument("--weight-decay", type=float, default=D.weight_decay)
+    g.add_argument("--weight-decay", type=float, default=D.weight_decay,
+                   help="AdamW's decoupled weight decay (not applied to biases and LayerNorm weights)")
     g.add_argument("--warmup-ratio", type=float, default=D.warmup_ratio,
                    help="fraction of steps of linear warm-up, then linear decay to 0")
     g.add_argument("--max-grad-norm", type=float, default=D.max_grad_norm, help="gradient clipping (0: off)")
+    g.add_argument("--ema-decay", type=float, default=D.ema_decay, metavar="D",
+                   help="keep an exponential moving average of the trainable weights (e.g. 0.999: about the "
+                        "last 1000 updates) and evaluate, keep and predict with it; the raw weights' dev "
+                        "metrics are logged beside it (default: off)")
     g.add_argument("--freeze-upto", type=int, default=D.freeze_upto, metavar="N",
                    help="freeze the embeddings and encoder layers 0..N-1 (-1: embeddings only; N = number of "
                         "layers: only pooler and heads train)")
@@ -110,7 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "through frozen layers; cheaper under deep freezing)")
 
     g = p.add_argument_group("run")
-    g.add_argument("--seed", type=int, default=D.seed)
+    g.add_argument("--seed", type=int, default=D.seed,
+                   help="seeds data order, dropout, head initialisation and SMART's noise")
     g.add_argument("--device", default=D.device, help="auto (cuda if available), cpu, cuda, cuda:N")
     g.add_argument("--precision", choices=["auto", "fp32", "bf16"], default=D.precision,
                    help="auto: bf16 autocast where the hardware computes bf16 natively (CUDA since Ampere; CPUs "
@@ -151,7 +159,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         epochs=args.epochs, batch_size=args.batch_size, eval_batch_size=args.eval_batch_size,
         task_sampling=sampling, max_batches_per_task=args.max_batches_per_task, bucket=args.bucket,
         lr=args.lr, weight_decay=args.weight_decay, warmup_ratio=args.warmup_ratio,
-        max_grad_norm=args.max_grad_norm, freeze_upto=args.freeze_upto, frozen_cache=args.frozen_cache,
+        max_grad_norm=args.max_grad_norm, ema_decay=args.ema_decay, freeze_upto=args.freeze_upto, frozen_cache=args.frozen_cache,
         cache_dir=args.cache_dir,
         pcgrad=args.pcgrad, pcgrad_variant=args.pcgrad_variant,
         smart=args.smart, smart_lambda=args.smart_lambda, smart_mu=args.smart_mu, smart_eps=args.smart_eps,
@@ -179,6 +187,8 @@ def validate(cfg: TrainConfig) -> list[str]:
         errors.append(f"--lr must be > 0, not {cfg.lr}")
     if not 0 <= cfg.warmup_ratio < 1:
         errors.append(f"--warmup-ratio must be in [0, 1), not {cfg.warmup_ratio}")
+    if cfg.ema_decay is not None and not 0 <= cfg.ema_decay < 1:
+        errors.append(f"--ema-decay must be in [0, 1), not {cfg.ema_decay}")
     if cfg.pair_swap and cfg.pair_encoding != "cross":
         errors.append("--pair-swap is for --pair-encoding cross")
     if cfg.max_train_examples is not None and cfg.max_train_examples < 1:

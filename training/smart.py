@@ -30,6 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .ema import ema_update_
+
 KINDS = ("categorical", "bernoulli", "regression")
 
 
@@ -236,9 +238,7 @@ class EMATeacher:
         # (under deep freezing that is most of the model).
         pairs = [(t, src[name].detach()) for name, t in self.module.named_parameters() if src[name].requires_grad]
         if pairs:
-            teacher, student = map(list, zip(*pairs))
-            torch._foreach_mul_(teacher, beta)
-            torch._foreach_add_(teacher, student, alpha=1.0 - beta)
+            ema_update_(*map(list, zip(*pairs)), beta)
         src_buf = dict(model.named_buffers())
         for name, t in self.module.named_buffers():
             t.copy_(src_buf[name])

@@ -154,7 +154,10 @@ class Stepper:
         self.device, self.amp_dtype = device, amp_dtype
         self.dist = dist  # a training.distributed.Dist in a data-parallel run, else None
         self.bad_steps = 0
-        self.pcgrad = self.smart = self.teacher = None
+        self.pcgrad = self.smart = self.teacher = self.ema = None
+        if cfg.ema_decay is not None:
+            from .ema import WeightEMA
+            self.ema = WeightEMA(model, cfg.ema_decay)
         shared = [p for p in model.encoder.parameters() if p.requires_grad]
         if cfg.pcgrad:
             from .pcgrad import PCGrad
@@ -264,6 +267,8 @@ class Stepper:
         self.scheduler.step()
         if self.teacher is not None:
             self.teacher.update(self.model)
+        if self.ema is not None:
+            self.ema.update(self.model)
         self.bad_steps = 0
         return parts
 
@@ -436,20 +441,26 @@ def _train(cfg: TrainConfig, out_dir: Path, dist=None) -> dict:
                 raise TrainingInterrupted(stop.signal_name, epoch, state, checkpoints.latest())
             train_time = time.time() - t0
             if main:  # only rank 0 tracks the best score: the checkpoints are its
-                metrics = evaluate(model, data.dev, tokenizer, cfg.eval_batch_size, device, stepper.autocast)
                 record = {"epoch": epoch, "step": state.global_step, "train_seconds": round(train_time, 1),
                           "padding_efficiency": eff,
-                          **{f"train_loss_{t}": float(np.mean(v)) for t, v in state.losses.items() if v},
-                          **{f"dev_{k}": v for k, v in metrics.items()}}
-                metrics_log.write(json.dumps(record) + "\n")
-                metrics_log.flush()
-                log.info("epoch %d: dev %s (%.0f s training)", epoch,
-                         " ".join(f"{k} {v:.3f}" for k, v in metrics.items()), train_time)
-                if metrics["overall"] > state.best:
-                    state.best, state.best_metrics = metrics["overall"], metrics
-                    save_checkpoint(out_dir / "best.pt", model, cfg, epoch=epoch, step=state.global_step,
-                                    metrics=metrics)
-                    log.info("new best dev score %.3f: saved %s", state.best, out_dir / "best.pt")
+                          **{f"train_loss_{t}": float(np.mean(v)) for t, v in state.losses.items() if v}}
+                with contextlib.ExitStack() as weights:  # inside: the weights evaluated and kept
+                    if stepper.ema is not None:
+                        raw = evaluate(model, data.dev, tokenizer, cfg.eval_batch_size, device, stepper.autocast)
+                        record.update({f"dev_raw_{k}": v for k, v in raw.items()})
+                        log.info("epoch %d: dev, raw weights %s", epoch, _fmt(raw))
+                        weights.enter_context(stepper.ema.applied(model))
+                    metrics = evaluate(model, data.dev, tokenizer, cfg.eval_batch_size, device, stepper.autocast)
+                    record.update({f"dev_{k}": v for k, v in metrics.items()})
+                    metrics_log.write(json.dumps(record) + "\n")
+                    metrics_log.flush()
+                    log.info("epoch %d: dev%s %s (%.0f s training)", epoch,
+                             ", weight EMA" if stepper.ema is not None else "", _fmt(metrics), train_time)
+                    if metrics["overall"] > state.best:
+                        state.best, state.best_metrics = metrics["overall"], metrics
+                        save_checkpoint(out_dir / "best.pt", model, cfg, epoch=epoch, step=state.global_step,
+                                        metrics=metrics)
+                        log.info("new best dev score %.3f: saved %s", state.best, out_dir / "best.pt")
             if dist is not None:
                 dist.barrier()  # the other ranks wait while rank 0 evaluates
             state.epoch, state.step_in_epoch, state.losses = epoch + 1, 0, {}
@@ -466,6 +477,10 @@ def _train(cfg: TrainConfig, out_dir: Path, dist=None) -> dict:
         save_hf(model.encoder, cfg.export_hf, vocab_src=ckpt_dir)
         log.info("exported the encoder in the Hugging Face layout to %s", cfg.export_hf)
     return state.best_metrics if dist is None else dist.broadcast_object(state.best_metrics)
+
+
+def _fmt(metrics: dict) -> str:
+    return " ".join(f"{k} {v:.3f}" for k, v in metrics.items())
 
 
 def _log_step(metrics_log, state: "RunState", scheduler, parts: dict, window: int) -> None:
