@@ -202,3 +202,47 @@ def test_cli_freeze_below_minus_one_is_a_validation_error(tmp_path, capsys):
     assert rc == 2
     assert err.strip() == "run_multitask.py: error: --freeze-upto must be >= -1, not -2"
     assert not (tmp_path / "run").exists()  # refused before any work
+
+
+# ----------------------------------------------------------------------------- --layer-lr-decay
+
+def expected_lr_scale(name: str, g: float) -> float:
+    """Written from the flag's definition for this 2-layer model: heads and pooler 1, layer 1 g,
+    layer 0 g^2, embeddings g^3."""
+    if name.startswith("encoder.embeddings."):
+        return g ** 3
+    for i in range(L):
+        if name.startswith(f"encoder.layers.{i}."):
+            return g ** (L - i)
+    return 1.0
+
+
+@pytest.mark.parametrize("upto", [None, 1])
+def test_layer_lr_decay_gives_each_depth_its_rate(upto):
+    assert L == 2
+    model = tiny_model("cross")
+    model.freeze(upto)
+    g, lr = 0.5, 1e-3
+    opt = build_optimizer(model, TrainConfig(lr=lr, layer_lr_decay=g, weight_decay=0.01), torch.device("cpu"))
+    sched = linear_warmup_decay(opt, 10, 0.0)
+    group_of = {id(p): grp for grp in opt.param_groups for p in grp["params"]}
+    trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    assert len(group_of) == len(trainable) == sum(len(grp["params"]) for grp in opt.param_groups)
+    for _ in range(3):  # the schedule scales every group alike
+        opt.step()  # no gradients: changes nothing
+        sched.step()
+    factor = sched.get_last_lr()[0] / lr
+    assert 0 < factor < 1
+    for n, p in trainable:
+        grp = group_of[id(p)]
+        assert grp["lr"] == pytest.approx(lr * factor * expected_lr_scale(n, g)), n
+        assert grp["weight_decay"] == (0.0 if p.ndim < 2 else 0.01), n
+    if upto == 1:
+        assert not any(n.startswith(("encoder.embeddings.", "encoder.layers.0.")) for n, _ in trainable)
+
+
+def test_layer_lr_decay_rejects_values_outside_0_1():
+    from training.cli import build_parser, config_from_args, validate
+    for bad in ("0", "1.5", "-0.9"):
+        cfg = config_from_args(build_parser().parse_args(["--layer-lr-decay", bad]))
+        assert any("--layer-lr-decay must be in (0, 1]" in e for e in validate(cfg)), bad

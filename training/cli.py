@@ -77,6 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--warmup-ratio", type=float, default=D.warmup_ratio,
                    help="fraction of steps of linear warm-up, then linear decay to 0")
     g.add_argument("--max-grad-norm", type=float, default=D.max_grad_norm, help="gradient clipping (0: off)")
+    g.add_argument("--layer-lr-decay", type=float, default=D.layer_lr_decay, metavar="G",
+                   help="layer-wise learning rates: heads and pooler get --lr, the top encoder layer G * lr, "
+                        "each layer below G times the one above, the embeddings G^(layers + 1) * lr "
+                        "(e.g. 0.9; 1: one rate for all)")
     g.add_argument("--ema-decay", type=float, default=D.ema_decay, metavar="D",
                    help="keep an exponential moving average of the trainable weights (e.g. 0.999: about the "
                         "last 1000 updates) and evaluate, keep and predict with it; the raw weights' dev "
@@ -159,7 +163,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         epochs=args.epochs, batch_size=args.batch_size, eval_batch_size=args.eval_batch_size,
         task_sampling=sampling, max_batches_per_task=args.max_batches_per_task, bucket=args.bucket,
         lr=args.lr, weight_decay=args.weight_decay, warmup_ratio=args.warmup_ratio,
-        max_grad_norm=args.max_grad_norm, ema_decay=args.ema_decay, freeze_upto=args.freeze_upto, frozen_cache=args.frozen_cache,
+        max_grad_norm=args.max_grad_norm, ema_decay=args.ema_decay,
+        layer_lr_decay=args.layer_lr_decay, freeze_upto=args.freeze_upto, frozen_cache=args.frozen_cache,
         cache_dir=args.cache_dir,
         pcgrad=args.pcgrad, pcgrad_variant=args.pcgrad_variant,
         smart=args.smart, smart_lambda=args.smart_lambda, smart_mu=args.smart_mu, smart_eps=args.smart_eps,
@@ -187,6 +192,8 @@ def validate(cfg: TrainConfig) -> list[str]:
         errors.append(f"--lr must be > 0, not {cfg.lr}")
     if not 0 <= cfg.warmup_ratio < 1:
         errors.append(f"--warmup-ratio must be in [0, 1), not {cfg.warmup_ratio}")
+    if not 0 < cfg.layer_lr_decay <= 1:
+        errors.append(f"--layer-lr-decay must be in (0, 1], not {cfg.layer_lr_decay}")
     if cfg.ema_decay is not None and not 0 <= cfg.ema_decay < 1:
         errors.append(f"--ema-decay must be in [0, 1), not {cfg.ema_decay}")
     if cfg.pair_swap and cfg.pair_encoding != "cross":

@@ -37,6 +37,7 @@ class TrainConfig:
     weight_decay: float = 0.01
     warmup_ratio: float = 0.1
     max_grad_norm: float = 1.0
+    layer_lr_decay: float = 1.0          # lr * g^(depth from the top) per layer (1: one rate)
     ema_decay: float | None = None       # evaluate/keep an EMA of the weights (None: the raw weights)
     freeze_upto: int | None = None
     frozen_cache: str = "auto"           # auto | memory | disk | off

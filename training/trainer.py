@@ -80,14 +80,30 @@ def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
     return None
 
 
+def layer_depth(name: str, num_layers: int) -> int:
+    """Depth of a parameter for layer-wise learning rates: embeddings 0, encoder layer i at i + 1,
+    pooler and task heads num_layers + 1."""
+    if name.startswith("encoder.embeddings."):
+        return 0
+    if name.startswith("encoder.layers."):
+        return int(name.split(".")[2]) + 1
+    return num_layers + 1
+
+
 def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
     """AdamW over the trainable parameters only; no weight decay on biases and LayerNorm weights.
+    With --layer-lr-decay g a parameter at depth k (layer_depth) gets lr * g^(L + 1 - k): the heads
+    the full rate, each layer below g times the one above it.
     fused=True: one kernel for the whole update (on CPU too, where it measured ~7x faster)."""
-    decay, no_decay = [], []
+    top = model.encoder.num_layers + 1
+    groups: dict[tuple[int, bool], list] = {}
     for name, p in model.named_parameters():
         if p.requires_grad:
-            (no_decay if p.ndim < 2 else decay).append(p)
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+            depth = top if cfg.layer_lr_decay == 1.0 else layer_depth(name, model.encoder.num_layers)
+            groups.setdefault((depth, p.ndim < 2), []).append(p)
+    groups = [{"params": groups[k], "lr": cfg.lr * cfg.layer_lr_decay ** (top - k[0]),
+               "weight_decay": 0.0 if k[1] else cfg.weight_decay}
+              for k in sorted(groups, key=lambda k: (-k[0], k[1]))]  # group 0: the heads' peak rate
     try:
         return torch.optim.AdamW(groups, lr=cfg.lr, fused=True)
     except (RuntimeError, TypeError):  # a device/dtype without a fused kernel
