@@ -328,3 +328,18 @@ def test_evaluate_rewrites_the_same_predictions_and_scores(cross_run, tmp_path, 
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines == [f"{sst_dev}: sst_acc {best['sst_acc']:.4f} ({N} examples)",
                      f"{sts_dev}: sts_pearson {best['sts_pearson']:.4f} ({N} examples)"]
+
+
+@pytest.mark.parametrize("flag, expected", [(None, "fp32"), ("bf16", "bf16"), ("fp32", "fp32")])
+def test_evaluate_precision_defaults_to_the_runs(cross_run, tmp_path, monkeypatch, flag, expected):
+    import training.trainer as trainer_mod
+    cfg, _ = cross_run
+    assert cfg.precision == "fp32"
+    seen = []
+    real = trainer_mod.autocast_dtype
+    monkeypatch.setattr(trainer_mod, "autocast_dtype", lambda p, d: seen.append(p) or real(p, d))
+    sts_dev = Path(cfg.data_dir) / COURSE_FILES["sts"]["dev"]
+    extra = ["--precision", flag] if flag else []
+    assert evaluate_mod.main(["--checkpoint", str(Path(cfg.out_dir) / "best.pt"), "--device", "cpu",
+                              "--score", "sts", str(sts_dev), *extra]) == 0
+    assert seen == [expected]

@@ -131,14 +131,17 @@ def main(argv=None) -> int:
     p.add_argument("--checkpoint", required=True, help="a best.pt written by run_multitask.py")
     p.add_argument("--data-dir", default=None, help="evaluate the course's dev files and predict its test files "
                    "from this folder, writing PREDICTIONS_DIR/{sst,para,sts}-{dev,test}-output.csv")
-    p.add_argument("--predictions-dir", default="predictions")
+    p.add_argument("--predictions-dir", default="predictions",
+                   help="where --data-dir's prediction files go (default: %(default)s)")
     p.add_argument("--score", nargs=2, action="append", default=[], metavar=("TASK", "FILE"),
                    help="score a labelled file in the course format (repeatable)")
     p.add_argument("--predict", nargs=3, action="append", default=[], metavar=("TASK", "FILE", "OUT"),
                    help="predict for an unlabelled (or labelled) file in the course format (repeatable)")
     p.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the run's tokenizer/)")
-    p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--device", default="auto")
+    p.add_argument("--batch-size", type=int, default=256, help="examples per batch (default: %(default)s)")
+    p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N")
+    p.add_argument("--precision", choices=["auto", "fp32", "bf16"], default=None,
+                   help="autocast for inference (default: the training run's --precision)")
     args = p.parse_args(argv)
     setup_logging()
     for task, *_ in args.score + args.predict:
@@ -156,7 +159,7 @@ def main(argv=None) -> int:
     tokenizer = Tokenizer.from_checkpoint(tok_dir)
     device = pick_device(args.device)
     model.to(device)
-    dtype = autocast_dtype(cfg.precision, device)
+    dtype = autocast_dtype(args.precision or cfg.precision, device)
 
     def autocast():
         return torch.autocast(device.type, dtype=dtype) if dtype else contextlib.nullcontext()
