@@ -6,6 +6,12 @@ Pair tasks come in two encodings (`pair_encoding`):
   siamese  each sentence encoded alone; pooled y1, y2. The heads are the "Freeze Your Layers"
            paper's: paraphrase logit (W1 y1 + b1)^T (W2 y2 + b2); similarity 5 max(0, cos(z1, z2))
            with z_i = W_i y_i + b_i.
+
+What y is (`pooling`):
+  cls   BERT's pooler, tanh(W h[CLS] + b) on the last layer (the course's and the paper's choice);
+  mean  the mean of the last layer's states over the real tokens, without the pooler: how
+        sentence-transformers checkpoints such as all-MiniLM-L6-v2 were trained (their pooler
+        weights were never trained).
 """
 from __future__ import annotations
 
@@ -104,17 +110,20 @@ class MultitaskBert(nn.Module):
     `hidden` (B, T, H) entering layer `cache_layer` and attention_mask.
     """
 
-    def __init__(self, encoder: Bert, pair_encoding: str = "cross", dropout: float = 0.1):
+    def __init__(self, encoder: Bert, pair_encoding: str = "cross", dropout: float = 0.1, pooling: str = "cls"):
         super().__init__()
         if pair_encoding not in ("cross", "siamese"):
             raise ValueError(f"pair_encoding must be cross or siamese, not {pair_encoding!r}")
+        if pooling not in ("cls", "mean"):
+            raise ValueError(f"pooling must be cls or mean, not {pooling!r}")
         H = encoder.config.hidden_size
         self.encoder = encoder
-        self.pair_encoding = pair_encoding
+        self.pair_encoding, self.pooling = pair_encoding, pooling
         siamese = pair_encoding == "siamese"
         self.heads = nn.ModuleDict({"sst": SentimentHead(H, dropout), "para": ParaphraseHead(H, dropout, siamese),
                                     "sts": SimilarityHead(H, dropout, siamese)})
         self.frozen_upto: int | None = None  # see freeze()
+        self.freeze(None)
 
     # ------------------------------------------------------------------ freezing
     def freeze(self, upto: int | None) -> None:
@@ -130,6 +139,8 @@ class MultitaskBert(nn.Module):
             p.requires_grad_(True)
         for m in self.frozen_modules():
             m.requires_grad_(False)
+        if self.pooling == "mean":  # unused: no gradient, not in the optimiser
+            self.encoder.pooler.requires_grad_(False)
         self.train(self.training)
 
     def frozen_modules(self) -> list[nn.Module]:
@@ -162,9 +173,15 @@ class MultitaskBert(nn.Module):
         return hs
 
     def from_hidden(self, task: str, hs: list[torch.Tensor], masks: list[torch.Tensor], layer: int) -> torch.Tensor:
-        pooled = [self.encoder.pool(self.encoder.encode(h, m, start=layer, first_only=True))
-                  for h, m in zip(hs, masks)]
-        return self.heads[task](*pooled)
+        return self.heads[task](*[self.pool(h, m, layer) for h, m in zip(hs, masks)])
+
+    def pool(self, h: torch.Tensor, mask: torch.Tensor, layer: int) -> torch.Tensor:
+        """y of one sequence from the states entering `layer`: (B, T, H) -> (B, H)."""
+        if self.pooling == "cls":  # only [CLS] is read: the last layer computes it alone
+            return self.encoder.pool(self.encoder.encode(h, mask, start=layer, first_only=True))
+        h = self.encoder.encode(h, mask, start=layer)
+        m = mask.unsqueeze(-1).to(h.dtype)
+        return (h * m).sum(1) / m.sum(1).clamp(min=1)
 
     def forward(self, task: str, inputs: list[dict], layer: int = 0) -> torch.Tensor:
         masks = [seq["attention_mask"] for seq in inputs]

@@ -121,6 +121,28 @@ def test_first_only_matches_reference_values_and_gradients(minilm_dir, ours_impl
         torch.testing.assert_close(ours_grad, ref_grad, atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("layer", [0, 4])
+def test_mean_pooling_matches_sentence_transformers_pooling_of_the_reference(minilm_dir, layer):
+    """--pooling mean: y is the reference's last hidden state averaged over the unpadded tokens
+    (sentence-transformers' mean pooling, written out here), whatever layer the encoding starts at."""
+    from heads import MultitaskBert
+    ours, ref = _dropout_free_pair(minilm_dir)
+    model = MultitaskBert(ours, "siamese", dropout=0.0, pooling="mean").eval()
+    batch = load_tokenizer(minilm_dir)(SENTS)
+    mask = batch["attention_mask"]
+    assert (mask == 0).any()  # padding present: a plain mean would differ
+    hs = model.hidden_at([batch], layer)
+    y = model.pool(hs[0], mask, layer)
+    with torch.no_grad():
+        last = ref.eval()(**batch).last_hidden_state
+    expected = torch.stack([last[i, mask[i].bool()].mean(0) for i in range(len(SENTS))])
+    torch.testing.assert_close(y, expected, atol=1e-5, rtol=0)
+    assert not any(p.requires_grad for p in model.encoder.pooler.parameters())
+    model.freeze(2)  # freezing again leaves the unused pooler out of training
+    assert not any(p.requires_grad for p in model.encoder.pooler.parameters())
+    assert model.encoder.layers[2].qkv.weight.requires_grad
+
+
 def test_first_only_with_no_layer_to_run_and_with_hidden_states(minilm_dir):
     ours = load_bert(minilm_dir).eval()
     h = torch.randn(2, 5, 384)

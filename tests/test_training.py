@@ -140,12 +140,19 @@ def test_overfits_cross(cross_run):
     check_learnt(*cross_run)
 
 
-def test_overfits_siamese(tmp_path, inputs):
-    cfg = config(tmp_path, *inputs, pair_encoding="siamese")
+@pytest.mark.parametrize("pooling", ["cls", "mean"])
+def test_overfits_siamese(tmp_path, inputs, capsys, pooling):
+    cfg = config(tmp_path, *inputs, pair_encoding="siamese", pooling=pooling)
     best = train(cfg)
     check_learnt(cfg, best)
     model, saved, _ = model_from_checkpoint(tmp_path / "run" / "best.pt")
     assert saved.pair_encoding == "siamese" and hasattr(model.heads["para"], "w1")
+    assert model.pooling == pooling
+    # the checkpoint alone rebuilds the same model: evaluation scores what training reported
+    sts_dev = Path(cfg.data_dir) / COURSE_FILES["sts"]["dev"]
+    assert evaluate_mod.main(["--checkpoint", str(tmp_path / "run" / "best.pt"), "--device", "cpu",
+                              "--score", "sts", str(sts_dev)]) == 0
+    assert f"sts_pearson {best['sts_pearson']:.4f}" in capsys.readouterr().out
 
 
 def test_bf16_autocast_learns_on_cpu(tmp_path, inputs, caplog):

@@ -67,7 +67,7 @@ def model_from_checkpoint(path) -> tuple[MultitaskBert, TrainConfig, dict]:
     ckpt = read_checkpoint(path)
     cfg = TrainConfig.from_dict(ckpt["config"])
     model = MultitaskBert(Bert(BertConfig(**ckpt["bert_config"]), attn_impl=cfg.attn_impl), cfg.pair_encoding,
-                          cfg.head_dropout)
+                          cfg.head_dropout, cfg.pooling)
     model.load_state_dict(ckpt["model"])
     return model, cfg, ckpt
 

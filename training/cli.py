@@ -32,6 +32,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--pair-encoding", choices=["cross", "siamese"], default=D.pair_encoding,
                    help="cross: both sentences in one sequence; siamese: each encoded alone "
                         "(the 'Freeze Your Layers' paper's heads)")
+    g.add_argument("--pooling", choices=["cls", "mean"], default=D.pooling,
+                   help="sentence or pair vector the heads read: cls, BERT's pooler on [CLS] (the course's); "
+                        "mean, the last layer's states averaged over the real tokens, as sentence-transformers "
+                        "checkpoints like all-MiniLM-L6-v2 were trained (their pooler is untrained)")
     g.add_argument("--max-length", type=int, default=D.max_length, help="truncate sequences to this many tokens")
     g.add_argument("--head-dropout", type=float, default=D.head_dropout, help="dropout before the task heads")
     g.add_argument("--attn-impl", choices=["auto", "sdpa", "matmul"], default=D.attn_impl,
@@ -156,7 +160,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
              if getattr(args, f"{t}_{s}")}
     sampling = args.task_sampling or ("mixed" if args.pcgrad else "mtdnn")
     return TrainConfig(
-        model=args.model, pair_encoding=args.pair_encoding, max_length=args.max_length,
+        model=args.model, pair_encoding=args.pair_encoding, pooling=args.pooling, max_length=args.max_length,
         head_dropout=args.head_dropout, attn_impl=args.attn_impl, data_dir=args.data_dir, files=files,
         tasks=tuple(args.tasks), max_train_examples=args.max_train_examples, strict=args.strict,
         pair_swap=args.pair_swap,
