@@ -146,6 +146,15 @@ def test_resume_runs_exactly_the_unfinished_runs(inputs, tmp_path, monkeypatch, 
     assert S.main(sweep_args(data, ckpt, tmp_path, "--in-process", "--lr", "0.5")) == 2 and calls == []
 
 
+def test_pooling_and_ema_reach_every_run(inputs, tmp_path, monkeypatch):
+    data, ckpt = inputs
+    seen = []
+    fake = fake_training([])
+    monkeypatch.setattr(S, "measure", lambda cfg, threads=None: seen.append(cfg) or fake(cfg, threads))
+    assert S.main(sweep_args(data, ckpt, tmp_path, "--in-process", "--pooling", "mean", "--ema-decay", "0.99")) == 0
+    assert len(seen) == 4 and all(c.pooling == "mean" and c.ema_decay == 0.99 for c in seen)
+
+
 def test_bad_arguments_fail_before_training(inputs, tmp_path, capsys):
     data, ckpt = inputs
     with pytest.raises(SystemExit):
@@ -155,6 +164,9 @@ def test_bad_arguments_fail_before_training(inputs, tmp_path, capsys):
     assert "only 8 training examples" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         S.main(sweep_args(data, ckpt, tmp_path, "--depths", "-2"))
+    with pytest.raises(SystemExit):
+        S.main(sweep_args(data, ckpt, tmp_path, "--ema-decay", "1"))
+    assert "--ema-decay must be in [0, 1)" in capsys.readouterr().err
 
 
 # ----------------------------------------------------------------------------- report

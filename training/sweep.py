@@ -294,7 +294,8 @@ def base_config(args: argparse.Namespace) -> TrainConfig:
     return TrainConfig(
         model=args.model, data_dir=args.data_dir, tasks=tuple(args.tasks), epochs=args.epochs, lr=args.lr,
         batch_size=args.batch_size, eval_batch_size=args.eval_batch_size, max_length=args.max_length,
-        pair_encoding=args.pair_encoding, head_dropout=args.head_dropout, warmup_ratio=args.warmup_ratio,
+        pair_encoding=args.pair_encoding, pooling=args.pooling, head_dropout=args.head_dropout,
+        ema_decay=args.ema_decay, warmup_ratio=args.warmup_ratio,
         weight_decay=args.weight_decay, task_sampling=args.task_sampling, frozen_cache=args.frozen_cache,
         device=args.device, precision=args.precision, log_every=args.log_every, save_every=0, keep_last=1)
 
@@ -473,7 +474,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-length", type=int, default=D.max_length, help="(default: %(default)s)")
     g.add_argument("--pair-encoding", choices=["cross", "siamese"], default=D.pair_encoding,
                    help="(default: %(default)s)")
+    g.add_argument("--pooling", choices=["cls", "mean"], default=D.pooling, help="(default: %(default)s)")
     g.add_argument("--head-dropout", type=float, default=D.head_dropout, help="(default: %(default)s)")
+    g.add_argument("--ema-decay", type=float, default=D.ema_decay, metavar="D", help="(default: off)")
     g.add_argument("--warmup-ratio", type=float, default=D.warmup_ratio, help="(default: %(default)s)")
     g.add_argument("--weight-decay", type=float, default=D.weight_decay, help="(default: %(default)s)")
     g.add_argument("--task-sampling", choices=["mtdnn", "proportional", "round-robin", "annealed", "mixed"],
@@ -512,6 +515,8 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.threads is not None and args.threads < 1:
         p.error("--threads must be >= 1")
+    if args.ema_decay is not None and not 0 <= args.ema_decay < 1:
+        p.error(f"--ema-decay must be in [0, 1), not {args.ema_decay}")
     if -1 in args.depths and 0 in args.depths:
         log.warning("--depths -1 and 0 both freeze exactly the embeddings: their runs are identical")
     for task in args.tasks:
