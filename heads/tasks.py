@@ -5,7 +5,9 @@ Pair tasks come in two encodings (`pair_encoding`):
   cross    both sentences in one sequence, [CLS] a [SEP] b [SEP] with token type ids; one pooled y.
   siamese  each sentence encoded alone; pooled y1, y2. The heads are the "Freeze Your Layers"
            paper's: paraphrase logit (W1 y1 + b1)^T (W2 y2 + b2); similarity 5 max(0, cos(z1, z2))
-           with z_i = W_i y_i + b_i.
+           with z_i = W_i y_i + b_i. W_i start random (nn.Linear's initialisation), or as the
+           identity (`siamese_init="identity"`), so z_i = y_i and the similarity head starts as the
+           plain cosine of the encoder's vectors.
 
 What y is (`pooling`):
   cls   BERT's pooler, tanh(W h[CLS] + b) on the last layer (the course's and the paper's choice);
@@ -44,12 +46,16 @@ class _PairHead(nn.Module):
     """A head over a cross-encoded pair (one pooled y -> linear) or a siamese pair (y1, y2 ->
     z_i = W_i y_i + b_i)."""
 
-    def __init__(self, hidden: int, dropout: float, siamese: bool):
+    def __init__(self, hidden: int, dropout: float, siamese: bool, identity_init: bool = False):
         super().__init__()
         self.siamese = siamese
         self.drop = nn.Dropout(dropout)
         if siamese:
             self.w1, self.w2 = nn.Linear(hidden, hidden), nn.Linear(hidden, hidden)
+            if identity_init:  # z_i = y_i at the start: the heads begin from the encoder's own geometry
+                for w in (self.w1, self.w2):
+                    nn.init.eye_(w.weight)
+                    nn.init.zeros_(w.bias)
         else:
             self.out = nn.Linear(hidden, 1)
 
@@ -110,18 +116,21 @@ class MultitaskBert(nn.Module):
     `hidden` (B, T, H) entering layer `cache_layer` and attention_mask.
     """
 
-    def __init__(self, encoder: Bert, pair_encoding: str = "cross", dropout: float = 0.1, pooling: str = "cls"):
+    def __init__(self, encoder: Bert, pair_encoding: str = "cross", dropout: float = 0.1, pooling: str = "cls",
+                 siamese_init: str = "random"):
         super().__init__()
         if pair_encoding not in ("cross", "siamese"):
             raise ValueError(f"pair_encoding must be cross or siamese, not {pair_encoding!r}")
         if pooling not in ("cls", "mean"):
             raise ValueError(f"pooling must be cls or mean, not {pooling!r}")
+        if siamese_init not in ("random", "identity"):
+            raise ValueError(f"siamese_init must be random or identity, not {siamese_init!r}")
         H = encoder.config.hidden_size
         self.encoder = encoder
         self.pair_encoding, self.pooling = pair_encoding, pooling
-        siamese = pair_encoding == "siamese"
-        self.heads = nn.ModuleDict({"sst": SentimentHead(H, dropout), "para": ParaphraseHead(H, dropout, siamese),
-                                    "sts": SimilarityHead(H, dropout, siamese)})
+        siamese, eye = pair_encoding == "siamese", siamese_init == "identity"
+        self.heads = nn.ModuleDict({"sst": SentimentHead(H, dropout), "para": ParaphraseHead(H, dropout, siamese, eye),
+                                    "sts": SimilarityHead(H, dropout, siamese, eye)})
         self.frozen_upto: int | None = None  # see freeze()
         self.freeze(None)
 

@@ -129,6 +129,12 @@ def test_pair_swap_needs_cross_encoding(args, capsys):
     assert "--pair-swap is for --pair-encoding cross" in one_error_line(err)
 
 
+def test_siamese_init_needs_siamese_encoding(args, capsys):
+    rc, _, err = run(args + ["--siamese-init", "identity"], capsys)
+    assert rc == 2
+    assert "--siamese-init is for --pair-encoding siamese" in one_error_line(err)
+
+
 def test_pair_swap_doubles_the_pair_tasks_training_sets_only(tmp_path):
     from minbert import Tokenizer
     from training.trainer import load_data

@@ -273,3 +273,19 @@ def test_predict_sts_is_the_clamped_score():
     got = predict("sts", out)
     assert got.dtype == torch.float32
     assert got.tolist() == [0.0, 0.0, 2.5, 5.0, 5.0]
+
+
+def test_siamese_identity_init_starts_from_the_encoders_cosine_and_dot():
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=20, hidden_size=H, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16)
+    eye = MultitaskBert(Bert(cfg), "siamese", dropout=0.0, siamese_init="identity").eval()
+    rnd = MultitaskBert(Bert(cfg), "siamese", dropout=0.0).eval()
+    y1, y2 = pooled(8, B=16), pooled(9, B=16)
+    a, b = np_(y1), np_(y2)
+    cos = np.einsum("bh,bh->b", a, b) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+    with torch.no_grad():
+        np.testing.assert_allclose(np_(eye.heads["sts"](y1, y2)), 5.0 * np.maximum(0.0, cos), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(np_(eye.heads["para"](y1, y2)), np.einsum("bh,bh->b", a, b), rtol=1e-5, atol=1e-5)
+        assert not torch.allclose(rnd.heads["sts"](y1, y2), eye.heads["sts"](y1, y2))  # the default stays random
+    with pytest.raises(ValueError, match="siamese_init"):
+        MultitaskBert(Bert(cfg), "siamese", siamese_init="eye")

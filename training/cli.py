@@ -32,6 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--pair-encoding", choices=["cross", "siamese"], default=D.pair_encoding,
                    help="cross: both sentences in one sequence; siamese: each encoded alone "
                         "(the 'Freeze Your Layers' paper's heads)")
+    g.add_argument("--siamese-init", choices=["random", "identity"], default=D.siamese_init,
+                   help="siamese heads' projections W_i at the start: random (the paper's nn.Linear) or identity, "
+                        "so the similarity head starts as the cosine of the encoder's own vectors")
     g.add_argument("--pooling", choices=["cls", "mean"], default=D.pooling,
                    help="sentence or pair vector the heads read: cls, BERT's pooler on [CLS] (the course's); "
                         "mean, the last layer's states averaged over the real tokens, as sentence-transformers "
@@ -160,7 +163,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
              if getattr(args, f"{t}_{s}")}
     sampling = args.task_sampling or ("mixed" if args.pcgrad else "mtdnn")
     return TrainConfig(
-        model=args.model, pair_encoding=args.pair_encoding, pooling=args.pooling, max_length=args.max_length,
+        model=args.model, pair_encoding=args.pair_encoding, pooling=args.pooling,
+        siamese_init=args.siamese_init, max_length=args.max_length,
         head_dropout=args.head_dropout, attn_impl=args.attn_impl, data_dir=args.data_dir, files=files,
         tasks=tuple(args.tasks), max_train_examples=args.max_train_examples, strict=args.strict,
         pair_swap=args.pair_swap,
@@ -200,6 +204,8 @@ def validate(cfg: TrainConfig) -> list[str]:
         errors.append(f"--layer-lr-decay must be in (0, 1], not {cfg.layer_lr_decay}")
     if cfg.ema_decay is not None and not 0 <= cfg.ema_decay < 1:
         errors.append(f"--ema-decay must be in [0, 1), not {cfg.ema_decay}")
+    if cfg.siamese_init != "random" and cfg.pair_encoding != "siamese":
+        errors.append("--siamese-init is for --pair-encoding siamese")
     if cfg.pair_swap and cfg.pair_encoding != "cross":
         errors.append("--pair-swap is for --pair-encoding cross")
     if cfg.max_train_examples is not None and cfg.max_train_examples < 1:

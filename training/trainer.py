@@ -335,7 +335,7 @@ def build_model(cfg: TrainConfig) -> tuple[MultitaskBert, Tokenizer, Path]:
         raise ConfigError(f"{ckpt}: the tokenizer has {tokenizer.vocab_size} tokens but the model's embedding "
                           f"has {encoder.config.vocab_size} rows; the vocabulary belongs to another model")
     torch.manual_seed(cfg.seed)  # head initialisation
-    model = MultitaskBert(encoder, cfg.pair_encoding, cfg.head_dropout, cfg.pooling)
+    model = MultitaskBert(encoder, cfg.pair_encoding, cfg.head_dropout, cfg.pooling, cfg.siamese_init)
     try:
         model.freeze(cfg.freeze_upto)
     except ValueError as e:
