@@ -5,9 +5,11 @@ Pair tasks come in two encodings (`pair_encoding`):
   cross    both sentences in one sequence, [CLS] a [SEP] b [SEP] with token type ids; one pooled y.
   siamese  each sentence encoded alone; pooled y1, y2. The heads are the "Freeze Your Layers"
            paper's: paraphrase logit (W1 y1 + b1)^T (W2 y2 + b2); similarity 5 max(0, cos(z1, z2))
-           with z_i = W_i y_i + b_i. W_i start random (nn.Linear's initialisation), or as the
-           identity (`siamese_init="identity"`), so z_i = y_i and the similarity head starts as the
-           plain cosine of the encoder's vectors.
+           with z_i = W_i y_i + b_i. W_i start random (nn.Linear's initialisation), or, for the
+           similarity head, as the identity (`siamese_init="identity"`), so that it starts as the
+           plain cosine of the encoder's vectors. (Not the paraphrase head: its logit would start as
+           the raw dot product y1 . y2, tens for MiniLM's vectors, and measured here it then
+           predicted "paraphrase" for everything after an epoch.)
 
 What y is (`pooling`):
   cls   BERT's pooler, tanh(W h[CLS] + b) on the last layer (the course's and the paper's choice);
@@ -129,7 +131,7 @@ class MultitaskBert(nn.Module):
         self.encoder = encoder
         self.pair_encoding, self.pooling = pair_encoding, pooling
         siamese, eye = pair_encoding == "siamese", siamese_init == "identity"
-        self.heads = nn.ModuleDict({"sst": SentimentHead(H, dropout), "para": ParaphraseHead(H, dropout, siamese, eye),
+        self.heads = nn.ModuleDict({"sst": SentimentHead(H, dropout), "para": ParaphraseHead(H, dropout, siamese),
                                     "sts": SimilarityHead(H, dropout, siamese, eye)})
         self.frozen_upto: int | None = None  # see freeze()
         self.freeze(None)

@@ -33,8 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="cross: both sentences in one sequence; siamese: each encoded alone "
                         "(the 'Freeze Your Layers' paper's heads)")
     g.add_argument("--siamese-init", choices=["random", "identity"], default=D.siamese_init,
-                   help="siamese heads' projections W_i at the start: random (the paper's nn.Linear) or identity, "
-                        "so the similarity head starts as the cosine of the encoder's own vectors")
+                   help="the siamese similarity head's projections W_i at the start: random (the paper's "
+                        "nn.Linear) or identity, so it starts as the cosine of the encoder's own vectors "
+                        "(the paraphrase head's stay random)")
     g.add_argument("--pooling", choices=["cls", "mean"], default=D.pooling,
                    help="sentence or pair vector the heads read: cls, BERT's pooler on [CLS] (the course's); "
                         "mean, the last layer's states averaged over the real tokens, as sentence-transformers "

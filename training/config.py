@@ -15,7 +15,7 @@ class TrainConfig:
     # model
     model: str = "minilm-l6"             # local dir, alias, or hub id
     pair_encoding: str = "cross"         # cross | siamese
-    siamese_init: str = "random"         # random | identity: the siamese heads' W_i at the start
+    siamese_init: str = "random"         # random | identity: the siamese similarity head's W_i
     pooling: str = "cls"                 # cls (BERT's pooler) | mean (over the real tokens)
     max_length: int = 128
     head_dropout: float = 0.1
