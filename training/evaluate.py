@@ -24,6 +24,7 @@ from data.batching import TaskData, encode_task, eval_batches
 from data.loaders import COURSE_FILES, TASKS, load_task_file
 from heads import MultitaskBert, predict
 
+from .config import CHOICES
 from .progress import setup_logging
 
 log = logging.getLogger(__name__)
@@ -140,7 +141,7 @@ def main(argv=None) -> int:
     p.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the run's tokenizer/)")
     p.add_argument("--batch-size", type=int, default=256, help="examples per batch (default: %(default)s)")
     p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N")
-    p.add_argument("--precision", choices=["auto", "fp32", "bf16"], default=None,
+    p.add_argument("--precision", choices=CHOICES["precision"], default=None,
                    help="autocast for inference (default: the training run's --precision)")
     args = p.parse_args(argv)
     setup_logging()

@@ -45,7 +45,7 @@ from typing import Hashable, Sequence
 
 from data.loaders import COURSE_FILES, LABEL_COLUMN, TASKS, TEXT_COLUMNS, Example, load_task_file
 
-from .config import TrainConfig
+from .config import CHOICES, TrainConfig
 from .progress import setup_logging
 
 log = logging.getLogger(__name__)
@@ -472,19 +472,19 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--batch-size", type=int, default=D.batch_size, help="(default: %(default)s)")
     g.add_argument("--eval-batch-size", type=int, default=D.eval_batch_size, help="(default: %(default)s)")
     g.add_argument("--max-length", type=int, default=D.max_length, help="(default: %(default)s)")
-    g.add_argument("--pair-encoding", choices=["cross", "siamese"], default=D.pair_encoding,
+    g.add_argument("--pair-encoding", choices=CHOICES["pair_encoding"], default=D.pair_encoding,
                    help="(default: %(default)s)")
-    g.add_argument("--pooling", choices=["cls", "mean"], default=D.pooling, help="(default: %(default)s)")
+    g.add_argument("--pooling", choices=CHOICES["pooling"], default=D.pooling, help="(default: %(default)s)")
     g.add_argument("--head-dropout", type=float, default=D.head_dropout, help="(default: %(default)s)")
     g.add_argument("--ema-decay", type=float, default=D.ema_decay, metavar="D", help="(default: off)")
     g.add_argument("--warmup-ratio", type=float, default=D.warmup_ratio, help="(default: %(default)s)")
     g.add_argument("--weight-decay", type=float, default=D.weight_decay, help="(default: %(default)s)")
-    g.add_argument("--task-sampling", choices=["mtdnn", "proportional", "round-robin", "annealed", "mixed"],
+    g.add_argument("--task-sampling", choices=CHOICES["task_sampling"],
                    default=D.task_sampling, help="(default: %(default)s)")
-    g.add_argument("--frozen-cache", choices=["auto", "memory", "disk", "off"], default=D.frozen_cache,
+    g.add_argument("--frozen-cache", choices=CHOICES["frozen_cache"], default=D.frozen_cache,
                    help="(default: %(default)s)")
     g.add_argument("--device", default=D.device, help="(default: %(default)s)")
-    g.add_argument("--precision", choices=["auto", "fp32", "bf16"], default=D.precision, help="(default: %(default)s)")
+    g.add_argument("--precision", choices=CHOICES["precision"], default=D.precision, help="(default: %(default)s)")
     g.add_argument("--log-every", type=int, default=2, help="log running losses every N steps, for "
                    "`python -m training.report --curves` (default: %(default)s)")
 
