@@ -24,6 +24,7 @@ class TaskData:
     task: str
     examples: list[Example]
     sequences: list[list[tuple[list[int], list[int]]]]
+    swapped: "TaskData | None" = None  # the same pairs as (b, a), for predicting in both orders
 
     def __len__(self) -> int:
         return len(self.examples)
@@ -58,16 +59,20 @@ class Batch:
 
 
 def encode_task(task: str, examples: list[Example], tokenizer: Tokenizer, pair_encoding: str = "cross",
-                max_length: int = 128) -> TaskData:
-    a = [e.text_a for e in examples]
+                max_length: int = 128, both_orders: bool = False) -> TaskData:
+    """`both_orders` (cross-encoded pairs only): also encode every pair as (b, a) in `.swapped`,
+    so that predictions can average the two orders."""
+    a, b = [e.text_a for e in examples], [e.text_b for e in examples]
+    swapped = None
     if task == "sst":
         sequences = [tokenizer.encode(a, max_length=max_length)]
     elif pair_encoding == "cross":
-        sequences = [tokenizer.encode(a, [e.text_b for e in examples], max_length=max_length)]
+        sequences = [tokenizer.encode(a, b, max_length=max_length)]
+        if both_orders:
+            swapped = TaskData(task, examples, [tokenizer.encode(b, a, max_length=max_length)])
     else:
-        sequences = [tokenizer.encode(a, max_length=max_length),
-                     tokenizer.encode([e.text_b for e in examples], max_length=max_length)]
-    return TaskData(task, examples, sequences)
+        sequences = [tokenizer.encode(a, max_length=max_length), tokenizer.encode(b, max_length=max_length)]
+    return TaskData(task, examples, sequences, swapped)
 
 
 def with_swapped_pairs(examples: list[Example]) -> list[Example]:

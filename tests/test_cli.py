@@ -129,6 +129,12 @@ def test_pair_swap_needs_cross_encoding(args, capsys):
     assert "--pair-swap is for --pair-encoding cross" in one_error_line(err)
 
 
+def test_predict_both_orders_needs_cross_encoding(args, capsys):
+    rc, _, err = run(args + ["--predict-both-orders", "--pair-encoding", "siamese"], capsys)
+    assert rc == 2
+    assert "--predict-both-orders is for --pair-encoding cross" in one_error_line(err)
+
+
 def test_siamese_init_needs_siamese_encoding(args, capsys):
     rc, _, err = run(args + ["--siamese-init", "identity"], capsys)
     assert rc == 2
@@ -154,6 +160,27 @@ def test_pair_swap_doubles_the_pair_tasks_training_sets_only(tmp_path):
         ids, types = both.sequences[0][len(orig)]
         want_ids, want_types = tok.encode([orig.examples[0].text_b], [orig.examples[0].text_a])[0]
         assert (ids, types) == (want_ids, want_types)
+
+
+def test_predict_both_orders_encodes_the_swapped_dev_and_test_pairs_only(tmp_path):
+    from minbert import Tokenizer
+    from training.trainer import load_data
+
+    data, ckpt = write_course_files(tmp_path / "data"), tiny_checkpoint(tmp_path / "ckpt")
+    for task in TASKS:  # the test files: the dev files without their labels will do
+        labelled = (data / COURSE_FILES[task]["dev"]).read_text().splitlines()
+        (data / COURSE_FILES[task]["test"]).write_text("".join(r.rsplit("\t", 1)[0] + "\n" for r in labelled))
+    tok = Tokenizer.from_checkpoint(ckpt)
+    splits = load_data(TrainConfig(model=str(ckpt), data_dir=str(data), predict_both_orders=True), tok)
+    assert all(d.swapped is None for d in splits.train.values())  # training data as it is
+    for split in (splits.dev, splits.test):
+        assert split["sst"].swapped is None
+        for task in ("para", "sts"):
+            d = split[task]
+            assert d.swapped.examples == d.examples  # same ids and labels: predictions line up
+            a, b = [e.text_a for e in d.examples], [e.text_b for e in d.examples]
+            assert d.swapped.sequences == [tok.encode(b, a)]
+            assert d.sequences == [tok.encode(a, b)]
 
 
 def test_zero_epochs(args, capsys):

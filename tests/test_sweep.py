@@ -146,13 +146,15 @@ def test_resume_runs_exactly_the_unfinished_runs(inputs, tmp_path, monkeypatch, 
     assert S.main(sweep_args(data, ckpt, tmp_path, "--in-process", "--lr", "0.5")) == 2 and calls == []
 
 
-def test_pooling_and_ema_reach_every_run(inputs, tmp_path, monkeypatch):
+def test_pooling_ema_and_both_orders_reach_every_run(inputs, tmp_path, monkeypatch):
     data, ckpt = inputs
     seen = []
     fake = fake_training([])
     monkeypatch.setattr(S, "measure", lambda cfg, threads=None: seen.append(cfg) or fake(cfg, threads))
-    assert S.main(sweep_args(data, ckpt, tmp_path, "--in-process", "--pooling", "mean", "--ema-decay", "0.99")) == 0
-    assert len(seen) == 4 and all(c.pooling == "mean" and c.ema_decay == 0.99 for c in seen)
+    assert S.main(sweep_args(data, ckpt, tmp_path, "--in-process", "--pooling", "mean", "--ema-decay", "0.99",
+                             "--predict-both-orders")) == 0
+    assert len(seen) == 4
+    assert all(c.pooling == "mean" and c.ema_decay == 0.99 and c.predict_both_orders for c in seen)
 
 
 def test_bad_arguments_fail_before_training(inputs, tmp_path, capsys):
@@ -167,6 +169,9 @@ def test_bad_arguments_fail_before_training(inputs, tmp_path, capsys):
     with pytest.raises(SystemExit):
         S.main(sweep_args(data, ckpt, tmp_path, "--ema-decay", "1"))
     assert "--ema-decay must be in [0, 1)" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        S.main(sweep_args(data, ckpt, tmp_path, "--pair-encoding", "siamese", "--predict-both-orders"))
+    assert "--predict-both-orders is for --pair-encoding cross" in capsys.readouterr().err
 
 
 # ----------------------------------------------------------------------------- report

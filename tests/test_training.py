@@ -337,6 +337,72 @@ def test_evaluate_rewrites_the_same_predictions_and_scores(cross_run, tmp_path, 
                      f"{sts_dev}: sts_pearson {best['sts_pearson']:.4f} ({N} examples)"]
 
 
+def write_pairs(path, pairs):
+    path.write_text("\tid\tsentence1\tsentence2\n" + "".join(f"{j}\tx{j}\t{a}\t{b}\n" for j, (a, b) in enumerate(pairs)))
+    return path
+
+
+def predicted(path) -> list[float]:
+    return [v for _, v in read_predictions(path)[1]]
+
+
+def test_evaluate_both_orders_averages_the_two_orders(cross_run, tmp_path, capsys):
+    cfg, _ = cross_run
+    best = Path(cfg.out_dir) / "best.pt"
+    model, _, _ = model_from_checkpoint(best)
+    tokenizer = Tokenizer.from_checkpoint(Path(cfg.out_dir) / "tokenizer")
+    model.eval()
+    pairs = [(sent(j + 4, 2 + j % 3), sent(j + 11, 1 + j % 4)) for j in range(7)]  # lengths vary: padding differs
+    src, rev = write_pairs(tmp_path / "ab.csv", pairs), write_pairs(tmp_path / "ba.csv", [(b, a) for a, b in pairs])
+    for task in ("para", "sts"):
+        one, both = tmp_path / f"{task}-one.csv", tmp_path / f"{task}-both.csv"
+        both_rev = tmp_path / f"{task}-both-rev.csv"
+        base = ["--checkpoint", str(best), "--device", "cpu", "--batch-size", "3"]
+        assert evaluate_mod.main(base + ["--predict", task, str(src), str(one)]) == 0
+        assert evaluate_mod.main(base + ["--both-orders", "--predict", task, str(src), str(both),
+                                         "--predict", task, str(rev), str(both_rev)]) == 0
+        # one pair at a time, no padding: the mean of the head's outputs for (a, b) and (b, a)
+        with torch.no_grad():
+            want = [predict(task, (model(task, [tokenizer([a], [b])]) + model(task, [tokenizer([b], [a])])) / 2).item()
+                    for a, b in pairs]
+        tol = 1e-4 if task == "sts" else 0  # similarity written with 4 decimals
+        np.testing.assert_allclose(predicted(both), want, atol=tol)
+        np.testing.assert_allclose(predicted(both_rev), want, atol=tol)  # the order in the file no longer matters
+        if task == "sts":  # the untrained-for symmetry is real: one order alone gives other scores
+            assert np.abs(np.array(predicted(one)) - want).max() > 1e-3
+    capsys.readouterr()
+
+
+def test_evaluate_both_orders_defaults_to_the_runs(cross_run, tmp_path, capsys):
+    cfg, _ = cross_run
+    run = tmp_path / "run"
+    shutil.copytree(cfg.out_dir, run)
+    ckpt = read_checkpoint(run / "best.pt")
+    ckpt["config"]["predict_both_orders"] = True
+    torch.save(ckpt, run / "best.pt")
+    sts_dev = Path(cfg.data_dir) / COURSE_FILES["sts"]["dev"]
+    outs = {}
+    for name, extra in (("default", []), ("on", ["--both-orders"]), ("off", ["--no-both-orders"])):
+        outs[name] = tmp_path / f"{name}.csv"
+        assert evaluate_mod.main(["--checkpoint", str(run / "best.pt"), "--device", "cpu",
+                                  "--predict", "sts", str(sts_dev), str(outs[name]), *extra]) == 0
+    assert outs["default"].read_text() == outs["on"].read_text() != outs["off"].read_text()
+    capsys.readouterr()
+
+
+def test_evaluate_both_orders_needs_a_cross_encoder(cross_run, tmp_path, capsys):
+    from training.checkpointing import save_checkpoint
+
+    cfg, _ = cross_run
+    siamese = TrainConfig.from_dict({**cfg.to_dict(), "pair_encoding": "siamese"})
+    save_checkpoint(tmp_path / "best.pt", MultitaskBert(load_bert(cfg.model), "siamese"), siamese)
+    with pytest.raises(SystemExit):
+        evaluate_mod.main(["--checkpoint", str(tmp_path / "best.pt"), "--device", "cpu", "--both-orders",
+                           "--tokenizer", str(Path(cfg.out_dir) / "tokenizer"),
+                           "--score", "sts", str(Path(cfg.data_dir) / COURSE_FILES["sts"]["dev"])])
+    assert "--both-orders is for cross-encoded pairs; this model is siamese" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("flag, expected", [(None, "fp32"), ("bf16", "bf16"), ("fp32", "fp32")])
 def test_evaluate_precision_defaults_to_the_runs(cross_run, tmp_path, monkeypatch, flag, expected):
     import training.trainer as trainer_mod

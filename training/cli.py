@@ -58,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--pair-swap", action="store_true",
                    help="with --pair-encoding cross, add every paraphrase and similarity training pair in the "
                         "other order too (both tasks are symmetric): twice the pairs, twice their steps per epoch")
+    g.add_argument("--predict-both-orders", action="store_true",
+                   help="with --pair-encoding cross, predict every dev/test paraphrase and similarity pair as "
+                        "(a, b) and (b, a) and average the two (logits, scores): twice their inference time")
     g.add_argument("--strict", action="store_true", help="a malformed data row is an error instead of "
                    "being skipped and reported")
 
@@ -168,7 +171,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         siamese_init=args.siamese_init, max_length=args.max_length,
         head_dropout=args.head_dropout, attn_impl=args.attn_impl, data_dir=args.data_dir, files=files,
         tasks=tuple(args.tasks), max_train_examples=args.max_train_examples, strict=args.strict,
-        pair_swap=args.pair_swap,
+        pair_swap=args.pair_swap, predict_both_orders=args.predict_both_orders,
         epochs=args.epochs, batch_size=args.batch_size, eval_batch_size=args.eval_batch_size,
         task_sampling=sampling, max_batches_per_task=args.max_batches_per_task, bucket=args.bucket,
         lr=args.lr, weight_decay=args.weight_decay, warmup_ratio=args.warmup_ratio,
@@ -209,6 +212,8 @@ def validate(cfg: TrainConfig) -> list[str]:
         errors.append("--siamese-init is for --pair-encoding siamese")
     if cfg.pair_swap and cfg.pair_encoding != "cross":
         errors.append("--pair-swap is for --pair-encoding cross")
+    if cfg.predict_both_orders and cfg.pair_encoding != "cross":
+        errors.append("--predict-both-orders is for --pair-encoding cross")
     if cfg.max_train_examples is not None and cfg.max_train_examples < 1:
         errors.append("--max-train-examples must be >= 1")
     if cfg.freeze_upto is not None and cfg.freeze_upto < -1:

@@ -39,6 +39,7 @@ class TrainConfig:
     tasks: tuple[str, ...] = TASKS
     max_train_examples: int | None = None  # per task: first N of a seeded shuffle (quick runs)
     pair_swap: bool = False              # cross: also train on every para/sts pair in the other order
+    predict_both_orders: bool = False    # cross: dev/test pairs predicted as (a, b) and (b, a), averaged
     strict: bool = False
     # schedule
     epochs: int = 3

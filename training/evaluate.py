@@ -34,21 +34,34 @@ METRIC = {"sst": "sst_acc", "para": "para_acc", "sts": "sts_pearson"}
 
 
 @torch.inference_mode()
-def predict_task(model: MultitaskBert, data: TaskData, tokenizer, batch_size: int, device,
-                 autocast=contextlib.nullcontext) -> np.ndarray:
-    """Predictions in the order of data.examples (batches run sorted by length)."""
+def raw_outputs(model: MultitaskBert, data: TaskData, tokenizer, batch_size: int, device,
+                autocast=contextlib.nullcontext) -> torch.Tensor:
+    """The heads' outputs (logits / scores) in the order of data.examples, in fp32 on the CPU;
+    batches run sorted by length."""
     was_training = model.training
     model.eval()
-    preds = np.zeros(len(data), dtype=np.float64)
+    out = None
     try:
         for batch in eval_batches(data, tokenizer, batch_size):
             batch = batch.to(device)
             with autocast():
-                out = model(data.task, batch.inputs)
-            preds[np.asarray(batch.indices)] = predict(data.task, out).float().cpu().numpy()
+                o = model(data.task, batch.inputs).float().cpu()
+            if out is None:
+                out = torch.empty((len(data), *o.shape[1:]))
+            out[torch.as_tensor(batch.indices)] = o
     finally:
         model.train(was_training)
-    return preds
+    return out if out is not None else torch.empty(0)
+
+
+def predict_task(model: MultitaskBert, data: TaskData, tokenizer, batch_size: int, device,
+                 autocast=contextlib.nullcontext) -> np.ndarray:
+    """Predictions in the order of data.examples. Where data has a `.swapped` copy (pairs in both
+    orders), the two orders' outputs are averaged first: the paraphrase logits, the similarity scores."""
+    out = raw_outputs(model, data, tokenizer, batch_size, device, autocast)
+    if data.swapped is not None:
+        out = (out + raw_outputs(model, data.swapped, tokenizer, batch_size, device, autocast)) / 2
+    return predict(data.task, out).double().numpy()
 
 
 def score(task: str, preds: np.ndarray, labels) -> float:
@@ -143,6 +156,9 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N")
     p.add_argument("--precision", choices=CHOICES["precision"], default=None,
                    help="autocast for inference (default: the training run's --precision)")
+    p.add_argument("--both-orders", action=argparse.BooleanOptionalAction, default=None,
+                   help="cross encoding: predict each paraphrase/similarity pair as (a, b) and (b, a) and "
+                   "average (default: the training run's --predict-both-orders)")
     args = p.parse_args(argv)
     setup_logging()
     for task, *_ in args.score + args.predict:
@@ -156,6 +172,9 @@ def main(argv=None) -> int:
     from .trainer import Splits, autocast_dtype, pick_device
 
     model, cfg, _ = model_from_checkpoint(args.checkpoint)
+    both_orders = cfg.predict_both_orders if args.both_orders is None else args.both_orders
+    if both_orders and cfg.pair_encoding != "cross":
+        p.error(f"--both-orders is for cross-encoded pairs; this model is {cfg.pair_encoding}")
     tok_dir = Path(args.tokenizer) if args.tokenizer else Path(args.checkpoint).parent / "tokenizer"
     tokenizer = Tokenizer.from_checkpoint(tok_dir)
     device = pick_device(args.device)
@@ -167,7 +186,7 @@ def main(argv=None) -> int:
 
     def encoded(task, path, labelled):
         examples = load_task_file(path, task, labelled=labelled).examples
-        return encode_task(task, examples, tokenizer, cfg.pair_encoding, cfg.max_length)
+        return encode_task(task, examples, tokenizer, cfg.pair_encoding, cfg.max_length, both_orders)
 
     if args.data_dir:
         splits = Splits({}, {}, {})

@@ -295,7 +295,7 @@ def base_config(args: argparse.Namespace) -> TrainConfig:
         model=args.model, data_dir=args.data_dir, tasks=tuple(args.tasks), epochs=args.epochs, lr=args.lr,
         batch_size=args.batch_size, eval_batch_size=args.eval_batch_size, max_length=args.max_length,
         pair_encoding=args.pair_encoding, pooling=args.pooling, head_dropout=args.head_dropout,
-        ema_decay=args.ema_decay, warmup_ratio=args.warmup_ratio,
+        ema_decay=args.ema_decay, predict_both_orders=args.predict_both_orders, warmup_ratio=args.warmup_ratio,
         weight_decay=args.weight_decay, task_sampling=args.task_sampling, frozen_cache=args.frozen_cache,
         device=args.device, precision=args.precision, log_every=args.log_every, save_every=0, keep_last=1)
 
@@ -477,6 +477,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--pooling", choices=CHOICES["pooling"], default=D.pooling, help="(default: %(default)s)")
     g.add_argument("--head-dropout", type=float, default=D.head_dropout, help="(default: %(default)s)")
     g.add_argument("--ema-decay", type=float, default=D.ema_decay, metavar="D", help="(default: off)")
+    g.add_argument("--predict-both-orders", action="store_true", help="(cross encoding only)")
     g.add_argument("--warmup-ratio", type=float, default=D.warmup_ratio, help="(default: %(default)s)")
     g.add_argument("--weight-decay", type=float, default=D.weight_decay, help="(default: %(default)s)")
     g.add_argument("--task-sampling", choices=CHOICES["task_sampling"],
@@ -515,6 +516,8 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.threads is not None and args.threads < 1:
         p.error("--threads must be >= 1")
+    if args.predict_both_orders and args.pair_encoding != "cross":
+        p.error("--predict-both-orders is for --pair-encoding cross")
     if args.ema_decay is not None and not 0 <= args.ema_decay < 1:
         p.error(f"--ema-decay must be in [0, 1), not {args.ema_decay}")
     if -1 in args.depths and 0 in args.depths:

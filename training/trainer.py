@@ -144,7 +144,8 @@ def load_data(cfg: TrainConfig, tokenizer: Tokenizer) -> Splits:
                 examples = [examples[i] for i in sorted(keep)]
             if split == "train" and cfg.pair_swap and task != "sst" and cfg.pair_encoding == "cross":
                 examples = with_swapped_pairs(examples)
-            target[task] = encode_task(task, examples, tokenizer, cfg.pair_encoding, cfg.max_length)
+            target[task] = encode_task(task, examples, tokenizer, cfg.pair_encoding, cfg.max_length,
+                                       both_orders=cfg.predict_both_orders and split != "train")
     return out
 
 
