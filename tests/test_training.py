@@ -368,7 +368,7 @@ def test_evaluate_both_orders_averages_the_two_orders(cross_run, tmp_path, capsy
         tol = 1e-4 if task == "sts" else 0  # similarity written with 4 decimals
         np.testing.assert_allclose(predicted(both), want, atol=tol)
         np.testing.assert_allclose(predicted(both_rev), want, atol=tol)  # the order in the file no longer matters
-        if task == "sts":  # the untrained-for symmetry is real: one order alone gives other scores
+        if task == "sts":  # the model is not symmetric: one order alone gives other scores
             assert np.abs(np.array(predicted(one)) - want).max() > 1e-3
     capsys.readouterr()
 
