@@ -32,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--pair-encoding", choices=CHOICES["pair_encoding"], default=D.pair_encoding,
                    help="cross: both sentences in one sequence; siamese: each encoded alone "
                         "(the 'Freeze Your Layers' paper's heads)")
-    g.add_argument("--siamese-init", choices=["random", "identity"], default=D.siamese_init,
+    g.add_argument("--siamese-init", choices=CHOICES["siamese_init"], default=D.siamese_init,
                    help="the siamese similarity head's projections W_i at the start: random (the paper's "
                         "nn.Linear) or identity, so it starts as the cosine of the encoder's own vectors "
                         "(the paraphrase head's stay random)")

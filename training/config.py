@@ -10,16 +10,14 @@ from dataclasses import asdict, dataclass, field
 from data.loaders import COURSE_FILES, TASKS
 
 
-PRECISIONS = ("auto", "fp32", "bf16")  # auto: bf16 where the hardware computes it natively
-
-
 # The values of the fields that take one of a few, for every command line that sets them.
 CHOICES = {
     "pair_encoding": ("cross", "siamese"),
     "pooling": ("cls", "mean"),
+    "siamese_init": ("random", "identity"),
     "task_sampling": ("mtdnn", "proportional", "round-robin", "annealed", "mixed"),
     "frozen_cache": ("auto", "memory", "disk", "off"),
-    "precision": ("auto", "fp32", "bf16"),
+    "precision": ("auto", "fp32", "bf16"),  # auto: bf16 where the hardware computes it natively
 }
 
 
