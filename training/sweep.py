@@ -45,6 +45,7 @@ from typing import Hashable, Sequence
 
 from data.loaders import COURSE_FILES, LABEL_COLUMN, TASKS, TEXT_COLUMNS, Example, load_task_file
 
+from .cli import validate
 from .config import CHOICES, TrainConfig
 from .progress import setup_logging
 
@@ -511,21 +512,17 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(logging.DEBUG if args.verbose else logging.INFO)
     args.tasks, args.depths = _unique(args.tasks), _unique(args.depths)
     args.sizes, args.seeds = _unique(args.sizes), _unique(args.seeds)
-    for name in ("epochs", "batch_size", "eval_batch_size", "log_every"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.threads is not None and args.threads < 1:
         p.error("--threads must be >= 1")
-    if args.predict_both_orders and args.pair_encoding != "cross":
-        p.error("--predict-both-orders is for --pair-encoding cross")
-    if args.ema_decay is not None and not 0 <= args.ema_decay < 1:
-        p.error(f"--ema-decay must be in [0, 1), not {args.ema_decay}")
     if -1 in args.depths and 0 in args.depths:
         log.warning("--depths -1 and 0 both freeze exactly the embeddings: their runs are identical")
     for task in args.tasks:
         path = Path(args.data_dir) / COURSE_FILES[task]["train"]
         if not path.is_file():
             p.error(f"{path}: no such file; pass --data-dir pointing at the course's CSV files")
+    errors = validate(base_config(args))  # the training flags every run gets, checked as run_multitask.py does
+    if errors:
+        p.error("\n  ".join(errors))
     layers = _num_layers(args.model)
     deep = [d for d in args.depths if d is not None and layers is not None and d > layers]
     if deep:
