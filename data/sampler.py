@@ -12,8 +12,10 @@ takes batches e*b .. e*b+b-1 of that stream, so
   - uncapped (b = batches per pass): epoch e is exactly pass e, every example once;
   - capped (b = max_batches_per_task): successive epochs continue where the last one stopped,
     rotating through the large task instead of re-drawing its first c batches every epoch;
-  - the sampled modes ("proportional", "annealed", "round-robin") read the same stream, and
-    a task drawn more often than b times just runs on into the next pass (a reshuffle).
+  - the sampled modes ("proportional", "annealed", "round-robin") draw a varying number of
+    batches per task and epoch; each epoch reads on from where that task's earlier epochs
+    stopped (recomputed from (seed, epoch) like everything else), so no batch is skipped or
+    replayed and a task drawn more often than a pass's worth runs on into a fresh permutation.
 """
 from __future__ import annotations
 
@@ -131,33 +133,39 @@ def epoch_schedule(sizes: dict[str, int], batch_size: int, *, epoch: int, seed: 
                 raise ValueError(f"lengths has no entry for task {task!r}")
             if len(lengths[task]) != n:
                 raise ValueError(f"lengths[{task!r}] has {len(lengths[task])} entries but sizes says {n}")
-    alpha = annealing_alpha(epoch, num_epochs) if sampling == "annealed" else 1.0
+    if sampling == "annealed":
+        annealing_alpha(epoch, num_epochs)  # checks epoch < num_epochs
 
     tasks = list(sizes)
     per_pass = [math.ceil(sizes[t] / batch_size) for t in tasks]
     per_epoch = [b if max_batches_per_task is None else min(b, max_batches_per_task) for b in per_pass]
 
-    def read(i: int, count: int) -> list[tuple[int, ...]]:
+    def read(i: int, start: int, count: int) -> list[tuple[int, ...]]:
         t = tasks[i]
-        return _stream(sizes[t], batch_size, seed, i, epoch * per_epoch[i], count,
+        return _stream(sizes[t], batch_size, seed, i, start, count,
                        None if lengths is None else lengths[t], bucket_batches)
 
     if sampling == "mtdnn":
-        pool = [TaskBatch(tasks[i], b) for i in range(len(tasks)) for b in read(i, per_epoch[i])]
+        pool = [TaskBatch(tasks[i], b) for i in range(len(tasks)) for b in read(i, epoch * per_epoch[i], per_epoch[i])]
         order = _rng(seed, epoch, _POOL).permutation(len(pool))
         return [pool[j] for j in order]
 
-    steps = sum(per_epoch)
-    if sampling == "round-robin":
-        choice = np.arange(steps) % len(tasks)
-    else:
+    def choices(e: int) -> np.ndarray:  # the task index of each step of epoch e
+        steps = sum(per_epoch)
+        if sampling == "round-robin":
+            return np.arange(steps) % len(tasks)
         eff = np.array([sizes[t] if max_batches_per_task is None
                         else min(sizes[t], max_batches_per_task * batch_size) for t in tasks], float)
-        probs = eff ** alpha
-        choice = _rng(seed, epoch, _CHOICE).choice(len(tasks), size=steps, p=probs / probs.sum())
-    streams = [iter(read(i, int((choice == i).sum()))) for i in range(len(tasks))]
-    return [TaskBatch(tasks[i], next(streams[i])) for i in choice.tolist()]
+        probs = eff ** (annealing_alpha(e, num_epochs) if sampling == "annealed" else 1.0)
+        return _rng(seed, e, _CHOICE).choice(len(tasks), size=steps, p=probs / probs.sum())
 
+    def counts(e: int) -> np.ndarray:
+        return np.bincount(choices(e), minlength=len(tasks))
+
+    start = sum((counts(e) for e in range(epoch)), np.zeros(len(tasks), int))
+    choice = choices(epoch)
+    streams = [iter(read(i, int(start[i]), int((choice == i).sum()))) for i in range(len(tasks))]
+    return [TaskBatch(tasks[i], next(streams[i])) for i in choice.tolist()]
 
 def padding_efficiency(schedule: list[TaskBatch], lengths: dict[str, Sequence[int]]) -> float:
     """Real tokens / tokens computed when each batch is padded to its longest member."""

@@ -153,16 +153,28 @@ def test_annealed_frequencies_follow_size_to_alpha(epoch):
 @FEW
 @given(sizes_st, bs_st, st.sampled_from(["proportional", "round-robin", "annealed"]), st.integers(0, 2**31))
 def test_streams_reshuffle_only_when_exhausted(sizes, bs, mode, seed):
-    # Reading a task's batches in order, every n consecutive examples are one full pass.
-    sch = epoch_schedule(sizes, bs, epoch=0, seed=seed, sampling=mode, num_epochs=2)
+    # Reading a task's batches in order across epochs, every n consecutive examples are one full
+    # pass: an epoch that draws a task less (or more) than a pass's worth neither skips the rest
+    # of that pass nor replays it in the next epoch.
+    schedules = [epoch_schedule(sizes, bs, epoch=e, seed=seed, sampling=mode, num_epochs=3) for e in range(3)]
     for t, n in sizes.items():
         seen: list[int] = []
-        for b in (b for b in sch if b.task == t):
+        for b in (b for sch in schedules for b in sch if b.task == t):
             seen.extend(b.indices)
             if len(seen) == n:
                 assert sorted(seen) == list(range(n))
                 seen = []
             assert len(seen) < n and len(set(seen)) == len(seen)
+
+
+def test_round_robin_sees_all_of_a_large_task_over_epochs():
+    # Round-robin gives each task a third of the steps: the large task's epochs must continue
+    # through its pass instead of restarting it (which would never reach its last examples).
+    sizes = {"sst": 40, "para": 400, "sts": 40}  # 16 of 48 steps per epoch each
+    para = [i for e in range(3)
+            for b in epoch_schedule(sizes, 10, epoch=e, seed=5, sampling="round-robin", num_epochs=3)
+            if b.task == "para" for i in b.indices]
+    assert len(para) == 480 and sorted(para[:400]) == list(range(400))
 
 
 # ---------------------------------------------------------------- length bucketing
