@@ -16,10 +16,11 @@ import time
 
 import torch
 
-from data.sampler import epoch_schedule, padding_efficiency
-from training.config import TrainConfig
-from training.frozen_cache import build_frozen_cache
-from training.trainer import (Stepper, build_model, build_optimizer, linear_warmup_decay, load_data,
+from common import REPO  # noqa: F401  (puts the repository on sys.path)
+from data.sampler import epoch_schedule, padding_efficiency  # noqa: E402
+from training.config import TrainConfig  # noqa: E402
+from training.frozen_cache import build_frozen_cache  # noqa: E402
+from training.trainer import (Stepper, build_model, build_optimizer, linear_warmup_decay, load_data,  # noqa: E402
                               make_batch, schedule_for_epoch, seed_everything)
 
 
@@ -45,13 +46,16 @@ def prepare(cfg: TrainConfig, cached: bool, max_steps: int | None):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data-dir", default="../shared/data/cs224n")
-    p.add_argument("--model", default="minilm-l6")
+    p.add_argument("--data-dir", default=str(REPO.parent / "shared" / "data" / "cs224n"),
+                   help="folder with the course CSV files (default: %(default)s)")
+    p.add_argument("--model", default="minilm-l6", help="checkpoint alias or directory (default: %(default)s)")
     p.add_argument("--examples", type=int, default=1000, help="training examples per task")
     p.add_argument("--max-steps", type=int, default=None, help="time only the first N steps of the epoch")
     p.add_argument("--freeze-upto", type=int, default=None, help="default: the model's depth minus 3")
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
     args = p.parse_args()
-    torch.set_num_threads(torch.get_num_threads())
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     base = TrainConfig(model=args.model, data_dir=args.data_dir, max_train_examples=args.examples, epochs=1)
     depth = build_model(base)[0].encoder.num_layers

@@ -25,7 +25,10 @@ def main(argv=None) -> None:
                    help="a labelled STS file in the course format (default: %(default)s)")
     p.add_argument("--model", default="minilm-l6", help="checkpoint alias or directory (default: %(default)s)")
     p.add_argument("--batch-size", type=int, default=128, help="pairs per batch (default: %(default)s)")
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
     args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     ckpt = resolve_checkpoint(args.model)
     tokenizer, encoder = Tokenizer.from_checkpoint(ckpt), load_bert(ckpt).eval()
