@@ -218,3 +218,36 @@ def test_tokenizer_larger_than_the_embedding(tmp_path, capsys):
     assert f"the tokenizer has {len(VOCAB)} tokens" in line and "embedding has 8 rows" in line
     assert str(ckpt) in line
     assert not (tmp_path / "run" / "best.pt").exists()
+
+
+@pytest.mark.parametrize("flags, names", [
+    (["--max-batches-per-task", "0"], "--max-batches-per-task must be >= 1, not 0"),
+    (["--head-dropout", "1.5"], "--head-dropout must be in [0, 1), not 1.5"),
+    (["--weight-decay", "-1"], "--weight-decay must be >= 0, not -1.0"),
+    (["--max-grad-norm", "-1"], "--max-grad-norm must be >= 0"),
+    (["--max-length", "4"], "5 for cross-encoded pairs"),
+    (["--smart", "--smart-beta", "1.5"], "--smart-beta must be in [0, 1), not 1.5"),
+    (["--smart", "--smart-step-size", "-1"], "--smart-step-size must be > 0, not -1.0"),
+    (["--smart", "--smart-noise-var", "-1"], "--smart-noise-var must be >= 0, not -1.0"),
+    (["--smart", "--smart-lambda", "-1"], "--smart-lambda and --smart-mu must be >= 0"),
+])
+def test_out_of_range_values_are_refused_before_loading(args, capsys, flags, names):
+    rc, _, err = run(args + flags, capsys)  # the model does not exist: validation must speak first
+    assert rc == 2 and names in one_error_line(err)
+
+
+def test_max_length_4_is_enough_without_pair_tasks(args, capsys):
+    cfg = config_from_args(build_parser().parse_args(args + ["--max-length", "4", "--tasks", "sst"]))
+    assert validate(cfg) == []
+
+
+def test_a_missing_model_is_one_line_naming_it(args, tmp_path, capsys):
+    rc, _, err = run(args, capsys)
+    assert rc == 2 and str(tmp_path / "no-model") in one_error_line(err)
+
+
+def test_help_shows_no_none_defaults(capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--help"])
+    out = capsys.readouterr().out
+    assert "(default: None)" not in out and "(default: all)" in out and "--overwrite" in out

@@ -123,7 +123,11 @@ def test_nan_losses_are_skipped_and_a_run_of_them_stops(files, tmp_path, monkeyp
     monkeypatch.setattr(T, "task_loss", sometimes_nan)
     assert cli_main(_args(ckpt, data, tmp_path / "a", "--epochs", "1")) == 0
     records = [json.loads(x) for x in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
-    assert len([r for r in records if "loss_sst" in r or "loss_para" in r or "loss_sts" in r]) == 6 - 2
+    steps = [r for r in records if "lr" in r]
+    assert len(steps) == 6 - 2
+    # each record has the rate its step used, and the skipped steps moved the schedule on as well:
+    # no warm-up here (int(6 * 0.1) = 0 steps), then linear decay from 3e-3 over 6 steps
+    assert all(r["lr"] == pytest.approx(3e-3 * (6 - (r["step"] - 1)) / 6) for r in steps), steps
 
     monkeypatch.setattr(T, "task_loss", lambda task, out, labels: real(task, out, labels) * float("nan"))
     code = cli_main(_args(ckpt, data, tmp_path / "b", "--max-bad-steps", "3"))
@@ -151,5 +155,85 @@ def test_smart_with_pcgrad_and_freezing_trains_end_to_end(files, tmp_path):
                           "--smart-perturb-at", "first-trainable")) == 0
     records = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if "pcgrad_conflict" in r]
-    assert steps and all("r_s" in r and "d_breg" in r and r["r_s"] >= 0 for r in steps)
+    # SMART's terms per task present in the step (mixed batches hold several): r_s_<task>, d_breg_<task>
+    for r in steps:
+        tasks = [k[len("loss_"):] for k in r if k.startswith("loss_")]
+        assert any(f"r_s_{t}" in r for t in tasks), r
+        assert all(r[f"r_s_{t}"] >= 0 and f"d_breg_{t}" in r for t in tasks if f"r_s_{t}" in r), r
     assert any(r.get("dev_overall") is not None for r in records)
+
+
+def test_a_new_run_refuses_an_out_dir_holding_an_earlier_run(files, tmp_path, capsys):
+    ckpt, data = files
+    out = tmp_path / "run"
+    assert cli_main(_args(ckpt, data, out, "--keep-last", "100")) == 0  # step checkpoints 1..18
+    before = {p: p.stat().st_mtime_ns for p in [out / "best.pt", out / "metrics.jsonl"]}
+    assert cli_main(_args(ckpt, data, out, "--epochs", "1")) == 2
+    err = capsys.readouterr().err
+    assert f"--out-dir {out} holds an earlier run (best.pt, metrics.jsonl" in err and "--overwrite" in err
+    assert {p: p.stat().st_mtime_ns for p in before} == before  # nothing touched
+
+    # --overwrite: the old run's files go, so its later step checkpoints cannot crowd out the new ones
+    assert cli_main(_args(ckpt, data, out, "--epochs", "1", "--overwrite")) == 0
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-0000005.pt", "step-0000006.pt"]
+    records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert max(r["step"] for r in records) == 6
+
+
+def test_resume_after_a_crash_writes_each_record_once(files, tmp_path):
+    # A crash (no signal, no final checkpoint): the newest checkpoint is older than the last
+    # records in metrics.jsonl and than best.pt. The resumed run must end with the records and
+    # best model of the uninterrupted run, each step recorded once.
+    import shutil
+    ckpt, data = files
+    torch.set_num_threads(1)
+    straight, crashed = tmp_path / "straight", tmp_path / "crashed"
+    assert cli_main(_args(ckpt, data, straight, "--keep-last", "100")) == 0
+    shutil.copytree(straight, crashed)
+    for p in (crashed / "checkpoints").iterdir():
+        if int(p.stem.split("-")[1]) > 8:  # "crashed" in epoch 1, after step 8's checkpoint
+            p.unlink()
+    assert cli_main(_args(ckpt, data, crashed, "--keep-last", "100", "--resume", "auto")) == 0
+
+    def records(out):
+        rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+        return [{k: v for k, v in r.items() if k != "train_seconds"} for r in rows]
+
+    assert records(crashed) == records(straight)
+    a, b = read_checkpoint(crashed / "best.pt")["model"], read_checkpoint(straight / "best.pt")["model"]
+    assert all(torch.equal(a[n], b[n]) for n in a)
+
+
+def test_resume_refuses_another_best_pt_or_changed_training_files(files, tmp_path, capsys):
+    import shutil
+    ckpt, data = files
+    out = tmp_path / "run"
+    assert cli_main(_args(ckpt, data, out, "--keep-last", "100")) == 0
+    step6 = out / "checkpoints" / "step-0000006.pt"  # end of epoch 0: a best score exists
+
+    # another --out-dir without the run's best.pt: the end of the run would have nothing to predict with
+    assert cli_main(_args(ckpt, data, tmp_path / "elsewhere", "--resume", str(step6))) == 2
+    assert "is not in" in capsys.readouterr().err
+    # ... or with an unrelated best.pt (here: another run's)
+    other = tmp_path / "other"
+    assert cli_main(_args(ckpt, data, other, "--epochs", "1", "--lr", "1e-3")) == 0
+    assert cli_main(_args(ckpt, data, other, "--resume", str(step6))) == 2
+    assert "holds another model" in capsys.readouterr().err
+
+    # a training file with another number of examples: the sampler's indices would point elsewhere
+    data2 = tmp_path / "data2"
+    shutil.copytree(data, data2)
+    sst = data2 / "ids-sst-train.csv"
+    sst.write_text("".join(sst.read_text().splitlines(keepends=True)[:-1]))
+    capsys.readouterr()
+    assert cli_main(_args(ckpt, data2, out, "--resume", str(step6))) == 2
+    assert "the training sets changed since the checkpoint" in capsys.readouterr().err
+
+
+def test_metric_records_are_strict_json(tmp_path):
+    from training.trainer import _write_record
+    with open(tmp_path / "m.jsonl", "w") as f:
+        _write_record(f, {"step": 1, "pcgrad_cosine": float("nan"), "x": float("inf"), "loss_sst": 0.5})
+    line = (tmp_path / "m.jsonl").read_text()
+    assert json.loads(line, parse_constant=lambda c: pytest.fail(f"bare {c} in {line}")) == {
+        "step": 1, "pcgrad_cosine": None, "x": None, "loss_sst": 0.5}

@@ -96,7 +96,7 @@ class RunState:
 
 
 # Fields a resumed run may change; any other difference would change the trajectory.
-RESUME_MAY_DIFFER = {"out_dir", "predictions_dir", "export_hf", "log_every", "save_every", "keep_last", "resume",
+RESUME_MAY_DIFFER = {"out_dir", "overwrite", "predictions_dir", "export_hf", "log_every", "save_every", "keep_last", "resume",
                      "device", "compile", "eval_batch_size", "frozen_cache", "cache_dir", "max_bad_steps",
                      "data_dir", "files"}
 
@@ -118,12 +118,16 @@ def _set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def training_state(model: MultitaskBert, stepper, cfg: TrainConfig, state: RunState, dist=None) -> dict:
+def training_state(model: MultitaskBert, stepper, cfg: TrainConfig, state: RunState, train_sizes: dict[str, int],
+                   dist=None) -> dict:
     """Everything to continue the run; rank-independent apart from `rng_ranks` (distributed runs:
-    every rank's own random streams, gathered from all ranks, so every rank must call this)."""
+    every rank's own random streams, gathered from all ranks, so every rank must call this).
+    `train_sizes` (examples per task) lets a resume notice a changed training file: the sampler's
+    indices would point elsewhere."""
     out = {"model": model.state_dict(), "bert_config": asdict(model.encoder.config), "config": cfg.to_dict(),
            "optimizer": stepper.optimizer.state_dict(), "scheduler": stepper.scheduler.state_dict(),
-           "run_state": asdict(state), "bad_steps": stepper.bad_steps, "rng": _rng_state()}
+           "run_state": asdict(state), "bad_steps": stepper.bad_steps, "rng": _rng_state(),
+           "train_sizes": dict(train_sizes)}
     if stepper.teacher is not None:
         out["smart_teacher"] = stepper.teacher.state_dict()
         out["smart_generator"] = stepper.generator.get_state()
@@ -218,10 +222,74 @@ def find_resume_checkpoint(cfg: TrainConfig, out_dir: Path) -> dict | None:
     old = ckpt["config"]
     diff = [f"--{k.replace('_', '-')} was {old.get(k)!r}, now {v!r}" for k, v in cfg.to_dict().items()
             if k not in RESUME_MAY_DIFFER and old.get(k) != v]
+    if (old.get("frozen_cache") == "off") != (cfg.frozen_cache == "off"):  # the cache keeps the prefix in fp16
+        diff.append(f"--frozen-cache was {old.get('frozen_cache')!r}, now {cfg.frozen_cache!r} (on and off give "
+                    f"different numbers)")
     if diff:
         raise ConfigError(f"--resume {path}: the checkpoint comes from an incompatible config: {'; '.join(diff)}")
+    _check_best_for_resume(ckpt, path, out_dir)
     log.info("resuming from %s", path)
     return ckpt
+
+
+def _check_best_for_resume(ckpt: dict, path: Path, out_dir: Path) -> None:
+    """The resumed run keeps its best score, so OUT_DIR/best.pt must hold that epoch's weights: the
+    run only rewrites it when a later epoch does better, and predicts with it at the end."""
+    from .trainer import ConfigError
+
+    state = ckpt["run_state"]
+    if not state["best_metrics"]:
+        return  # no epoch finished yet
+    best = out_dir / "best.pt"
+    if not best.is_file():
+        raise ConfigError(f"--resume {path}: the run's best epoch so far (dev {state['best']:.4f}) is not in "
+                          f"{best}; resume with the run's own --out-dir, or copy its best.pt there")
+    saved = read_checkpoint(best)
+    # best.pt may also be newer than the checkpoint (written at an epoch end just before a crash):
+    # the resumed run replays that epoch exactly and writes it again.
+    if saved.get("metrics") != state["best_metrics"] and saved.get("step", -1) <= state["global_step"]:
+        raise ConfigError(f"--resume {path}: {best} holds another model (dev {saved.get('metrics')}) than the "
+                          f"run's best epoch so far ({state['best_metrics']}); resume with the run's own "
+                          f"--out-dir")
+
+
+def earlier_run_files(out_dir: Path) -> list[Path]:
+    """What a new run in out_dir would replace: an earlier run's best.pt, training checkpoints and
+    metrics.jsonl."""
+    out_dir = Path(out_dir)
+    found = [p for p in (out_dir / "best.pt", out_dir / "metrics.jsonl") if p.is_file() and p.stat().st_size]
+    return found + RollingCheckpoints(out_dir, 1).all()
+
+
+def clear_earlier_run(out_dir: Path, overwrite: bool) -> None:
+    """A new run in out_dir: refuse to destroy an earlier run's results unless told to, then remove
+    them (old step checkpoints would otherwise outlive the new ones in the rolling window)."""
+    from .trainer import ConfigError
+
+    found = earlier_run_files(out_dir)
+    if found and not overwrite:
+        names = ", ".join(str(p.relative_to(out_dir)) for p in found[:4]) + (" ..." if len(found) > 4 else "")
+        raise ConfigError(f"--out-dir {out_dir} holds an earlier run ({names}): pass --resume auto to continue it, "
+                          f"--overwrite to replace it, or another --out-dir")
+    for p in found:
+        p.unlink()
+        log.info("--overwrite: removed %s", p)
+
+
+def truncate_metrics(path: Path, step: int) -> None:
+    """Drop the records after `step` from metrics.jsonl: a resumed run writes those steps again."""
+    import json
+
+    if not path.is_file():
+        return
+    lines = path.read_text().splitlines(keepends=True)
+    keep = [x for x in lines if x.strip() and json.loads(x).get("step", 0) <= step]
+    if len(keep) != len(lines):
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text("".join(keep))
+        os.replace(tmp, path)
+        log.info("%s: dropped %d record(s) after step %d, written again by the resumed run", path,
+                 len(lines) - len(keep), step)
 
 
 class _StopFlag:

@@ -18,12 +18,19 @@ def _opt_int(s: str) -> int | None:
     return None if s.lower() in ("none", "off") else int(s)
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows defaults, except None: "(default: None)" says nothing; those flags' help says what unset means."""
+
+    def _get_help_string(self, action):
+        return action.help if action.default is None else super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="run_multitask.py",
         description="Train one BERT on SST-5 sentiment, Quora paraphrase and STS-B similarity, evaluate on "
                     "the dev sets each epoch, keep the best checkpoint and write the course's prediction files.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=_HelpFormatter)
 
     g = p.add_argument_group("model")
     g.add_argument("--model", default=D.model,
@@ -54,7 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
                            help=f"override DATA_DIR/{COURSE_FILES[task][split]}")
     g.add_argument("--tasks", nargs="+", choices=TASKS, default=list(D.tasks), help="tasks to train")
     g.add_argument("--max-train-examples", type=_opt_int, default=D.max_train_examples, metavar="N",
-                   help="use at most N training examples per task (a seeded random subset), for quick runs")
+                   help="use at most N training examples per task (a seeded random subset), for quick runs "
+                        "(default: all)")
     g.add_argument("--pair-swap", action="store_true",
                    help="with --pair-encoding cross, add every paraphrase and similarity training pair in the "
                         "other order too (both tasks are symmetric): twice the pairs, twice their steps per epoch")
@@ -67,7 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("schedule")
     g.add_argument("--epochs", type=int, default=D.epochs, help="passes over the training data")
     g.add_argument("--batch-size", type=int, default=D.batch_size,
-                   help="examples per training batch (per task group; the global batch under torchrun)")
+                   help="examples per training step: one task's batch, or under --task-sampling mixed the whole "
+                        "mixed batch (the global batch under torchrun)")
     g.add_argument("--eval-batch-size", type=int, default=D.eval_batch_size,
                    help="examples per batch in dev evaluation and prediction")
     g.add_argument("--task-sampling", choices=CHOICES["task_sampling"],
@@ -77,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default with --pcgrad, else mtdnn)")
     g.add_argument("--max-batches-per-task", type=_opt_int, default=D.max_batches_per_task, metavar="N",
                    help="cap each task's batches per epoch (e.g. for the full Quora set); successive epochs "
-                        "continue through the data")
+                        "continue through the data (default: no cap)")
     g.add_argument("--no-bucket", dest="bucket", action="store_false",
                    help="random batches instead of length-bucketed ones (more padding, slower)")
 
@@ -87,7 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="AdamW's decoupled weight decay (not applied to biases and LayerNorm weights)")
     g.add_argument("--warmup-ratio", type=float, default=D.warmup_ratio,
                    help="fraction of steps of linear warm-up, then linear decay to 0")
-    g.add_argument("--max-grad-norm", type=float, default=D.max_grad_norm, help="gradient clipping (0: off)")
+    g.add_argument("--max-grad-norm", type=float, default=D.max_grad_norm,
+                   help="clip the gradient's global norm to this (0: no clipping)")
     g.add_argument("--layer-lr-decay", type=float, default=D.layer_lr_decay, metavar="G",
                    help="layer-wise learning rates: heads and pooler get --lr, the top encoder layer G * lr, "
                         "each layer below G times the one above, the embeddings G^(layers + 1) * lr "
@@ -95,14 +105,16 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--ema-decay", type=float, default=D.ema_decay, metavar="D",
                    help="keep an exponential moving average of the trainable weights (e.g. 0.999: about the "
                         "last 1000 updates) and evaluate, keep and predict with it; the raw weights' dev "
-                        "metrics are logged beside it (default: off)")
+                        "metrics are logged beside it (default: off, the raw weights)")
     g.add_argument("--freeze-upto", type=int, default=D.freeze_upto, metavar="N",
                    help="freeze the embeddings and encoder layers 0..N-1 (-1: embeddings only; N = number of "
-                        "layers: only pooler and heads train)")
+                        "layers: only pooler and heads train; default: nothing frozen)")
     g.add_argument("--frozen-cache", choices=CHOICES["frozen_cache"], default=D.frozen_cache,
                    help="with --freeze-upto N >= 1: compute the states entering layer N once and run only layers "
                         "N.. each step (auto: in memory when it fits, else a memory-mapped file in --cache-dir)")
-    g.add_argument("--cache-dir", default=D.cache_dir, help="where --frozen-cache disk keeps its files")
+    g.add_argument("--cache-dir", default=D.cache_dir,
+                   help="where the frozen-prefix cache keeps its files when on disk (--frozen-cache disk, or auto "
+                        "when it does not fit in memory)")
 
     g = p.add_argument_group("PCGrad")
     g.add_argument("--pcgrad", action="store_true",
@@ -124,7 +136,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--smart-steps", type=int, default=D.smart_steps, help="K, ascent steps per update")
     g.add_argument("--smart-norm", choices=["inf", "l2"], default=D.smart_norm, help="norm of the ascent step and ball")
     g.add_argument("--smart-beta", type=float, default=D.smart_beta,
-                   help="EMA momentum of the Bregman teacher (raised to 0.999 after 10%% of the updates)")
+                   help="EMA momentum of the Bregman teacher for the first 10%% of the updates, 0.999 after "
+                        "(the paper's schedule)")
     g.add_argument("--smart-adv-dropout", choices=["off", "on"], default="on" if D.smart_adv_dropout else "off",
                    help="dropout in the adversarial passes (off: dropout noise would swamp the smoothness term)")
     g.add_argument("--smart-perturb-at", choices=["embeddings", "first-trainable"], default=D.smart_perturb_at,
@@ -146,7 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--predictions-dir", default=D.predictions_dir,
                    help="where {sst,para,sts}-{dev,test}-output.csv are written")
     g.add_argument("--export-hf", metavar="DIR", default=None,
-                   help="also write the trained encoder in the Hugging Face layout to DIR")
+                   help="also write the trained encoder in the Hugging Face layout to DIR (default: no export)")
     g.add_argument("--log-every", type=int, default=D.log_every, help="log running losses every N steps")
     g.add_argument("--save-every", type=int, default=D.save_every, metavar="N",
                    help="write a training checkpoint (model, optimiser, scheduler, RNG, sampler position) every N "
@@ -155,9 +168,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="training checkpoints kept in OUT_DIR/checkpoints (best.pt is kept apart)")
     g.add_argument("--resume", metavar="PATH|auto", default=None,
                    help="continue a run exactly where it stopped: a checkpoint, or auto (the newest in "
-                        "OUT_DIR/checkpoints, else start afresh)")
+                        "OUT_DIR/checkpoints, else start afresh); default: a new run")
+    g.add_argument("--overwrite", action="store_true",
+                   help="let a new run replace the best.pt, training checkpoints and metrics.jsonl of an earlier "
+                        "run in --out-dir (without it, such a directory is refused)")
     g.add_argument("--max-bad-steps", type=int, default=D.max_bad_steps,
-                   help="stop after this many consecutive steps with a non-finite loss")
+                   help="stop after this many consecutive steps with a non-finite loss or gradient (each is "
+                        "skipped)")
     g.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return p
 
@@ -186,7 +203,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         compile=args.compile,
         out_dir=args.out_dir, predictions_dir=args.predictions_dir, export_hf=args.export_hf,
         log_every=args.log_every, save_every=args.save_every, keep_last=args.keep_last, resume=args.resume,
-        max_bad_steps=args.max_bad_steps)
+        overwrite=args.overwrite, max_bad_steps=args.max_bad_steps)
 
 
 def validate(cfg: TrainConfig) -> list[str]:
@@ -196,8 +213,18 @@ def validate(cfg: TrainConfig) -> list[str]:
                 "max-length": cfg.max_length, "smart-steps": cfg.smart_steps, "max-bad-steps": cfg.max_bad_steps,
                 "keep-last": cfg.keep_last, "log-every": cfg.log_every}
     errors += [f"--{k} must be >= 1, not {v}" for k, v in positive.items() if v < 1]
-    if 1 <= cfg.max_length < 3:
-        errors.append("--max-length must leave room for [CLS] and [SEP] (at least 3)")
+    pairs = cfg.pair_encoding == "cross" and any(t in cfg.tasks for t in ("para", "sts"))
+    if 1 <= cfg.max_length < (5 if pairs else 3):
+        errors.append("--max-length must leave room for [CLS] and [SEP] around a token of text: at least 3, "
+                      "and 5 for cross-encoded pairs ([CLS] a [SEP] b [SEP])")
+    if cfg.max_batches_per_task is not None and cfg.max_batches_per_task < 1:
+        errors.append(f"--max-batches-per-task must be >= 1, not {cfg.max_batches_per_task}")
+    if not 0 <= cfg.head_dropout < 1:
+        errors.append(f"--head-dropout must be in [0, 1), not {cfg.head_dropout}")
+    if cfg.weight_decay < 0:
+        errors.append(f"--weight-decay must be >= 0, not {cfg.weight_decay}")
+    if cfg.max_grad_norm < 0:
+        errors.append(f"--max-grad-norm must be >= 0 (0: no clipping), not {cfg.max_grad_norm}")
     if cfg.save_every < 0:
         errors.append(f"--save-every must be >= 0, not {cfg.save_every}")
     if cfg.lr <= 0:
@@ -224,8 +251,17 @@ def validate(cfg: TrainConfig) -> list[str]:
         errors.append("--pcgrad needs batches holding several tasks: use --task-sampling mixed (its default)")
     if cfg.pcgrad and len(cfg.tasks) < 2:
         errors.append("--pcgrad needs at least two --tasks")
-    if cfg.smart and cfg.smart_eps < 0:
-        errors.append("--smart-eps must be >= 0")
+    if cfg.smart:
+        if cfg.smart_eps < 0:
+            errors.append(f"--smart-eps must be >= 0, not {cfg.smart_eps}")
+        if cfg.smart_step_size <= 0:
+            errors.append(f"--smart-step-size must be > 0, not {cfg.smart_step_size}")
+        if cfg.smart_noise_var < 0:
+            errors.append(f"--smart-noise-var must be >= 0, not {cfg.smart_noise_var}")
+        if not 0 <= cfg.smart_beta < 1:
+            errors.append(f"--smart-beta must be in [0, 1), not {cfg.smart_beta}")
+        if cfg.smart_lambda < 0 or cfg.smart_mu < 0:
+            errors.append(f"--smart-lambda and --smart-mu must be >= 0, not {cfg.smart_lambda} and {cfg.smart_mu}")
     if cfg.device != "auto":
         import torch
         try:
@@ -259,12 +295,15 @@ def main(argv: list[str] | None = None) -> int:
     # heavy imports only after the flags are known to be good
     import torch
 
+    from data.loaders import DataError
+    from minbert import CheckpointError
+
     from .checkpointing import TrainingInterrupted
     from .trainer import ConfigError, NonFiniteLossError, train
 
     try:
         train(cfg)
-    except ConfigError as e:  # found once the model / data / checkpoint are read (depth, vocab, resume)
+    except (ConfigError, CheckpointError, DataError) as e:  # found once the model / data / checkpoint are read
         print(f"run_multitask.py: error: {e}", file=sys.stderr)
         return 2
     except TrainingInterrupted as e:

@@ -82,6 +82,7 @@ class TrainConfig:
     save_every: int = 500                # steps between training checkpoints (0: epoch ends only)
     keep_last: int = 2                   # training checkpoints kept in OUT_DIR/checkpoints
     resume: str | None = None            # auto | PATH
+    overwrite: bool = False              # a new run may replace an earlier run's files in out_dir
     max_bad_steps: int = 10
 
     def file(self, task: str, split: str) -> str:

@@ -98,12 +98,17 @@ def _format(task: str, value: float) -> str:
 def write_predictions(path: str | os.PathLike, task: str, ids: list[str], preds: np.ndarray) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(f"id \t {HEADERS[task]} \n")
-        for i, p in zip(ids, preds):
-            f.write(f"{i} , {_format(task, p)} \n")
-    os.replace(tmp, path)
+    # a temp name per process: two runs sharing --predictions-dir never write into each other's file
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w") as f:
+            f.write(f"id \t {HEADERS[task]} \n")
+            for i, p in zip(ids, preds):
+                f.write(f"{i} , {_format(task, p)} \n")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def read_predictions(path: str | os.PathLike) -> tuple[str, list[tuple[str, float]]]:

@@ -13,6 +13,7 @@ import logging
 import os
 import random
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,8 +28,9 @@ from heads import KIND, MultitaskBert, task_loss
 from minbert import Tokenizer, load_bert, resolve_checkpoint
 from minbert.checkpoint import copy_tokenizer_files
 
-from .checkpointing import (RollingCheckpoints, RunState, TrainingInterrupted, find_resume_checkpoint,
-                            restore_training_state, save_checkpoint, stop_on_signals, training_state)
+from .checkpointing import (RollingCheckpoints, RunState, TrainingInterrupted, clear_earlier_run,
+                            find_resume_checkpoint, restore_training_state, save_checkpoint, stop_on_signals,
+                            training_state, truncate_metrics)
 from .config import TrainConfig
 from .evaluate import evaluate, write_all_predictions
 from .progress import LOG_FORMAT, progress
@@ -171,6 +173,7 @@ class Stepper:
         self.device, self.amp_dtype = device, amp_dtype
         self.dist = dist  # a training.distributed.Dist in a data-parallel run, else None
         self.bad_steps = 0
+        self.lr = 0.0  # the peak learning rate of the last step taken (heads' rate under --layer-lr-decay)
         self.pcgrad = self.smart = self.teacher = self.ema = None
         if cfg.ema_decay is not None:
             from .ema import WeightEMA
@@ -280,6 +283,7 @@ class Stepper:
             norm = torch.sqrt(sum(p.grad.float().pow(2).sum() for p in params if p.grad is not None))
         if not torch.isfinite(norm):
             return self._skip(",".join(b.task for b in batches), step, norm)
+        self.lr = max(g["lr"] for g in self.optimizer.param_groups)
         self.optimizer.step()
         self.scheduler.step()
         if self.teacher is not None:
@@ -292,12 +296,17 @@ class Stepper:
     def _skip(self, task: str, step: int, value) -> None:
         self.bad_steps += 1
         self.optimizer.zero_grad(set_to_none=True)
+        with warnings.catch_warnings():  # the schedule follows the step count, taken or skipped
+            warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step\\(\\)` before")
+            self.scheduler.step()
         log.warning("step %d (%s): non-finite loss or gradient (%s); step skipped (%d in a row)",
                     step, task, value, self.bad_steps)
         if self.bad_steps >= self.cfg.max_bad_steps:
             raise NonFiniteLossError(f"{self.bad_steps} consecutive non-finite steps, the last at step {step} on "
-                                     f"task {task}; lower --lr, or check the data. The best checkpoint so far is "
-                                     f"kept in --out-dir")
+                                     f"task {task}; lower --lr, or check the data. --out-dir keeps best.pt (the best "
+                                     f"epoch so far) and the training checkpoints written up to here "
+                                     f"(every --save-every steps and at epoch ends); --resume auto goes back to "
+                                     f"the newest")
         return None
 
 
@@ -370,6 +379,8 @@ def _train(cfg: TrainConfig, out_dir: Path, dist=None) -> dict:
     device = pick_device(cfg.device) if dist is None else dist.device
     amp_dtype = autocast_dtype(cfg.precision, device)
     resume = find_resume_checkpoint(cfg, out_dir)  # checked before any heavy work
+    if resume is None and main:
+        clear_earlier_run(out_dir, cfg.overwrite)
     if main:
         (out_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
     model, tokenizer, ckpt_dir = build_model(cfg)
@@ -388,6 +399,10 @@ def _train(cfg: TrainConfig, out_dir: Path, dist=None) -> dict:
              "bf16 autocast" if amp_dtype else "fp32")
 
     data = load_data(cfg, tokenizer)
+    train_sizes = {t: len(d) for t, d in data.train.items()}
+    if resume is not None and resume.get("train_sizes", train_sizes) != train_sizes:
+        raise ConfigError(f"--resume: the training sets changed since the checkpoint (examples per task were "
+                          f"{resume['train_sizes']}, now {train_sizes}): resume with the same files")
     steps_per_epoch = len(schedule_for_epoch(cfg, data.train, 0))
     total = steps_per_epoch * cfg.epochs
     optimizer = build_optimizer(model, cfg, device)
@@ -409,10 +424,12 @@ def _train(cfg: TrainConfig, out_dir: Path, dist=None) -> dict:
     checkpoints = RollingCheckpoints(out_dir, cfg.keep_last)
     metrics_log = None
     if main:
-        metrics_log = open(out_dir / "metrics.jsonl", "a" if resume else "w")  # a new run replaces the record
+        if resume:
+            truncate_metrics(out_dir / "metrics.jsonl", state.global_step)
+        metrics_log = open(out_dir / "metrics.jsonl", "a" if resume else "w")
 
     def save_last():
-        obj = training_state(model, stepper, cfg, state, dist)  # distributed: a collective, on every rank
+        obj = training_state(model, stepper, cfg, state, train_sizes, dist)  # distributed: on every rank
         if main:
             checkpoints.save(obj, state.global_step)
 
@@ -446,7 +463,7 @@ def _train(cfg: TrainConfig, out_dir: Path, dist=None) -> dict:
                         state.losses.setdefault(task, []).append(p["loss"])
                     bar.set_postfix({t: f"{np.mean(v[-50:]):.3f}" for t, v in state.losses.items() if v})
                     if main and state.global_step % cfg.log_every == 0:
-                        _log_step(metrics_log, state, scheduler, parts, cfg.log_every)
+                        _log_step(metrics_log, state, stepper.lr, parts, cfg.log_every)
                 if cfg.save_every and state.global_step % cfg.save_every == 0:
                     save_last()
                 if stop_requested():
@@ -469,8 +486,7 @@ def _train(cfg: TrainConfig, out_dir: Path, dist=None) -> dict:
                         weights.enter_context(stepper.ema.applied(model))
                     metrics = evaluate(model, data.dev, tokenizer, cfg.eval_batch_size, device, stepper.autocast)
                     record.update({f"dev_{k}": v for k, v in metrics.items()})
-                    metrics_log.write(json.dumps(record) + "\n")
-                    metrics_log.flush()
+                    _write_record(metrics_log, record)
                     log.info("epoch %d: dev%s %s (%.0f s training)", epoch,
                              ", weight EMA" if stepper.ema is not None else "", _fmt(metrics), train_time)
                     if metrics["overall"] > state.best:
@@ -500,10 +516,19 @@ def _fmt(metrics: dict) -> str:
     return " ".join(f"{k} {v:.3f}" for k, v in metrics.items())
 
 
-def _log_step(metrics_log, state: "RunState", scheduler, parts: dict, window: int) -> None:
-    record = {"step": state.global_step, "epoch": state.epoch, "lr": scheduler.get_last_lr()[0],
+def _log_step(metrics_log, state: "RunState", lr: float, parts: dict, window: int) -> None:
+    """Running mean losses per task, the step's learning rate, and the step's extra terms: per task
+    (`r_s_sst`, `d_breg_para`, ...), or for the whole step (`pcgrad_*`)."""
+    record = {"step": state.global_step, "epoch": state.epoch, "lr": lr,
               **{f"loss_{t}": float(np.mean(v[-window:])) for t, v in state.losses.items() if v}}
-    for p in parts.values():
-        record.update({k: v for k, v in p.items() if k != "loss"})
-    metrics_log.write(json.dumps(record) + "\n")
+    for task, p in parts.items():
+        record.update({k if k.startswith("pcgrad_") else f"{k}_{task}": v for k, v in p.items() if k != "loss"})
+    _write_record(metrics_log, record)
+
+
+def _write_record(metrics_log, record: dict) -> None:
+    """One JSON line; a non-finite number (e.g. PCGrad's mean cosine when nothing conflicts) becomes
+    null, since bare NaN is not JSON."""
+    clean = {k: None if isinstance(v, float) and not np.isfinite(v) else v for k, v in record.items()}
+    metrics_log.write(json.dumps(clean) + "\n")
     metrics_log.flush()
