@@ -69,6 +69,10 @@ def test_sigterm_then_resume_equals_an_uninterrupted_run(files, tmp_path, k, ext
 
     assert cli_main(_args(ckpt, data, out, *extra, "--resume", "auto")) == 0
     assert _epoch_records(out) == _epoch_records(tmp_path / "straight")
+    before = saved["run_state"]["epoch_seconds"]  # the interrupted epoch's time counts both parts
+    assert before > 0
+    epoch = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if '"train_seconds"' in x]
+    assert epoch[k // 6]["train_seconds"] >= round(before, 1)
     a, b = read_checkpoint(out / "best.pt")["model"], read_checkpoint(tmp_path / "straight" / "best.pt")["model"]
     for name in a:
         assert torch.equal(a[name], b[name]), name

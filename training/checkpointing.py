@@ -93,6 +93,7 @@ class RunState:
     best: float = float("-inf")
     best_metrics: dict = field(default_factory=dict)
     losses: dict = field(default_factory=dict)  # this epoch's training losses per task so far
+    epoch_seconds: float = 0.0  # training time of this epoch before the last checkpoint
 
 
 # Fields a resumed run may change; any other difference would change the trajectory.

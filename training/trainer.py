@@ -429,6 +429,8 @@ def _train(cfg: TrainConfig, out_dir: Path, dist=None) -> dict:
         metrics_log = open(out_dir / "metrics.jsonl", "a" if resume else "w")
 
     def save_last():
+        if state.step_in_epoch:  # mid-epoch: a resumed epoch's train_seconds counts the time before it too
+            state.epoch_seconds = time.time() - t0
         obj = training_state(model, stepper, cfg, state, train_sizes, dist)  # distributed: on every rank
         if main:
             checkpoints.save(obj, state.global_step)
@@ -447,7 +449,7 @@ def _train(cfg: TrainConfig, out_dir: Path, dist=None) -> dict:
             eff = padding_efficiency(flat, {t: d.lengths for t, d in data.train.items()})
             log.info("epoch %d: %d steps, padding efficiency %.2f (real tokens / tokens computed)",
                      epoch, len(schedule), eff)
-            t0 = time.time()
+            t0 = time.time() - state.epoch_seconds
             todo = schedule[state.step_in_epoch:]
             bar = progress(todo, desc=f"epoch {epoch}", total=len(todo)) if main else tqdm(todo, disable=True)
             for tbs in bar:
@@ -496,7 +498,7 @@ def _train(cfg: TrainConfig, out_dir: Path, dist=None) -> dict:
                         log.info("new best dev score %.3f: saved %s", state.best, out_dir / "best.pt")
             if dist is not None:
                 dist.barrier()  # the other ranks wait while rank 0 evaluates
-            state.epoch, state.step_in_epoch, state.losses = epoch + 1, 0, {}
+            state.epoch, state.step_in_epoch, state.losses, state.epoch_seconds = epoch + 1, 0, {}, 0.0
             save_last()
     if not main:  # rank 0 writes the predictions; the others return its best metrics when it is done
         return dist.broadcast_object(None)
