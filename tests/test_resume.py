@@ -72,7 +72,7 @@ def test_sigterm_then_resume_equals_an_uninterrupted_run(files, tmp_path, k, ext
     before = saved["run_state"]["epoch_seconds"]  # the interrupted epoch's time counts both parts
     assert before > 0
     epoch = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if '"train_seconds"' in x]
-    assert epoch[k // 6]["train_seconds"] >= round(before, 1)
+    assert epoch[(k - 1) // 6]["train_seconds"] >= round(before, 1)  # the epoch of step k
     a, b = read_checkpoint(out / "best.pt")["model"], read_checkpoint(tmp_path / "straight" / "best.pt")["model"]
     for name in a:
         assert torch.equal(a[name], b[name]), name
