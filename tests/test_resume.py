@@ -184,7 +184,7 @@ def test_a_new_run_refuses_an_out_dir_holding_an_earlier_run(files, tmp_path, ca
     assert max(r["step"] for r in records) == 6
 
 
-def test_resume_after_a_crash_writes_each_record_once(files, tmp_path):
+def test_resume_after_a_crash_writes_each_record_once(files, tmp_path, caplog):
     # A crash (no signal, no final checkpoint): the newest checkpoint is older than the last
     # records in metrics.jsonl and than best.pt. The resumed run must end with the records and
     # best model of the uninterrupted run, each step recorded once.
@@ -197,7 +197,11 @@ def test_resume_after_a_crash_writes_each_record_once(files, tmp_path):
     for p in (crashed / "checkpoints").iterdir():
         if int(p.stem.split("-")[1]) > 8:  # "crashed" in epoch 1, after step 8's checkpoint
             p.unlink()
-    assert cli_main(_args(ckpt, data, crashed, "--keep-last", "100", "--resume", "auto")) == 0
+    caplog.clear()
+    with caplog.at_level("INFO"):
+        assert cli_main(_args(ckpt, data, crashed, "--keep-last", "100", "--resume", "auto")) == 0
+    assert any("resumed at epoch 1" in r.getMessage() for r in caplog.records)
+    assert max(len(r.getMessage()) for r in caplog.records) < 500  # no state dict dumped into the log
 
     def records(out):
         rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]

@@ -415,8 +415,8 @@ def _train(cfg: TrainConfig, out_dir: Path, dist=None) -> dict:
     state = RunState()
     if resume is not None:
         state = restore_training_state(resume, model, stepper, device, dist)
-        log.info("resumed from %s at epoch %d, step %d of the epoch (%d in all)", resume, state.epoch,
-                 state.step_in_epoch, state.global_step)
+        log.info("resumed at epoch %d, step %d of the epoch (%d in all)", state.epoch, state.step_in_epoch,
+                 state.global_step)
     if dist is not None and len(set(dist.all_gather_object(state.global_step))) > 1:
         raise ConfigError("the ranks resumed from different checkpoints (or some found none): put --out-dir on "
                           "a filesystem every node sees, or pass --resume PATH readable on every node")
