@@ -48,10 +48,14 @@ def _fetch(url: str, dest: Path, task: str, labelled: bool) -> None:
                 raise DownloadError(f"{url} is a Git LFS pointer, not the data; fetch the file "
                                     "with `git lfs pull` from a clone of the repository instead")
         try:  # a proxy's HTML error page must not pass for a CSV
-            load_task_file(tmp, task, labelled=labelled)
+            res = load_task_file(tmp, task, labelled=labelled, log=False)
         except DataError as e:
-            raise DownloadError(f"{url} did not give a readable {task} file: {e}") from None
+            msg = str(e).replace(str(tmp), dest.name)  # the temporary name means nothing to the user
+            raise DownloadError(f"{url} did not give a readable {task} file: {msg}") from None
         os.replace(tmp, dest)
+        if res.bad_rows:  # the course files have a few; the trainer skips and reports them again
+            logger.warning("%s: %d bad row(s) the loader will skip, the first on line %d: %s", dest,
+                           len(res.bad_rows), res.bad_rows[0].line, res.bad_rows[0].reason)
     except (urllib.error.URLError, http.client.HTTPException, OSError) as e:  # offline, 404, cut short, disk full
         reason = getattr(e, "reason", None) or e
         raise DownloadError(f"could not download {url}: {reason}") from e

@@ -4,7 +4,10 @@ The course files are tab-separated and csv-quoted, with an unnamed pandas index 
 header row, and they are not clean: stray quotes swallow fields, binary labels are floats,
 sentences carry leading spaces. The course's own loader skips bad rows silently; we skip them
 loudly: every skipped record comes back as a BadRow naming the line it starts on, one warning
-per file gives the count, and `strict=True` turns the first one into an error.
+per file gives the count, and `strict=True` turns the first one into an error. A quoted field may
+hold a tab or a line break, but not both: that is a quote which opened in one record and closed
+in a later one, swallowing the records between (which may leave the field count right).
+A file without a single usable row is an error.
 
 Two promises, which tests/test_loaders_fuzz.py holds us to: no file content makes us raise
 anything but DataError, and every Example returned is a record that is really in the file.
@@ -128,12 +131,12 @@ def _read_lines(path: Path) -> tuple[list[str], set[int]]:
 
 
 def load_task_file(path: str | os.PathLike[str], task: str, *, labelled: bool | None = None,
-                   strict: bool = False, max_report: int = 5) -> LoadResult:
+                   strict: bool = False, max_report: int = 5, log: bool = True) -> LoadResult:
     """Load one course file of `task`.
 
     labelled: None reads labels when the header has the task's label column; True demands it;
     False ignores labels. Bad rows are skipped and returned in `bad_rows` (strict: the first one
-    raises DataError). Any problem with the file itself raises DataError naming the path.
+    raises DataError). Any problem with the file itself raises DataError naming the path. log=False leaves the reporting to the caller.
     """
     _check_task(task)
     path = Path(path)
@@ -209,6 +212,11 @@ def load_task_file(path: str | os.PathLike[str], task: str, *, labelled: bool | 
             span = (f"; a stray quote may have joined lines {start}-{end}" if end > start else "")
             reject(start, f"expected {n_fields} tab-separated fields, got {len(row)}{span}")
             continue
+        joined = next((names[i] for i, f in enumerate(row) if "\t" in f and ("\n" in f or "\r" in f)), None)
+        if joined is not None:  # the right field count by chance: the swallowed record would be lost quietly
+            reject(start, f"{joined or 'a field'} holds a tab and a line break: a stray quote may have joined "
+                          f"lines {start}-{end}")
+            continue
         ex_id = row[id_idx].strip()
         if not ex_id:
             reject(start, "empty id")
@@ -230,13 +238,17 @@ def load_task_file(path: str | os.PathLike[str], task: str, *, labelled: bool | 
         first_line_of[ex_id] = start
         examples.append(Example(ex_id, texts[0], texts[1] if len(texts) > 1 else None, label))
 
-    if bad_rows:
+    if not examples:
+        first = f", the first: {bad_rows[0]}" if bad_rows else ""
+        raise DataError(f"{path}: no usable rows after the header ({len(bad_rows)} bad row(s) skipped{first})")
+    if bad_rows and log:
         shown = "; ".join(str(b) for b in bad_rows[:max(max_report, 0)])
         more = f" (and {len(bad_rows) - max_report} more)" if len(bad_rows) > max_report else ""
         logger.warning("%s: skipped %d bad row(s), kept %d: %s%s", path, len(bad_rows), len(examples),
                        shown, more)
-    logger.info("%s: %d %s examples (%s)", path, len(examples), task,
-                "labelled" if labelled else "unlabelled")
+    if log:
+        logger.info("%s: %d %s examples (%s)", path, len(examples), task,
+                    "labelled" if labelled else "unlabelled")
     return LoadResult(examples, bad_rows, str(path))
 
 

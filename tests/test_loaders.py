@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from data import download
-from data.loaders import (COURSE_FILES, TASKS, BadRow, DataError, Example, LoadResult,
+from data.loaders import (COURSE_FILES, TASKS, BadRow, DataError, Example,
                           load_task_file, load_task_split)
 
 SPLITS = ("train", "dev", "test")
@@ -282,9 +282,23 @@ def test_empty_file(tmp_path, content):
         load_task_file(p, "para")
 
 
-def test_header_only_file_gives_no_examples(tmp_path):
-    res = load_task_file(write(tmp_path, HEADER["sts"]), "sts")
-    assert res == LoadResult([], [], str(tmp_path / "f.csv"))
+def test_a_file_without_usable_rows_is_an_error(tmp_path):
+    p = write(tmp_path, HEADER["sts"])
+    with pytest.raises(DataError, match=re.escape(str(p)) + r": no usable rows .*\(0 bad row"):
+        load_task_file(p, "sts")
+    p = write(tmp_path, HEADER["sst"] + "0\tid1\ttext\t9\n1\tid2\t\t1\n")
+    with pytest.raises(DataError, match=re.escape(str(p)) + r": no usable rows .*2 bad row.*" + re.escape(f"{p}:2: ")):
+        load_task_file(p, "sst")
+
+
+def test_a_stray_quote_that_keeps_the_field_count_still_costs_only_its_rows(tmp_path):
+    # The quote opened on line 3 closes on line 4: 4 fields, as the header wants, but the
+    # sentence holds all of the record on line 4. Both are reported, never returned.
+    p = write(tmp_path, HEADER["sst"] + GOOD["sst"] + '1\tid2\t"stray\t3\n2\tid3\ttext"\t2\n'
+              + GOOD_LAST["sst"].replace("id3", "id4"))
+    res = load_task_file(p, "sst")
+    assert [e.id for e in res.examples] == ["id1", "id4"]
+    assert [(b.line, "joined lines 3-4" in b.reason, "sentence" in b.reason) for b in res.bad_rows] == [(3, True, True)]
 
 
 def test_header_problems(tmp_path):
@@ -359,7 +373,8 @@ def test_download_leaves_no_partial_or_bogus_file(tmp_path, monkeypatch, capsys,
     monkeypatch.setattr(urllib.request, "urlopen", lambda url, *a, **k: response)
     assert download.main(["--dest", str(tmp_path)]) == 1
     assert list(tmp_path.iterdir()) == []
-    assert ALL_NAMES[0] in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert ALL_NAMES[0] in err and ".part" not in err  # not the temporary name
 
 
 def test_download_skips_existing_files_and_fetches_only_the_missing(tmp_path, monkeypatch):
@@ -394,3 +409,17 @@ def test_download_help_lists_the_options(capsys):
     assert e.value.code == 0
     out = capsys.readouterr().out
     assert all(opt in out for opt in ("--dest", "--force", "--base-url", "--data-dir"))
+
+
+def test_download_reports_bad_rows_under_the_final_name(tmp_path, monkeypatch, caplog):
+    def serve(url, *a, **k):
+        name = url.rsplit("/", 1)[1]
+        body = _fake_course_file(name)
+        return io.BytesIO(body + b"1\tid2\t\t3\n" if name == "ids-sst-train.csv" else body)
+    monkeypatch.setattr(urllib.request, "urlopen", serve)
+    with caplog.at_level(logging.INFO):
+        assert download.main(["--dest", str(tmp_path)]) == 0
+    msgs = [r.getMessage() for r in caplog.records]
+    assert [m for m in msgs if ".part" in m] == []
+    assert [m for m in msgs if "bad row" in m] == [
+        f"{tmp_path / 'ids-sst-train.csv'}: 1 bad row(s) the loader will skip, the first on line 3: empty sentence"]
