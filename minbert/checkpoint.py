@@ -80,7 +80,10 @@ def _check_layout(path: Path) -> None:
 def _from_hub(repo_id: str) -> Path:
     """Fetch (or find in the cache) only the files we use, preferring safetensors."""
     from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError, RepositoryNotFoundError
+    from huggingface_hub.errors import (EntryNotFoundError, HFValidationError, LocalEntryNotFoundError,
+                                        RepositoryNotFoundError)
+
+    offline = []  # files neither cached nor reachable
 
     def get(filename: str) -> Path | None:
         try:
@@ -95,20 +98,29 @@ def _from_hub(repo_id: str) -> Path:
                     f"(HF_HUB_OFFLINE={os.environ.get('HF_HUB_OFFLINE', '0')}). Download it where there is "
                     f"internet (e.g. `hf download {repo_id}`) or pass a local directory holding config.json, "
                     f"model.safetensors or pytorch_model.bin, and vocab.txt: --model /path/to/dir") from e
+            offline.append(filename)
             return None
         except EntryNotFoundError:  # the repository has no such file
             return None
         except RepositoryNotFoundError as e:
             raise CheckpointError(f"{repo_id!r} is neither a local directory nor a model on the hub") from e
+        except HFValidationError as e:  # e.g. a space in the name
+            raise CheckpointError(f"{repo_id!r} is neither a local directory nor a valid hub id: {e}") from None
+
+    def lacks(what: str) -> CheckpointError:
+        where = ("in the Hugging Face cache, and the hub cannot be reached to fetch it" if offline
+                 else "in the cache or on the hub")
+        return CheckpointError(f"{repo_id!r}: no {what} {where}; or pass a local directory: --model /path/to/dir")
 
     config = get("config.json")
+    if config is None:
+        raise lacks("config.json")
     weights = get("model.safetensors") or get("pytorch_model.bin")
     vocab = [p for p in map(get, VOCAB_FILES + ("tokenizer_config.json",)) if p is not None]
     if weights is None:
-        raise CheckpointError(f"{repo_id!r}: neither model.safetensors nor pytorch_model.bin is in the cache or "
-                              "on the hub")
+        raise lacks("model.safetensors or pytorch_model.bin")
     if not any(p.name in VOCAB_FILES for p in vocab):
-        raise CheckpointError(f"{repo_id!r}: no tokenizer.json or vocab.txt in the cache or on the hub")
+        raise lacks("tokenizer.json or vocab.txt")
     path = config.parent  # every file of one revision sits in the same snapshot directory
     _check_layout(path)
     return path
@@ -178,6 +190,10 @@ def hf_to_minbert(sd: dict[str, torch.Tensor], num_layers: int):
     Returns (our state dict, unexpected keys, {our key: the file's key(s)} for error messages)."""
     source = {}
     out, unexpected, qkv = {}, [], {}
+    heads = [k for k in sd if _canonical_hf_name(k).startswith(_IGNORED_PREFIXES)]
+    if heads:
+        log.info("ignoring %d tensors of pre-training or task heads (%s)", len(heads),
+                 ", ".join(sorted({k.split(".")[0] for k in heads})))
     for file_key, t in sd.items():
         key = _canonical_hf_name(file_key)
         if key.startswith(_IGNORED_PREFIXES):
@@ -233,7 +249,10 @@ def load_bert(name_or_path: str | os.PathLike, attn_impl: str = "auto") -> Bert:
     """Build a Bert from a checkpoint. Every tensor must be there with the right shape, except the
     pooler (absent from masked-LM checkpoints), which is then freshly initialised with a warning."""
     path = resolve_checkpoint(name_or_path)
-    cfg = BertConfig.from_json(path / "config.json")
+    try:
+        cfg = BertConfig.from_json(path / "config.json")
+    except ValueError as e:  # the message names config.json
+        raise CheckpointError(str(e)) from None
     model = Bert(cfg, attn_impl=attn_impl)
     raw, file = read_state_dict(path)
     sd, unexpected, source = hf_to_minbert(raw, cfg.num_hidden_layers)

@@ -39,6 +39,12 @@ class BertConfig:
     pad_token_id: int = 0
 
     def __post_init__(self):
+        sizes = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                 "max_position_embeddings", "type_vocab_size")
+        bad = [f"{k} {getattr(self, k)!r}" for k in sizes
+               if not isinstance(getattr(self, k), int) or isinstance(getattr(self, k), bool) or getattr(self, k) < 1]
+        if bad:
+            raise ValueError(f"{', '.join(bad)}: must be positive integers")
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(f"hidden_size {self.hidden_size} is not divisible by "
                              f"num_attention_heads {self.num_attention_heads}")
@@ -187,7 +193,7 @@ class Bert(nn.Module):
 
         first_only: return only position 0 ([CLS]), (B, 1, H). The last layer then computes one
         query and one FFN row per sequence instead of T, the same numbers for [CLS] at a fraction
-        of the layer's cost; pooling and the task heads read nothing else."""
+        of the layer's cost, for callers that read nothing else (the pooler, --pooling cls)."""
         end = self.num_layers if end is None else end
         if not 0 <= start <= end <= self.num_layers:
             raise ValueError(f"layers {start}..{end} out of range: the model has {self.num_layers} layers")

@@ -43,10 +43,16 @@ class Tokenizer:
         if (path / "vocab.txt").is_file():
             lowercase = True
             if (path / "tokenizer_config.json").is_file():
-                lowercase = json.loads((path / "tokenizer_config.json").read_text()).get("do_lower_case", True)
-            wp = BertWordPieceTokenizer(str(path / "vocab.txt"), lowercase=lowercase, strip_accents=None,
-                                        clean_text=True, handle_chinese_chars=True)
-            return cls(wp._tokenizer)
+                try:
+                    lowercase = json.loads((path / "tokenizer_config.json").read_text()).get("do_lower_case", True)
+                except (ValueError, AttributeError) as e:  # not JSON, or not an object
+                    raise ValueError(f"{path / 'tokenizer_config.json'}: cannot read it: {e}") from None
+            try:
+                wp = BertWordPieceTokenizer(str(path / "vocab.txt"), lowercase=lowercase, strip_accents=None,
+                                            clean_text=True, handle_chinese_chars=True)
+                return cls(wp._tokenizer)
+            except (TypeError, ValueError) as e:  # "cls_token not found in the vocabulary", and the like
+                raise ValueError(f"{path / 'vocab.txt'}: {e}") from None
         raise FileNotFoundError(f"{path}: no tokenizer.json or vocab.txt")
 
     @property
@@ -54,7 +60,7 @@ class Tokenizer:
         return self.backend.get_vocab_size()
 
     def encode(self, texts: Sequence[str], pairs: Sequence[str] | None = None,
-               max_length: int = 128) -> list[list[int]] | list[tuple[list[int], list[int]]]:
+               max_length: int = 128) -> list[tuple[list[int], list[int]]]:
         """Token ids (and token type ids) of single sentences or sentence pairs, unpadded,
         truncated to max_length (longest-first for pairs, as BERT does)."""
         if max_length != self._max_length:

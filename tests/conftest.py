@@ -48,7 +48,7 @@ def tiny_ckpt(tmp_path_factory):
 
     torch.manual_seed(0)
     cfg = BertConfig(vocab_size=len(TINY_VOCAB), hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-                     intermediate_size=32, max_position_embeddings=32, hidden_dropout_prob=0.0,
+                     intermediate_size=32, max_position_embeddings=128, hidden_dropout_prob=0.0,
                      attention_probs_dropout_prob=0.0)
     d = save_hf(Bert(cfg), tmp_path_factory.mktemp("ckpt") / "tiny")
     (d / "vocab.txt").write_text("\n".join(TINY_VOCAB) + "\n")

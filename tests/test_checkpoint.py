@@ -115,8 +115,10 @@ def test_legacy_names_bert_prefix_and_pretraining_heads_in_a_bin_file(tiny_dir, 
     sd["cls.seq_relationship.weight"] = torch.zeros(2, 16)          # NSP head: ignored
     sd["bert.encoder.layer.0.attention.self.distance_embedding.weight"] = torch.zeros(3)  # reported
     torch.save(sd, d / "pytorch_model.bin")
-    _same_weights(load_bert(d), model)
+    with caplog.at_level("INFO", logger="minbert.checkpoint"):
+        _same_weights(load_bert(d), model)
     assert "ignored 1 unexpected tensors: bert.encoder.layer.0.attention.self.distance_embedding.weight" in caplog.text
+    assert "ignoring 2 tensors of pre-training or task heads (cls)" in caplog.text
 
 
 def test_sharded_safetensors(tiny_dir):
@@ -145,15 +147,20 @@ def _run_with_hub(hf_home, code):
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
 
 
+def _hub_cache(root, files):
+    """A hand-made Hugging Face cache holding `files` (name -> bytes) of bert-base-uncased."""
+    snapshot = root / "hub" / "models--bert-base-uncased" / "snapshots" / "0123abcd"
+    snapshot.mkdir(parents=True)
+    for name, data in files.items():
+        (snapshot / name).write_bytes(data)
+    (snapshot.parents[1] / "refs").mkdir()
+    (snapshot.parents[1] / "refs" / "main").write_text("0123abcd")
+
+
 def test_hub_id_resolves_through_a_local_hub_cache(tmp_path, tiny_dir):
     """bert-base-uncased cannot be downloaded here; a hand-made cache in the hub's layout stands in."""
     d, model = tiny_dir
-    snapshot = tmp_path / "hf" / "hub" / "models--bert-base-uncased" / "snapshots" / "0123abcd"
-    snapshot.mkdir(parents=True)
-    for name in ("config.json", "model.safetensors", "vocab.txt"):
-        (snapshot / name).write_bytes((d / name).read_bytes())
-    (snapshot.parents[1] / "refs").mkdir()
-    (snapshot.parents[1] / "refs" / "main").write_text("0123abcd")
+    _hub_cache(tmp_path / "hf", {n: (d / n).read_bytes() for n in ("config.json", "model.safetensors", "vocab.txt")})
     torch.save(model.state_dict(), tmp_path / "expected.pt")
     code = ("import torch; from minbert import load_bert, load_tokenizer\n"
             "m = load_bert('bert-base-uncased'); exp = torch.load(%r)\n"
@@ -169,3 +176,29 @@ def test_offline_uncached_hub_id_says_how_to_pass_a_local_directory(tmp_path):
     assert r.returncode != 0
     assert "CheckpointError: 'bert-base-uncased' is not in the Hugging Face cache" in r.stderr
     assert str(tmp_path / "empty-hf") in r.stderr and "--model /path/to/dir" in r.stderr
+
+
+def test_offline_partly_cached_hub_id_names_what_is_missing_without_blaming_the_hub(tmp_path, tiny_dir):
+    d, _ = tiny_dir
+    _hub_cache(tmp_path / "hf", {n: (d / n).read_bytes() for n in ("config.json", "vocab.txt")})
+    r = _run_with_hub(tmp_path / "hf", "from minbert import load_bert; load_bert('bert-base-uncased')")
+    assert r.returncode != 0
+    assert ("CheckpointError: 'bert-base-uncased': no model.safetensors or pytorch_model.bin in the Hugging Face "
+            "cache, and the hub cannot be reached") in r.stderr
+    assert "on the hub" not in r.stderr
+
+
+def test_hub_repository_without_config_json_is_a_checkpoint_error(monkeypatch):
+    import huggingface_hub
+    from huggingface_hub.errors import EntryNotFoundError
+
+    def no_such_file(repo_id, filename, **kw):
+        raise EntryNotFoundError(f"{repo_id}/{filename} not found")
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", no_such_file)
+    with pytest.raises(CheckpointError, match=r"'someone/weights-only': no config\.json in the cache or on the hub"):
+        resolve_checkpoint("someone/weights-only")
+
+
+def test_a_name_that_is_neither_a_directory_nor_a_hub_id(tmp_path):
+    with pytest.raises(CheckpointError, match=r"'my model' is neither a local directory nor a valid hub id"):
+        resolve_checkpoint("my model")

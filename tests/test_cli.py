@@ -1,5 +1,6 @@
 """run_multitask.py's command line: --help, and every refusal is exit status 2 with one line naming the
 problem, given before any heavy work (or, for problems only the model shows, before training)."""
+import json
 import os
 import subprocess
 import sys
@@ -32,7 +33,7 @@ def write_course_files(d, skip=()):
 def tiny_checkpoint(d, **kw):
     torch.manual_seed(0)
     cfg = dict(vocab_size=len(VOCAB), hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-               intermediate_size=32, max_position_embeddings=32)
+               intermediate_size=32, max_position_embeddings=128)
     save_hf(Bert(BertConfig(**{**cfg, **kw})), d)
     (d / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
     return d
@@ -210,14 +211,46 @@ def test_several_problems_one_line_each(tmp_path, capsys):
 
 def test_tokenizer_larger_than_the_embedding(tmp_path, capsys):
     ckpt = tiny_checkpoint(tmp_path / "ckpt", vocab_size=8)  # vocab.txt has 11 tokens
-    data = write_course_files(tmp_path / "data")
-    rc, _, err = run(["--model", str(ckpt), "--data-dir", str(data), "--device", "cpu", "--epochs", "1",
-                      "--out-dir", str(tmp_path / "run"), "--predictions-dir", str(tmp_path / "pred")], capsys)
+    rc, _, err = _run_on(tmp_path, capsys, ckpt)
     assert rc == 2
     line = one_error_line(err)
     assert f"the tokenizer has {len(VOCAB)} tokens" in line and "embedding has 8 rows" in line
     assert str(ckpt) in line
     assert not (tmp_path / "run" / "best.pt").exists()
+
+
+def _run_on(tmp_path, capsys, ckpt, *flags):
+    data = write_course_files(tmp_path / "data")
+    return run(["--model", str(ckpt), "--data-dir", str(data), "--device", "cpu", "--epochs", "1",
+                "--out-dir", str(tmp_path / "run"), "--predictions-dir", str(tmp_path / "pred"), *flags], capsys)
+
+
+def test_max_length_beyond_the_models_positions(tmp_path, capsys):
+    ckpt = tiny_checkpoint(tmp_path / "ckpt", max_position_embeddings=32)
+    rc, _, err = _run_on(tmp_path, capsys, ckpt, "--max-length", "33")
+    assert rc == 2
+    line = one_error_line(err)
+    assert "--max-length 33 is longer than the model's 32 positions" in line and str(ckpt / "config.json") in line
+
+
+@pytest.mark.parametrize("edit, names", [({"num_attention_heads": 0}, "num_attention_heads 0"),
+                                         ({"hidden_size": 15}, "not divisible"),
+                                         ({"max_position_embeddings": "512"}, "max_position_embeddings '512'")])
+def test_a_broken_config_json_is_one_line_naming_it(tmp_path, capsys, edit, names):
+    ckpt = tiny_checkpoint(tmp_path / "ckpt")
+    cfg = json.loads((ckpt / "config.json").read_text())
+    (ckpt / "config.json").write_text(json.dumps({**cfg, **edit}))
+    rc, _, err = _run_on(tmp_path, capsys, ckpt)
+    assert rc == 2
+    line = one_error_line(err)
+    assert str(ckpt / "config.json") in line and names in line
+
+
+def test_a_vocabulary_without_cls_is_one_line(tmp_path, capsys):
+    ckpt = tiny_checkpoint(tmp_path / "ckpt")
+    (ckpt / "vocab.txt").write_text("\n".join(t for t in VOCAB if t != "[CLS]") + "\n")
+    rc, _, err = _run_on(tmp_path, capsys, ckpt)
+    assert rc == 2 and f"{ckpt / 'vocab.txt'}: cls_token not found" in one_error_line(err)
 
 
 @pytest.mark.parametrize("flags, names", [

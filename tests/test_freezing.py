@@ -20,7 +20,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 def tiny_config(**kw) -> BertConfig:
     base = dict(vocab_size=len(VOCAB), hidden_size=16, num_hidden_layers=L, num_attention_heads=2,
-                intermediate_size=32, max_position_embeddings=32)  # dropout 0.1, as BERT
+                intermediate_size=32, max_position_embeddings=128)  # dropout 0.1, as BERT
     return BertConfig(**{**base, **kw})
 
 

@@ -19,7 +19,7 @@ VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS
 def setup(tmp_path):
     torch.manual_seed(0)
     cfg = BertConfig(vocab_size=len(VOCAB), hidden_size=16, num_hidden_layers=3, num_attention_heads=2,
-                     intermediate_size=32, max_position_embeddings=64)
+                     intermediate_size=32, max_position_embeddings=128)
     d = save_hf(Bert(cfg), tmp_path / "ckpt")
     (d / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
     tok = Tokenizer.from_checkpoint(d)

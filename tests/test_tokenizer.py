@@ -1,5 +1,6 @@
 """Our tokeniser against `transformers.BertTokenizerFast` on sentences from the course data."""
 import csv
+import re
 
 import pytest
 from transformers import BertTokenizerFast
@@ -57,3 +58,16 @@ def test_uncased_vocab_respects_do_lower_case_false(tmp_path):
     (tmp_path / "tokenizer_config.json").write_text('{"do_lower_case": false}')
     ids = Tokenizer.from_checkpoint(tmp_path).encode(["Cat cat"])[0][0]
     assert ids == [2, 6, 5, 3]
+
+
+@pytest.mark.parametrize("vocab, config, names", [
+    (["[PAD]", "[UNK]", "[SEP]", "cat"], None, "vocab.txt: cls_token not found"),
+    (["[PAD]", "[UNK]", "[CLS]", "[SEP]", "cat"], "{not json", "tokenizer_config.json: cannot read it"),
+    (["[PAD]", "[UNK]", "[CLS]", "[SEP]", "cat"], "[1, 2]", "tokenizer_config.json: cannot read it"),
+])
+def test_a_broken_vocabulary_names_its_file(tmp_path, vocab, config, names):
+    (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    if config is not None:
+        (tmp_path / "tokenizer_config.json").write_text(config)
+    with pytest.raises(ValueError, match=re.escape(f"{tmp_path / names.split(':')[0]}:") + names.split(":", 1)[1]):
+        Tokenizer.from_checkpoint(tmp_path)

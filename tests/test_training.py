@@ -45,7 +45,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def make_checkpoint(d):
     torch.manual_seed(0)
     cfg = BertConfig(vocab_size=len(VOCAB), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                     intermediate_size=64, max_position_embeddings=32, hidden_dropout_prob=0.0,
+                     intermediate_size=64, max_position_embeddings=128, hidden_dropout_prob=0.0,
                      attention_probs_dropout_prob=0.0)
     bert = Bert(cfg)
     with torch.no_grad():

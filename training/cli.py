@@ -47,7 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="sentence or pair vector the heads read: cls, BERT's pooler on [CLS] (the course's); "
                         "mean, the last layer's states averaged over the real tokens, as sentence-transformers "
                         "checkpoints like all-MiniLM-L6-v2 were trained (their pooler is untrained)")
-    g.add_argument("--max-length", type=int, default=D.max_length, help="truncate sequences to this many tokens")
+    g.add_argument("--max-length", type=int, default=D.max_length, help="truncate sequences to this many tokens "
+                        "(at most the model's max_position_embeddings, 512 for BERT)")
     g.add_argument("--head-dropout", type=float, default=D.head_dropout, help="dropout before the task heads")
     g.add_argument("--attn-impl", choices=["auto", "sdpa", "matmul"], default=D.attn_impl,
                    help="attention kernel; auto: sdpa on CUDA, matmul on CPU (faster there)")

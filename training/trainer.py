@@ -339,8 +339,15 @@ def maybe_frozen_cache(cfg: TrainConfig, model: MultitaskBert, train: dict[str, 
 
 def build_model(cfg: TrainConfig) -> tuple[MultitaskBert, Tokenizer, Path]:
     ckpt = resolve_checkpoint(cfg.model)
-    tokenizer = Tokenizer.from_checkpoint(ckpt)
+    try:
+        tokenizer = Tokenizer.from_checkpoint(ckpt)
+    except ValueError as e:  # an unreadable tokenizer.json, a vocabulary without [CLS]: the message names it
+        raise ConfigError(str(e)) from None
     encoder = load_bert(ckpt, attn_impl=cfg.attn_impl)
+    if cfg.max_length > encoder.config.max_position_embeddings:
+        positions = encoder.config.max_position_embeddings
+        raise ConfigError(f"--max-length {cfg.max_length} is longer than the model's {positions} positions "
+                          f"(max_position_embeddings in {ckpt / 'config.json'})")
     if tokenizer.vocab_size > encoder.config.vocab_size:
         raise ConfigError(f"{ckpt}: the tokenizer has {tokenizer.vocab_size} tokens but the model's embedding "
                           f"has {encoder.config.vocab_size} rows; the vocabulary belongs to another model")
