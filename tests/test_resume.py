@@ -184,23 +184,43 @@ def test_a_new_run_refuses_an_out_dir_holding_an_earlier_run(files, tmp_path, ca
     assert max(r["step"] for r in records) == 6
 
 
-def test_resume_after_a_crash_writes_each_record_once(files, tmp_path, caplog):
+class _Killed(BaseException):
+    """A hard kill: nothing after it runs, no handler sees it."""
+
+
+@pytest.mark.parametrize("crash", ["mid-epoch", "epoch-end save 6", "epoch-end save 12"])
+def test_resume_after_a_crash_writes_each_record_once(files, tmp_path, caplog, monkeypatch, crash):
     # A crash (no signal, no final checkpoint): the newest checkpoint is older than the last
     # records in metrics.jsonl and than best.pt. The resumed run must end with the records and
-    # best model of the uninterrupted run, each step recorded once.
+    # best model of the uninterrupted run, each step recorded once. "epoch-end save N": killed while
+    # writing the checkpoint that ends an epoch, after its record and best.pt (6 steps per epoch).
     import shutil
+    from training.checkpointing import RollingCheckpoints
     ckpt, data = files
     torch.set_num_threads(1)
     straight, crashed = tmp_path / "straight", tmp_path / "crashed"
     assert cli_main(_args(ckpt, data, straight, "--keep-last", "100")) == 0
-    shutil.copytree(straight, crashed)
-    for p in (crashed / "checkpoints").iterdir():
-        if int(p.stem.split("-")[1]) > 8:  # "crashed" in epoch 1, after step 8's checkpoint
-            p.unlink()
+    if crash == "mid-epoch":
+        shutil.copytree(straight, crashed)
+        for p in (crashed / "checkpoints").iterdir():
+            if int(p.stem.split("-")[1]) > 8:  # "crashed" in epoch 1, after step 8's checkpoint
+                p.unlink()
+    else:
+        at, save = int(crash.split()[-1]), RollingCheckpoints.save
+
+        def killed_at_the_epoch_end(self, obj, step):
+            if step == at and obj["run_state"]["step_in_epoch"] == 0:
+                raise _Killed
+            save(self, obj, step)
+
+        with monkeypatch.context() as m:
+            m.setattr(RollingCheckpoints, "save", killed_at_the_epoch_end)
+            with pytest.raises(_Killed):
+                cli_main(_args(ckpt, data, crashed, "--keep-last", "100"))
     caplog.clear()
     with caplog.at_level("INFO"):
         assert cli_main(_args(ckpt, data, crashed, "--keep-last", "100", "--resume", "auto")) == 0
-    assert any("resumed at epoch 1" in r.getMessage() for r in caplog.records)
+    assert any(re.search(r"resumed at epoch [01]", r.getMessage()) for r in caplog.records)
     assert max(len(r.getMessage()) for r in caplog.records) < 500  # no state dict dumped into the log
 
     def records(out):

@@ -473,7 +473,9 @@ def _train(cfg: TrainConfig, out_dir: Path, dist=None) -> dict:
                     bar.set_postfix({t: f"{np.mean(v[-50:]):.3f}" for t, v in state.losses.items() if v})
                     if main and state.global_step % cfg.log_every == 0:
                         _log_step(metrics_log, state, stepper.lr, parts, cfg.log_every)
-                if cfg.save_every and state.global_step % cfg.save_every == 0:
+                # not at the epoch's last step: the epoch-end checkpoint follows its record and best.pt,
+                # and a crash in between must resume before that step, so it is replayed and recorded once
+                if cfg.save_every and state.global_step % cfg.save_every == 0 and state.step_in_epoch < len(schedule):
                     save_last()
                 if stop_requested():
                     break
