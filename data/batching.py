@@ -5,6 +5,7 @@ length bucketing most of the tokens computed are real ones.
 """
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -37,6 +38,14 @@ class TaskData:
     @property
     def labelled(self) -> bool:
         return len(self.examples) > 0 and self.examples[0].label is not None
+
+    def digest(self) -> str:
+        """sha256 of the labels and token ids: what training reads, so a resume can tell that
+        a file changed even when its number of rows did not."""
+        h = hashlib.sha256()
+        for ex, seq in zip(self.examples, self.sequences):
+            h.update(repr((ex.label, seq)).encode())
+        return h.hexdigest()
 
 
 @dataclass

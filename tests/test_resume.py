@@ -184,6 +184,38 @@ def test_a_new_run_refuses_an_out_dir_holding_an_earlier_run(files, tmp_path, ca
     assert max(r["step"] for r in records) == 6
 
 
+def test_a_bad_flag_with_overwrite_leaves_the_earlier_run_alone(files, tmp_path, capsys):
+    ckpt, data = files
+    out = tmp_path / "run"
+    assert cli_main(_args(ckpt, data, out, "--epochs", "1")) == 0
+    before = {p: p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file() and p.name != "train.log"}
+    assert len([p for p in before if p.parent.name == "checkpoints"]) == 2
+    # out of range for the 2-layer model: found only once the model has loaded
+    assert cli_main(_args(ckpt, data, out, "--epochs", "1", "--overwrite", "--freeze-upto", "5")) == 2
+    assert "--freeze-upto 5" in capsys.readouterr().err
+    after = {p: p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file() and p.name != "train.log"}
+    assert after == before
+
+
+def test_resume_auto_without_a_checkpoint(files, tmp_path, capsys):
+    ckpt, data = files
+    out = tmp_path / "run"
+    assert cli_main(_args(ckpt, data, out, "--epochs", "1", "--save-every", "0", "--keep-last", "1")) == 0
+    for p in (out / "checkpoints").iterdir():
+        p.unlink()
+    # a finished run's best.pt, nothing to continue from: refused, and not told to pass --resume auto again
+    assert cli_main(_args(ckpt, data, out, "--epochs", "1", "--resume", "auto")) == 2
+    err = capsys.readouterr().err
+    assert "no training checkpoint to continue it from" in err and "--overwrite" in err
+    assert "pass --resume auto" not in err
+    # only the records of a run killed before its first checkpoint: start afresh, records replaced
+    (out / "best.pt").unlink()
+    (out / "metrics.jsonl").write_text(json.dumps({"step": 1, "epoch": 0, "loss_sst": 1.0}) + "\n")
+    assert cli_main(_args(ckpt, data, out, "--epochs", "1", "--resume", "auto")) == 0
+    records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "dev_overall" not in r] == list(range(1, 7))
+
+
 class _Killed(BaseException):
     """A hard kill: nothing after it runs, no handler sees it."""
 
@@ -256,6 +288,13 @@ def test_resume_refuses_another_best_pt_or_changed_training_files(files, tmp_pat
     capsys.readouterr()
     assert cli_main(_args(ckpt, data2, out, "--resume", str(step6))) == 2
     assert "the training sets changed since the checkpoint" in capsys.readouterr().err
+    # the same number of rows, one label changed
+    rows = (data / "ids-sst-train.csv").read_text().splitlines(keepends=True)
+    *fields, label = rows[1].rstrip("\n").split("\t")
+    rows[1] = "\t".join([*fields, str((int(label) + 1) % 5)]) + "\n"
+    sst.write_text("".join(rows))
+    assert cli_main(_args(ckpt, data2, out, "--resume", str(step6))) == 2
+    assert "the sst training examples changed since the checkpoint" in capsys.readouterr().err
 
 
 def test_metric_records_are_strict_json(tmp_path):

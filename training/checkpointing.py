@@ -120,15 +120,15 @@ def _set_rng_state(state: dict) -> None:
 
 
 def training_state(model: MultitaskBert, stepper, cfg: TrainConfig, state: RunState, train_sizes: dict[str, int],
-                   dist=None) -> dict:
+                   train_digests: dict[str, str], dist=None) -> dict:
     """Everything to continue the run; rank-independent apart from `rng_ranks` (distributed runs:
     every rank's own random streams, gathered from all ranks, so every rank must call this).
-    `train_sizes` (examples per task) lets a resume notice a changed training file: the sampler's
-    indices would point elsewhere."""
+    `train_sizes` (examples per task) and `train_digests` (TaskData.digest) let a resume notice a
+    changed training file: the sampler's indices would point elsewhere, or at other examples."""
     out = {"model": model.state_dict(), "bert_config": asdict(model.encoder.config), "config": cfg.to_dict(),
            "optimizer": stepper.optimizer.state_dict(), "scheduler": stepper.scheduler.state_dict(),
            "run_state": asdict(state), "bad_steps": stepper.bad_steps, "rng": _rng_state(),
-           "train_sizes": dict(train_sizes)}
+           "train_sizes": dict(train_sizes), "train_digests": dict(train_digests)}
     if stepper.teacher is not None:
         out["smart_teacher"] = stepper.teacher.state_dict()
         out["smart_generator"] = stepper.generator.get_state()
@@ -262,19 +262,33 @@ def earlier_run_files(out_dir: Path) -> list[Path]:
     return found + RollingCheckpoints(out_dir, 1).all()
 
 
-def clear_earlier_run(out_dir: Path, overwrite: bool) -> None:
-    """A new run in out_dir: refuse to destroy an earlier run's results unless told to, then remove
-    them (old step checkpoints would otherwise outlive the new ones in the rolling window)."""
+def earlier_run_to_replace(out_dir: Path, overwrite: bool, resume_auto: bool) -> list[Path]:
+    """An earlier run's files that a new run in out_dir replaces, refused unless told to. Called
+    before any heavy work; the files go only once the new run's model and data have loaded."""
     from .trainer import ConfigError
 
     found = earlier_run_files(out_dir)
-    if found and not overwrite:
-        names = ", ".join(str(p.relative_to(out_dir)) for p in found[:4]) + (" ..." if len(found) > 4 else "")
+    if not found or overwrite:
+        return found
+    names = ", ".join(str(p.relative_to(out_dir)) for p in found[:4]) + (" ..." if len(found) > 4 else "")
+    if not resume_auto:
         raise ConfigError(f"--out-dir {out_dir} holds an earlier run ({names}): pass --resume auto to continue it, "
                           f"--overwrite to replace it, or another --out-dir")
+    # --resume auto found no checkpoint (find_resume_checkpoint said so)
+    if (out_dir / "best.pt").is_file():
+        raise ConfigError(f"--out-dir {out_dir} holds an earlier run ({names}) but no training checkpoint to "
+                          f"continue it from: pass --overwrite to replace it, or another --out-dir")
+    log.warning("--resume auto: %s holds only the records of a run stopped before its first checkpoint; "
+                "starting afresh replaces them", out_dir)
+    return found
+
+
+def remove_earlier_run(found: list[Path]) -> None:
+    """Old step checkpoints would otherwise outlive the new ones in the rolling window, and old records
+    mix with the new."""
     for p in found:
         p.unlink()
-        log.info("--overwrite: removed %s", p)
+        log.info("removed %s of the earlier run", p)
 
 
 def truncate_metrics(path: Path, step: int) -> None:

@@ -28,9 +28,9 @@ from heads import KIND, MultitaskBert, task_loss
 from minbert import Tokenizer, load_bert, resolve_checkpoint
 from minbert.checkpoint import copy_tokenizer_files
 
-from .checkpointing import (RollingCheckpoints, RunState, TrainingInterrupted, clear_earlier_run,
-                            find_resume_checkpoint, restore_training_state, save_checkpoint, stop_on_signals,
-                            training_state, truncate_metrics)
+from .checkpointing import (RollingCheckpoints, RunState, TrainingInterrupted, earlier_run_to_replace,
+                            find_resume_checkpoint, remove_earlier_run, restore_training_state, save_checkpoint,
+                            stop_on_signals, training_state, truncate_metrics)
 from .config import TrainConfig
 from .evaluate import evaluate, write_all_predictions
 from .progress import LOG_FORMAT, progress
@@ -386,13 +386,8 @@ def _train(cfg: TrainConfig, out_dir: Path, dist=None) -> dict:
     device = pick_device(cfg.device) if dist is None else dist.device
     amp_dtype = autocast_dtype(cfg.precision, device)
     resume = find_resume_checkpoint(cfg, out_dir)  # checked before any heavy work
-    if resume is None and main:
-        clear_earlier_run(out_dir, cfg.overwrite)
-    if main:
-        (out_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
+    earlier = earlier_run_to_replace(out_dir, cfg.overwrite, cfg.resume == "auto") if resume is None and main else []
     model, tokenizer, ckpt_dir = build_model(cfg)
-    if main:
-        copy_tokenizer_files(ckpt_dir, out_dir / "tokenizer")  # evaluate without the original
     model.to(device)
     if dist is not None:  # the same initial model everywhere, but each rank its own dropout masks
         from .distributed import local_step, rank_seed
@@ -407,9 +402,14 @@ def _train(cfg: TrainConfig, out_dir: Path, dist=None) -> dict:
 
     data = load_data(cfg, tokenizer)
     train_sizes = {t: len(d) for t, d in data.train.items()}
+    train_digests = {t: d.digest() for t, d in data.train.items()}
     if resume is not None and resume.get("train_sizes", train_sizes) != train_sizes:
         raise ConfigError(f"--resume: the training sets changed since the checkpoint (examples per task were "
                           f"{resume['train_sizes']}, now {train_sizes}): resume with the same files")
+    if resume is not None and resume.get("train_digests", train_digests) != train_digests:
+        changed = [t for t in train_digests if resume["train_digests"].get(t) != train_digests[t]]
+        raise ConfigError(f"--resume: the {', '.join(changed)} training examples changed since the checkpoint "
+                          f"(same number, other sentences or labels): resume with the same files")
     steps_per_epoch = len(schedule_for_epoch(cfg, data.train, 0))
     total = steps_per_epoch * cfg.epochs
     optimizer = build_optimizer(model, cfg, device)
@@ -428,6 +428,10 @@ def _train(cfg: TrainConfig, out_dir: Path, dist=None) -> dict:
         raise ConfigError("the ranks resumed from different checkpoints (or some found none): put --out-dir on "
                           "a filesystem every node sees, or pass --resume PATH readable on every node")
     cache = maybe_frozen_cache(cfg, model, data.train, tokenizer, device, dist, amp_dtype)
+    if main:  # only now that the model and data have loaded: a bad flag must not cost the earlier run
+        remove_earlier_run(earlier)
+        (out_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
+        copy_tokenizer_files(ckpt_dir, out_dir / "tokenizer")  # evaluate without the original
     checkpoints = RollingCheckpoints(out_dir, cfg.keep_last)
     metrics_log = None
     if main:
@@ -438,7 +442,8 @@ def _train(cfg: TrainConfig, out_dir: Path, dist=None) -> dict:
     def save_last():
         if state.step_in_epoch:  # mid-epoch: a resumed epoch's train_seconds counts the time before it too
             state.epoch_seconds = time.time() - t0
-        obj = training_state(model, stepper, cfg, state, train_sizes, dist)  # distributed: on every rank
+        # every rank calls it: a distributed checkpoint gathers all ranks' random states
+        obj = training_state(model, stepper, cfg, state, train_sizes, train_digests, dist)
         if main:
             checkpoints.save(obj, state.global_step)
 
