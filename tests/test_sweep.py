@@ -146,6 +146,19 @@ def test_resume_runs_exactly_the_unfinished_runs(inputs, tmp_path, monkeypatch, 
     assert S.main(sweep_args(data, ckpt, tmp_path, "--in-process", "--lr", "0.5")) == 2 and calls == []
 
 
+def test_two_sweeps_never_share_or_delete_each_others_runs(inputs, tmp_path, monkeypatch):
+    data, ckpt = inputs
+    a, b = tmp_path / "expA" / "sweep", tmp_path / "expB" / "sweep"
+    assert S.default_runs_dir(a) != S.default_runs_dir(b)  # the same folder name, other paths
+    monkeypatch.setattr(S, "measure", fake_training([]))
+    assert S.main(sweep_args(data, ckpt, tmp_path / "expA", "--in-process")) == 0
+    shared = ["--runs-dir", str(tmp_path / "expA" / "runs")]  # B pointed at A's run directories
+    kept = {p: p.read_bytes() for p in (tmp_path / "expA" / "runs").rglob("*") if p.is_file()}
+    with pytest.raises(SystemExit, match="belongs to the sweep in .*expA"):
+        S.main(sweep_args(data, ckpt, tmp_path / "expB", "--in-process", *shared))
+    assert {p: p.read_bytes() for p in kept} == kept
+
+
 def test_pooling_ema_and_both_orders_reach_every_run(inputs, tmp_path, monkeypatch):
     data, ckpt = inputs
     seen = []

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import hashlib
 import json
 import logging
 import os
@@ -301,11 +302,17 @@ def base_config(args: argparse.Namespace) -> TrainConfig:
         device=args.device, precision=args.precision, log_every=args.log_every, save_every=0, keep_last=1)
 
 
-def _clean_run_dir(run_dir: Path) -> None:
+def _clean_run_dir(run_dir: Path, out: Path) -> None:
+    """Remove what an interrupted run of this sweep left, and nothing else."""
     if run_dir.exists():
-        if not (run_dir / MARKER).is_file() and any(run_dir.iterdir()):
+        marker = run_dir / MARKER
+        if not marker.is_file() and any(run_dir.iterdir()):
             raise SystemExit(f"{run_dir} exists and is not a sweep run directory; refusing to delete it "
                              f"(move it, or pass another --runs-dir)")
+        owner = json.loads(marker.read_text()).get("out") if marker.is_file() else None
+        if owner is not None and owner != str(out.resolve()):
+            raise SystemExit(f"{run_dir} belongs to the sweep in {owner}; refusing to delete it "
+                             f"(pass another --runs-dir)")
         log.info("%s: left over from an interrupted run; starting it again", run_dir)
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True)
@@ -358,8 +365,8 @@ def run_sweep(args: argparse.Namespace) -> int:
     failures, spent = [], []
     for i, key in enumerate(todo, 1):
         run_dir = runs_dir / key.name
-        _clean_run_dir(run_dir)
-        (run_dir / MARKER).write_text(json.dumps(key.to_dict()) + "\n")
+        _clean_run_dir(run_dir, out)
+        (run_dir / MARKER).write_text(json.dumps({**key.to_dict(), "out": str(out.resolve())}) + "\n")
         files = {}
         for task in args.tasks:
             path = run_dir / f"{task}-train-subset.csv"
@@ -412,7 +419,10 @@ def run_sweep(args: argparse.Namespace) -> int:
 
 
 def default_runs_dir(out: str | os.PathLike) -> Path:
-    return Path("runs") / f"{Path(out).resolve().name}-runs"
+    """runs/<name of OUT>-<hash of its full path>-runs: two sweeps whose OUT folders share a name
+    (expA/sweep, expB/sweep) must not share run directories."""
+    out = Path(out).resolve()
+    return Path("runs") / f"{out.name}-{hashlib.sha1(str(out).encode()).hexdigest()[:8]}-runs"
 
 
 # --------------------------------------------------------------------------- command line
@@ -463,7 +473,7 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("where")
     g.add_argument("--out", default="runs/sweep", help="folder for results.jsonl (and the report) (default: %(default)s)")
     g.add_argument("--runs-dir", default=None, help="folder for the run directories (checkpoints, logs, the subset "
-                   "files) (default: runs/<name of OUT>-runs)")
+                   "files) (default: runs/<name of OUT>-<hash of its path>-runs)")
     g.add_argument("--data-dir", default=D.data_dir, help="folder with the course's CSV files (default: %(default)s)")
     g.add_argument("--model", default=D.model, help="checkpoint, as for run_multitask.py (default: %(default)s)")
 
