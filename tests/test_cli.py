@@ -263,6 +263,14 @@ def test_a_vocabulary_without_cls_is_one_line(tmp_path, capsys):
     (["--smart", "--smart-step-size", "-1"], "--smart-step-size must be > 0, not -1.0"),
     (["--smart", "--smart-noise-var", "-1"], "--smart-noise-var must be >= 0, not -1.0"),
     (["--smart", "--smart-lambda", "-1"], "--smart-lambda and --smart-mu must be >= 0"),
+    (["--seed", "-1"], "--seed must be in [0, 2**32)"),
+    (["--seed", str(2**32)], "--seed must be in [0, 2**32)"),
+    # a feature's options while it is off
+    (["--smart-eps", "-1"], "--smart-eps: is for --smart, which is off"),
+    (["--smart-lambda", "5", "--smart-perturb-at", "first-trainable"],
+     "--smart-lambda, --smart-perturb-at: are for --smart, which is off"),
+    (["--pcgrad-variant", "dominant"], "--pcgrad-variant: is for --pcgrad, which is off"),
+    (["--no-bucket", "--task-sampling", "mixed"], "--no-bucket applies to the per-task samplers"),
 ])
 def test_out_of_range_values_are_refused_before_loading(args, capsys, flags, names):
     rc, _, err = run(args + flags, capsys)  # the model does not exist: validation must speak first

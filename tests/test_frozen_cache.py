@@ -155,3 +155,13 @@ def test_needs_a_frozen_layer(setup):
     ckpt, tok, train = setup
     with pytest.raises(ValueError, match="at least one frozen encoder layer"):
         build_frozen_cache(_model(ckpt, -1), train, tok, torch.device("cpu"))
+
+
+@pytest.mark.parametrize("mode, upto, says", [("disk", 0, True), ("memory", None, True), ("auto", 0, False)])
+def test_an_explicit_cache_mode_without_frozen_layers_is_not_ignored_silently(setup, caplog, mode, upto, says):
+    from training.trainer import maybe_frozen_cache
+    ckpt, tok, train = setup
+    cfg = TrainConfig(frozen_cache=mode, freeze_upto=upto)
+    with caplog.at_level("WARNING"):
+        assert maybe_frozen_cache(cfg, _model(ckpt, upto), train, tok, torch.device("cpu")) is None
+    assert (f"--frozen-cache {mode} does nothing here" in caplog.text) == says

@@ -185,6 +185,9 @@ def test_bad_arguments_fail_before_training(inputs, tmp_path, capsys):
     with pytest.raises(SystemExit):
         S.main(sweep_args(data, ckpt, tmp_path, "--pair-encoding", "siamese", "--predict-both-orders"))
     assert "--predict-both-orders is for --pair-encoding cross" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        S.main(sweep_args(data, ckpt, tmp_path, "--seeds", "1", "-3"))
+    assert "--seeds must be in [0, 2**32), as numpy's seeds are, not -3" in capsys.readouterr().err
 
 
 # ----------------------------------------------------------------------------- report

@@ -5,6 +5,7 @@ import argparse
 import logging
 import os
 import sys
+from dataclasses import asdict
 
 from data.loaders import COURSE_FILES, TASKS
 
@@ -207,6 +208,10 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         overwrite=args.overwrite, max_bad_steps=args.max_bad_steps)
 
 
+def seed_error(seed: int, flag: str) -> str:
+    return f"{flag} must be in [0, 2**32), as numpy's seeds are, not {seed}"
+
+
 def validate(cfg: TrainConfig) -> list[str]:
     """Problems found without loading anything heavy; each is one line for the user."""
     errors = []
@@ -252,6 +257,16 @@ def validate(cfg: TrainConfig) -> list[str]:
         errors.append("--pcgrad needs batches holding several tasks: use --task-sampling mixed (its default)")
     if cfg.pcgrad and len(cfg.tasks) < 2:
         errors.append("--pcgrad needs at least two --tasks")
+    if not 0 <= cfg.seed < 2**32:
+        errors.append(seed_error(cfg.seed, "--seed"))
+    if not cfg.bucket and cfg.task_sampling == "mixed":
+        errors.append("--no-bucket applies to the per-task samplers, not --task-sampling mixed (never bucketed)")
+    # a feature's options while the feature is off would be ignored without a word
+    for feature, on, options in (("--smart", cfg.smart, [f for f in asdict(D) if f.startswith("smart_")]),
+                                 ("--pcgrad", cfg.pcgrad, ["pcgrad_variant"])):
+        given = [f"--{f.replace('_', '-')}" for f in options if getattr(cfg, f) != getattr(D, f)]
+        if given and not on:
+            errors.append(f"{', '.join(given)}: {'is' if len(given) == 1 else 'are'} for {feature}, which is off")
     if cfg.smart:
         if cfg.smart_eps < 0:
             errors.append(f"--smart-eps must be >= 0, not {cfg.smart_eps}")

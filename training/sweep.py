@@ -46,7 +46,7 @@ from typing import Hashable, Sequence
 
 from data.loaders import COURSE_FILES, LABEL_COLUMN, TASKS, TEXT_COLUMNS, Example, load_task_file
 
-from .cli import validate
+from .cli import seed_error, validate
 from .config import CHOICES, TrainConfig
 from .progress import setup_logging
 
@@ -531,6 +531,7 @@ def main(argv: list[str] | None = None) -> int:
         if not path.is_file():
             p.error(f"{path}: no such file; pass --data-dir pointing at the course's CSV files")
     errors = validate(base_config(args))  # the training flags every run gets, checked as run_multitask.py does
+    errors += [seed_error(s, "--seeds") for s in args.seeds if not 0 <= s < 2**32]
     if errors:
         p.error("\n  ".join(errors))
     layers = _num_layers(args.model)

@@ -320,7 +320,12 @@ def _oom_message(b: Batch, cfg: TrainConfig) -> str:
 def maybe_frozen_cache(cfg: TrainConfig, model: MultitaskBert, train: dict[str, TaskData], tokenizer, device,
                        dist=None, amp_dtype: torch.dtype | None = None):
     """The frozen-prefix cache when it applies (frozen encoder layers, nothing needing their gradients)."""
-    if cfg.frozen_cache == "off" or model.first_trainable_layer < 1:
+    if cfg.frozen_cache == "off":
+        return None
+    if model.first_trainable_layer < 1:
+        if cfg.frozen_cache != "auto":
+            log.warning("--frozen-cache %s does nothing here: no encoder layer is frozen (it caches the states "
+                        "entering the first trainable layer, with --freeze-upto N >= 1)", cfg.frozen_cache)
         return None
     if cfg.smart and cfg.smart_perturb_at == "embeddings":
         log.info("frozen-prefix cache off: SMART perturbs the embeddings, which needs gradients through the "
