@@ -403,6 +403,27 @@ def test_evaluate_both_orders_needs_a_cross_encoder(cross_run, tmp_path, capsys)
     assert "--both-orders is for cross-encoded pairs; this model is siamese" in capsys.readouterr().err
 
 
+def test_evaluate_errors_are_one_line_naming_the_file(cross_run, tmp_path, capsys):
+    cfg, _ = cross_run
+    sts_dev = str(Path(cfg.data_dir) / COURSE_FILES["sts"]["dev"])
+
+    def error(checkpoint, *extra):
+        with pytest.raises(SystemExit) as e:
+            evaluate_mod.main(["--checkpoint", str(checkpoint), "--device", "cpu", *extra])
+        assert e.value.code == 2
+        return capsys.readouterr().err.strip().splitlines()[-1]
+
+    assert f"checkpoint {tmp_path / 'nope.pt'} does not exist" in error(tmp_path / "nope.pt", "--score", "sts", sts_dev)
+    missing = tmp_path / "missing.csv"
+    assert str(missing) in error(Path(cfg.out_dir) / "best.pt", "--score", "sts", str(missing))
+    shutil.copy(Path(cfg.out_dir) / "best.pt", tmp_path / "alone.pt")
+    assert "pass --tokenizer DIR" in error(tmp_path / "alone.pt", "--score", "sts", sts_dev)
+    # a training checkpoint under checkpoints/ finds the run's tokenizer one folder up
+    step = sorted((Path(cfg.out_dir) / "checkpoints").iterdir())[-1]
+    assert evaluate_mod.main(["--checkpoint", str(step), "--device", "cpu", "--score", "sts", sts_dev]) == 0
+    assert "sts_pearson" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("flag, expected", [(None, "fp32"), ("bf16", "bf16"), ("fp32", "fp32")])
 def test_evaluate_precision_defaults_to_the_runs(cross_run, tmp_path, monkeypatch, flag, expected):
     import training.trainer as trainer_mod

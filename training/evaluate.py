@@ -21,7 +21,7 @@ import torch
 from scipy.stats import pearsonr
 
 from data.batching import TaskData, encode_task, eval_batches
-from data.loaders import COURSE_FILES, TASKS, load_task_file
+from data.loaders import COURSE_FILES, TASKS, DataError, load_task_file
 from heads import MultitaskBert, predict
 
 from .config import CHOICES
@@ -144,6 +144,18 @@ def write_all_predictions(model, data, tokenizer, cfg, device, autocast=contextl
     return metrics
 
 
+def run_tokenizer_dir(checkpoint, given: str | None) -> Path:
+    """--tokenizer, else the run's tokenizer/ beside best.pt, or one folder up for checkpoints/step-N.pt."""
+    if given:
+        return Path(given)
+    run = Path(checkpoint).parent
+    found = [d / "tokenizer" for d in (run, run.parent) if (d / "tokenizer").is_dir()]
+    if not found:
+        raise FileNotFoundError(f"no tokenizer/ beside {checkpoint} or one folder up (where run_multitask.py "
+                                f"writes it): pass --tokenizer DIR, e.g. the pretrained model's folder")
+    return found[0]
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m training.evaluate", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -176,12 +188,19 @@ def main(argv=None) -> int:
     from .checkpointing import model_from_checkpoint
     from .trainer import Splits, autocast_dtype, pick_device
 
-    model, cfg, _ = model_from_checkpoint(args.checkpoint)
+    try:
+        model, cfg, _ = model_from_checkpoint(args.checkpoint)
+    except (FileNotFoundError, RuntimeError) as e:  # missing, unreadable, or not one of ours
+        p.error(str(e))
+    except KeyError as e:
+        p.error(f"{args.checkpoint}: not a checkpoint written by run_multitask.py (no {e})")
     both_orders = cfg.predict_both_orders if args.both_orders is None else args.both_orders
     if both_orders and cfg.pair_encoding != "cross":
         p.error(f"--both-orders is for cross-encoded pairs; this model is {cfg.pair_encoding}")
-    tok_dir = Path(args.tokenizer) if args.tokenizer else Path(args.checkpoint).parent / "tokenizer"
-    tokenizer = Tokenizer.from_checkpoint(tok_dir)
+    try:
+        tokenizer = Tokenizer.from_checkpoint(run_tokenizer_dir(args.checkpoint, args.tokenizer))
+    except (FileNotFoundError, ValueError) as e:
+        p.error(str(e))
     device = pick_device(args.device)
     model.to(device)
     dtype = autocast_dtype(args.precision or cfg.precision, device)
@@ -193,25 +212,28 @@ def main(argv=None) -> int:
         examples = load_task_file(path, task, labelled=labelled).examples
         return encode_task(task, examples, tokenizer, cfg.pair_encoding, cfg.max_length, both_orders)
 
-    if args.data_dir:
-        splits = Splits({}, {}, {})
-        for task in cfg.tasks:
-            splits.dev[task] = encoded(task, Path(args.data_dir) / COURSE_FILES[task]["dev"], True)
-            test = Path(args.data_dir) / COURSE_FILES[task]["test"]
-            if test.is_file():
-                splits.test[task] = encoded(task, test, False)
-        cfg.predictions_dir, cfg.eval_batch_size = args.predictions_dir, args.batch_size
-        write_all_predictions(model, splits, tokenizer, cfg, device, autocast)
-    for task, path in args.score:
-        d = encoded(task, path, True)
-        preds = predict_task(model, d, tokenizer, args.batch_size, device, autocast)
-        print(f"{path}: {METRIC[task]} {score(task, preds, [e.label for e in d.examples]):.4f} ({len(d)} examples)")
-    for task, path, out in args.predict:
-        d = encoded(task, path, None)
-        write_predictions(out, task, [e.id for e in d.examples],
-                          predict_task(model, d, tokenizer, args.batch_size, device, autocast))
-        print(f"{path}: wrote {len(d)} {task} predictions to {out}")
-    return 0
+    try:
+        if args.data_dir:
+            splits = Splits({}, {}, {})
+            for task in cfg.tasks:
+                splits.dev[task] = encoded(task, Path(args.data_dir) / COURSE_FILES[task]["dev"], True)
+                test = Path(args.data_dir) / COURSE_FILES[task]["test"]
+                if test.is_file():
+                    splits.test[task] = encoded(task, test, False)
+            cfg.predictions_dir, cfg.eval_batch_size = args.predictions_dir, args.batch_size
+            write_all_predictions(model, splits, tokenizer, cfg, device, autocast)
+        for task, path in args.score:
+            d = encoded(task, path, True)
+            preds = predict_task(model, d, tokenizer, args.batch_size, device, autocast)
+            print(f"{path}: {METRIC[task]} {score(task, preds, [e.label for e in d.examples]):.4f} ({len(d)} examples)")
+        for task, path, out in args.predict:
+            d = encoded(task, path, None)
+            write_predictions(out, task, [e.id for e in d.examples],
+                              predict_task(model, d, tokenizer, args.batch_size, device, autocast))
+            print(f"{path}: wrote {len(d)} {task} predictions to {out}")
+        return 0
+    except DataError as e:  # a missing or unusable file: the message names it
+        p.error(str(e))
 
 
 if __name__ == "__main__":
