@@ -49,7 +49,7 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
     p.add_argument("--seed", type=int, default=0, help="seed for the batch and dropout (default: %(default)s)")
     p.add_argument("--peak-tflops", type=float, default=None,
-                   help="the device's peak dense TFLOP/s for MFU (default: 989 on H100/H200 in bf16, else no MFU)")
+                   help="the device's peak dense TFLOP/s for MFU (default: 989 on H100/H200 SXM in bf16, else no MFU)")
     args = p.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: this torch sees no CUDA device")
@@ -104,9 +104,10 @@ def train_flops(cfg, batch_size: int, seq_len: int) -> float:
 def peak_tflops(args, dev) -> float | None:
     if args.peak_tflops:
         return args.peak_tflops
-    if dev.type == "cuda" and any(k in torch.cuda.get_device_name() for k in ("H100", "H200")):
-        return 989.0  # dense bf16 tensor-core peak of the SXM parts
-    return None
+    name = torch.cuda.get_device_name() if dev.type == "cuda" else ""
+    if any(k in name for k in ("H100", "H200")) and not any(k in name for k in ("PCIe", "NVL")):
+        return 989.0  # dense bf16 tensor-core peak of the SXM parts; PCIe and NVL parts are slower
+    return None  # unknown: no MFU column figure unless --peak-tflops gives the peak
 
 
 def train_step(model, opt, batch, device) -> float:

@@ -32,7 +32,7 @@ def main(argv=None) -> None:
 
     ckpt = resolve_checkpoint(args.model)
     tokenizer, encoder = Tokenizer.from_checkpoint(ckpt), load_bert(ckpt).eval()
-    data = encode_task("sts", load_task_file(args.sts_dev, "sts").examples, tokenizer, "siamese", 128)
+    data = encode_task("sts", load_task_file(args.sts_dev, "sts", labelled=True).examples, tokenizer, "siamese", 128)
     labels = [e.label for e in data.examples]
     print(f"# {args.model}, {args.sts_dev}: {len(data)} pairs, untrained, cosine of the two sentence vectors")
     for pooling in ("cls", "mean"):

@@ -52,6 +52,9 @@ def _fetch(url: str, dest: Path, task: str, labelled: bool) -> None:
         except DataError as e:
             msg = str(e).replace(str(tmp), dest.name)  # the temporary name means nothing to the user
             raise DownloadError(f"{url} did not give a readable {task} file: {msg}") from None
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp made it owner-only; a shared data folder needs the usual mode
         os.replace(tmp, dest)
         if res.bad_rows:  # the course files have a few; the trainer skips and reports them again
             logger.warning("%s: %d bad row(s) the loader will skip, the first on line %d: %s", dest,

@@ -44,7 +44,13 @@ def resolve_checkpoint(name_or_path: str | os.PathLike) -> Path:
         raise CheckpointError(f"{path} is a file; pass the directory that holds config.json and the weights")
     if _looks_like_path(name):
         raise CheckpointError(f"checkpoint directory {path} does not exist")
-    return _from_hub(name)
+    try:
+        return _from_hub(name)
+    except CheckpointError as e:
+        if "/" not in name:
+            raise
+        # "runs/export" may be a mistyped local folder as well as an org/name hub id: say both
+        raise CheckpointError(f"{e}\n(nor is there a local directory {path.resolve()})") from e.__cause__
 
 
 def _looks_like_path(name: str) -> bool:
@@ -172,7 +178,8 @@ _HF_TOP = {
     "embeddings.LayerNorm": "embeddings.norm",
     "pooler.dense": "pooler",
 }
-_IGNORED_PREFIXES = ("cls.", "embeddings.position_ids", "qa_outputs.", "classifier.")  # task heads, buffers
+_HEAD_PREFIXES = ("cls.", "qa_outputs.", "classifier.")  # pre-training and task heads
+_BUFFERS = ("embeddings.position_ids",)  # a constant older transformers versions saved
 
 
 def _canonical_hf_name(key: str) -> str:
@@ -190,15 +197,18 @@ def hf_to_minbert(sd: dict[str, torch.Tensor], num_layers: int):
     Returns (our state dict, unexpected keys, {our key: the file's key(s)} for error messages)."""
     source = {}
     out, unexpected, qkv = {}, [], {}
-    heads = [k for k in sd if _canonical_hf_name(k).startswith(_IGNORED_PREFIXES)]
+    heads = [k for k in sd if _canonical_hf_name(k).startswith(_HEAD_PREFIXES)]
     if heads:
         log.info("ignoring %d tensors of pre-training or task heads (%s)", len(heads),
-                 ", ".join(sorted({k.split(".")[0] for k in heads})))
+                 ", ".join(sorted({_canonical_hf_name(k).split(".")[0] for k in heads})))
     for file_key, t in sd.items():
         key = _canonical_hf_name(file_key)
-        if key.startswith(_IGNORED_PREFIXES):
+        if key.startswith(_HEAD_PREFIXES + _BUFFERS):
             continue
         module, _, param = key.rpartition(".")
+        if param not in ("weight", "bias"):  # e.g. a quantiser's statistics: not ours to load
+            unexpected.append(file_key)
+            continue
         if module in _HF_TOP:
             out[f"{_HF_TOP[module]}.{param}"] = t
             source[f"{_HF_TOP[module]}.{param}"] = file_key

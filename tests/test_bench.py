@@ -19,3 +19,12 @@ def test_help_runs_from_another_folder(script, tmp_path):
                        text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "usage:" in r.stdout and "--threads" in r.stdout, r.stdout
+
+
+def test_zero_shot_sts_refuses_an_unlabelled_file_before_encoding(tmp_path):
+    unlabelled = tmp_path / "sts-test.csv"
+    unlabelled.write_text("\tid\tsentence1\tsentence2\n0\ta\tthe cat\tthe dog\n")
+    r = subprocess.run([sys.executable, str(BENCH / "zero_shot_sts.py"), "--threads", "1", "--sts-dev", str(unlabelled)],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0
+    assert "DataError" in r.stderr and str(unlabelled) in r.stderr and "similarity" in r.stderr, r.stderr

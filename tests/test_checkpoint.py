@@ -114,10 +114,15 @@ def test_legacy_names_bert_prefix_and_pretraining_heads_in_a_bin_file(tiny_dir, 
     sd["cls.predictions.bias"] = torch.zeros(len(VOCAB))            # MLM head: ignored
     sd["cls.seq_relationship.weight"] = torch.zeros(2, 16)          # NSP head: ignored
     sd["bert.encoder.layer.0.attention.self.distance_embedding.weight"] = torch.zeros(3)  # reported
+    # a quantiser's statistics under modules we load (bitsandbytes writes such names): reported, not a KeyError
+    sd["bert.encoder.layer.0.output.dense.SCB"] = torch.zeros(16)
+    sd["bert.encoder.layer.1.attention.self.query.SCB"] = torch.zeros(16)
+    sd["bert.embeddings.position_ids"] = torch.arange(32)[None]  # a saved constant: neither head nor unexpected
     torch.save(sd, d / "pytorch_model.bin")
     with caplog.at_level("INFO", logger="minbert.checkpoint"):
         _same_weights(load_bert(d), model)
-    assert "ignored 1 unexpected tensors: bert.encoder.layer.0.attention.self.distance_embedding.weight" in caplog.text
+    assert ("ignored 3 unexpected tensors: bert.encoder.layer.0.attention.self.distance_embedding.weight, "
+            "bert.encoder.layer.0.output.dense.SCB, bert.encoder.layer.1.attention.self.query.SCB") in caplog.text
     assert "ignoring 2 tensors of pre-training or task heads (cls)" in caplog.text
 
 
@@ -176,6 +181,7 @@ def test_offline_uncached_hub_id_says_how_to_pass_a_local_directory(tmp_path):
     assert r.returncode != 0
     assert "CheckpointError: 'bert-base-uncased' is not in the Hugging Face cache" in r.stderr
     assert str(tmp_path / "empty-hf") in r.stderr and "--model /path/to/dir" in r.stderr
+    assert "nor is there a local directory" not in r.stderr  # no slash: not meant as a path
 
 
 def test_offline_partly_cached_hub_id_names_what_is_missing_without_blaming_the_hub(tmp_path, tiny_dir):
@@ -195,8 +201,9 @@ def test_hub_repository_without_config_json_is_a_checkpoint_error(monkeypatch):
     def no_such_file(repo_id, filename, **kw):
         raise EntryNotFoundError(f"{repo_id}/{filename} not found")
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", no_such_file)
-    with pytest.raises(CheckpointError, match=r"'someone/weights-only': no config\.json in the cache or on the hub"):
-        resolve_checkpoint("someone/weights-only")
+    with pytest.raises(CheckpointError, match=r"'someone/weights-only': no config\.json in the cache or on the hub"
+                                              r"(.|\n)*nor is there a local directory .*someone/weights-only"):
+        resolve_checkpoint("someone/weights-only")  # a hub id, or a mistyped folder: both are named
 
 
 def test_a_name_that_is_neither_a_directory_nor_a_hub_id(tmp_path):

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import io
 import logging
+import os
 import re
+import stat
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -398,9 +400,15 @@ def test_download_force_replaces_everything(tmp_path, monkeypatch):
         (tmp_path / name).write_text("stale")
     monkeypatch.setattr(urllib.request, "urlopen",
                         lambda url, *a, **k: io.BytesIO(_fake_course_file(url.rsplit("/", 1)[1])))
-    assert download.main(["--dest", str(tmp_path), "--force"]) == 0
+    old_umask = os.umask(0o027)
+    try:
+        assert download.main(["--dest", str(tmp_path), "--force"]) == 0
+    finally:
+        os.umask(old_umask)
     for task, split in ALL_FILES:
         assert len(load_task_split(tmp_path, task, split, strict=True).examples) == 1
+    # the umask's mode, as any new file gets (the temp file was owner-only)
+    assert {stat.S_IMODE((tmp_path / n).stat().st_mode) for n in ALL_NAMES} == {0o640}
 
 
 def test_download_help_lists_the_options(capsys):
