@@ -31,6 +31,7 @@ from data.loaders import load_task_file  # noqa: E402
 from training.config import TrainConfig  # noqa: E402
 from training.trainer import (  # noqa: E402
     Stepper,
+    autocast_dtype,
     build_model,
     build_optimizer,
     linear_warmup_decay,
@@ -43,6 +44,8 @@ def parse_args(argv=None):
     p.add_argument("--freeze-upto", type=int, default=3,
                    help="the frozen configuration's --freeze-upto (default: %(default)s = L-3 for MiniLM-L6)")
     p.add_argument("--smart-steps", type=int, default=1, help="K, SMART's ascent steps (default: %(default)s)")
+    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                   help="the steps' autocast; SMART's R_s runs in fp32 under either (default: %(default)s)")
     return p.parse_args(argv)
 
 
@@ -66,7 +69,8 @@ def main(argv=None) -> None:
         torch.set_num_threads(args.threads)
     dev = torch.device("cpu")
     base = dict(model=args.model, data_dir=args.data_dir, batch_size=args.batch_size, device="cpu",
-                precision="fp32", seed=args.seed, smart_steps=args.smart_steps)
+                precision=args.precision, seed=args.seed, smart_steps=args.smart_steps)
+    amp = autocast_dtype(args.precision, dev)
     batches = None
     arms: dict[tuple, Stepper] = {}
     for freeze in (None, args.freeze_upto):
@@ -76,10 +80,10 @@ def main(argv=None) -> None:
             batches = task_batches(cfg, tokenizer)
         opt = build_optimizer(model, cfg, dev)
         sched = linear_warmup_decay(opt, 10_000, 0.0)
-        arms[(freeze, "plain")] = Stepper(model, cfg, opt, sched, dev, None, 10_000)
+        arms[(freeze, "plain")] = Stepper(model, cfg, opt, sched, dev, amp, 10_000)
         for where in ("embeddings", "first-trainable"):
             scfg = TrainConfig(**base, freeze_upto=freeze, smart=True, smart_perturb_at=where)
-            arms[(freeze, f"smart@{where}")] = Stepper(model, scfg, opt, sched, dev, None, 10_000)
+            arms[(freeze, f"smart@{where}")] = Stepper(model, scfg, opt, sched, dev, amp, 10_000)
 
     keys = list(arms)
     times: dict[tuple, list[float]] = {k: [] for k in keys}
@@ -94,7 +98,8 @@ def main(argv=None) -> None:
     L = arms[keys[0]].model.encoder.num_layers
     shapes = ", ".join(f"{b.task} {b.size}x{b.inputs[0]['input_ids'].shape[1]}" for b in batches)
     print(f"# SMART cost: {args.model} ({L} layers), one batch per task ({shapes}), K={args.smart_steps}, "
-          f"torch {torch.__version__}, {torch.get_num_threads()} threads, {platform.processor() or platform.machine()}")
+          f"{args.precision}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
+          f"{platform.processor() or platform.machine()}")
     print(f"# {args.steps} timed rounds per arm after {args.warmup} warm-up, interleaved; "
           f"seconds per step (mean of the three task steps in a round), median and min over rounds")
     print(f"{'freeze-upto':<13}{'arm':<24}{'median':>9}{'min':>9}{'x plain':>9}  target")

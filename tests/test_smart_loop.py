@@ -182,3 +182,19 @@ def test_zero_ball_gives_zero_rs_with_dropout_on(tiny_ckpt):
                                     smart_noise_var=0.0)
     parts = stepper.step(batches, 0)
     assert all(parts[t]["r_s"] == 0.0 for t in parts), {t: parts[t]["r_s"] for t in parts}
+
+
+@pytest.mark.parametrize("task_index", [0, 1, 2])
+def test_rs_under_bf16_autocast_is_the_fp32_value(tiny_ckpt, task_index):
+    """SMART's default ball (noise 1e-5, step 1e-3) is far below bf16's resolution: under bf16 autocast
+    R_s must still be computed in fp32, or it measures rounding flips (1e-6 where fp32 gives 1e-12)."""
+    rs = {}
+    for dtype in (None, torch.bfloat16):
+        torch.manual_seed(0)
+        _, model, stepper, batches = _setup(tiny_ckpt, smart=True)
+        stepper.amp_dtype = dtype
+        with stepper.autocast():
+            _, parts = stepper.task_loss(batches[task_index])
+        rs[dtype] = parts["r_s"]
+    assert 0 < rs[None] < 1e-6  # tiny, as it should be
+    assert rs[torch.bfloat16] == pytest.approx(rs[None], rel=0.2, abs=0)

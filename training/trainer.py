@@ -222,13 +222,15 @@ class Stepper:
                 return model.from_hidden(batch.task, list(xs), masks, perturb_layer)
 
             ctx = contextlib.nullcontext() if self.smart.adv_dropout else dropout_disabled(model)
-            with ctx:
-                clean = out
+            # fp32 whatever --precision says: the perturbation (about 1e-5 to 1e-3) is below bf16's
+            # resolution, where R_s would measure rounding flips, not smoothness
+            xs = tuple(h.float() for h in hs)
+            with ctx, torch.autocast(self.device.type, enabled=False):
+                clean = out.float()
                 if not self.smart.adv_dropout:  # the target must be the same dropout-free network
                     with torch.no_grad():
-                        clean = f(tuple(hs))
-                r_s = adversarial_loss(f, tuple(hs), clean, kind, self.smart, masks=tuple(masks),
-                                       generator=self.generator)
+                        clean = f(xs)
+                r_s = adversarial_loss(f, xs, clean, kind, self.smart, masks=tuple(masks), generator=self.generator)
             teacher_inputs = batch.inputs
             if frozen_prefix:  # the teacher's frozen prefix is the student's: reuse its output
                 teacher_inputs = [{"hidden": h, "cache_layer": perturb_layer, "attention_mask": m}
