@@ -106,6 +106,30 @@ def test_disk_cache_round_trips_and_is_reused(setup, tmp_path, caplog):
     assert len(list((tmp_path / "c").iterdir())) == 1
 
 
+def test_two_runs_building_the_same_disk_entry_at_once(setup, tmp_path, monkeypatch):
+    import training.frozen_cache as fc
+    ckpt, tok, train = setup
+    fill, cpu = fc._fill, torch.device("cpu")
+
+    def fill_while_another_run_builds_the_entry(*a, **k):
+        fill(*a, **k)
+        if not getattr(fill_while_another_run_builds_the_entry, "done", False):
+            fill_while_another_run_builds_the_entry.done = True
+            with monkeypatch.context() as m:
+                m.setattr(fc.os, "getpid", lambda: 999_999)  # the other process
+                build_frozen_cache(_model(ckpt, 2), train, tok, cpu, "disk", cache_dir=tmp_path / "c")
+
+    monkeypatch.setattr(fc, "_fill", fill_while_another_run_builds_the_entry)
+    disk = build_frozen_cache(_model(ckpt, 2), train, tok, cpu, "disk", cache_dir=tmp_path / "c")
+    mem = build_frozen_cache(_model(ckpt, 2), train, tok, cpu, "memory")
+    for task in train:
+        for a, b in zip(mem.states[task], disk.states[task]):
+            np.testing.assert_array_equal(a.data, b.data)
+            np.testing.assert_array_equal(a.offsets, b.offsets)
+    (entry,) = (tmp_path / "c").iterdir()
+    assert not [p.name for p in entry.iterdir() if ".tmp" in p.name]
+
+
 def test_key_changes_with_depth_checkpoint_and_data(setup):
     ckpt, tok, train = setup
     base = cache_key(_model(ckpt, 2), train, 2, "float16")

@@ -151,19 +151,24 @@ def _disk_cache(model, train, tokenizer, device, cache_dir: Path, layer: int, dt
         log.info("frozen-prefix cache: reusing %s", root)
     else:
         root.mkdir(parents=True, exist_ok=True)
+        # Temp names of this process's own: two runs building the same entry at once (the same
+        # model, data and depth) each write complete files and rename them into place.
+        tmp = f"{os.getpid()}.tmp"
         for task, data in train.items():
             for s, seq in enumerate(data.sequences):
                 offsets = _offsets(seq)
-                out = np.lib.format.open_memmap(root / f"{task}.{s}.tmp.npy", mode="w+", dtype=np_dtype,
+                out = np.lib.format.open_memmap(root / f"{task}.{s}.{tmp}.npy", mode="w+", dtype=np_dtype,
                                                 shape=(int(offsets[-1]), H))
                 _fill(model, data, s, out, offsets, tokenizer, layer, device, batch_size, compute_dtype)
                 out.flush()
                 del out
-                os.replace(root / f"{task}.{s}.tmp.npy", root / f"{task}.{s}.npy")
-                np.save(root / f"{task}.{s}.offsets.npy", offsets)
+                np.save(root / f"{task}.{s}.offsets.{tmp}.npy", offsets)
+                os.replace(root / f"{task}.{s}.{tmp}.npy", root / f"{task}.{s}.npy")
+                os.replace(root / f"{task}.{s}.offsets.{tmp}.npy", root / f"{task}.{s}.offsets.npy")
         # meta.json last: its presence says every array before it was written completely
-        meta_path.write_text(json.dumps({"layer": layer, "dtype": dtype,
-                                         "tasks": {t: len(d.sequences) for t, d in train.items()}}))
+        (root / f"meta.{tmp}.json").write_text(json.dumps({"layer": layer, "dtype": dtype,
+                                                          "tasks": {t: len(d.sequences) for t, d in train.items()}}))
+        os.replace(root / f"meta.{tmp}.json", meta_path)
         log.info("frozen-prefix cache: wrote %s", root)
     states = {task: [PackedStates(np.load(root / f"{task}.{s}.npy", mmap_mode="r"),
                                   np.load(root / f"{task}.{s}.offsets.npy"))
