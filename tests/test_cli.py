@@ -292,3 +292,4 @@ def test_help_shows_no_none_defaults(capsys):
         build_parser().parse_args(["--help"])
     out = capsys.readouterr().out
     assert "(default: None)" not in out and "(default: all)" in out and "--overwrite" in out
+    assert "(default: True)" not in out  # an off-switch (--no-bucket) showing its dest's default

@@ -23,7 +23,10 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Shows defaults, except None: "(default: None)" says nothing; those flags' help says what unset means."""
 
     def _get_help_string(self, action):
-        return action.help if action.default is None else super()._get_help_string(action)
+        # "--no-bucket ... (default: True)" would read as if the flag were on: an off-switch's help says it
+        if action.default is None or isinstance(action, argparse._StoreFalseAction):
+            return action.help
+        return super()._get_help_string(action)
 
 
 def build_parser() -> argparse.ArgumentParser:
