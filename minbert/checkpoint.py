@@ -197,13 +197,13 @@ def hf_to_minbert(sd: dict[str, torch.Tensor], num_layers: int):
     Returns (our state dict, unexpected keys, {our key: the file's key(s)} for error messages)."""
     source = {}
     out, unexpected, qkv = {}, [], {}
-    heads = [k for k in sd if _canonical_hf_name(k).startswith(_HEAD_PREFIXES)]
-    if heads:
-        log.info("ignoring %d tensors of pre-training or task heads (%s)", len(heads),
-                 ", ".join(sorted({_canonical_hf_name(k).split(".")[0] for k in heads})))
+    heads = []
     for file_key, t in sd.items():
         key = _canonical_hf_name(file_key)
-        if key.startswith(_HEAD_PREFIXES + _BUFFERS):
+        if key.startswith(_HEAD_PREFIXES):
+            heads.append(key)
+            continue
+        if key.startswith(_BUFFERS):
             continue
         module, _, param = key.rpartition(".")
         if param not in ("weight", "bias"):  # e.g. a quantiser's statistics: not ours to load
@@ -233,6 +233,9 @@ def hf_to_minbert(sd: dict[str, torch.Tensor], num_layers: int):
                                           f"shapes differ: {[tuple(p.shape) for p in parts]}")
                 out[f"layers.{i}.qkv.{param}"] = torch.cat(parts, dim=0)
                 source[f"layers.{i}.qkv.{param}"] = f"encoder.layer.{i}.attention.self.{{query,key,value}}.{param}"
+    if heads:
+        log.info("ignoring %d tensors of pre-training or task heads (%s)", len(heads),
+                 ", ".join(sorted({k.split(".")[0] for k in heads})))
     return out, unexpected, source
 
 

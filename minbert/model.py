@@ -41,8 +41,8 @@ class BertConfig:
     def __post_init__(self):
         sizes = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
                  "max_position_embeddings", "type_vocab_size")
-        bad = [f"{k} {getattr(self, k)!r}" for k in sizes
-               if not isinstance(getattr(self, k), int) or isinstance(getattr(self, k), bool) or getattr(self, k) < 1]
+        values = {k: getattr(self, k) for k in sizes}
+        bad = [f"{k} {v!r}" for k, v in values.items() if not isinstance(v, int) or isinstance(v, bool) or v < 1]
         if bad:
             raise ValueError(f"{', '.join(bad)}: must be positive integers")
         if self.hidden_size % self.num_attention_heads:
