@@ -7,6 +7,7 @@ schedule of the course training data) is stepped through `training.trainer.Stepp
     plain                       no SMART
     smart@embeddings            SMART perturbing the embedding output (layer 0's input)
     smart@first-trainable       SMART perturbing the input of the first trainable layer
+    bregman-only                --smart --smart-lambda 0: the Bregman term alone, no adversarial pass
 
 each without freezing and with --freeze-upto (default 3 = L-3 for MiniLM-L6). Unfrozen, the
 two perturbation points are the same layer (0) and should time alike. Rounds are interleaved
@@ -84,6 +85,8 @@ def main(argv=None) -> None:
         for where in ("embeddings", "first-trainable"):
             scfg = TrainConfig(**base, freeze_upto=freeze, smart=True, smart_perturb_at=where)
             arms[(freeze, f"smart@{where}")] = Stepper(model, scfg, opt, sched, dev, amp, 10_000)
+        bcfg = TrainConfig(**base, freeze_upto=freeze, smart=True, smart_lambda=0.0)
+        arms[(freeze, "bregman-only")] = Stepper(model, bcfg, opt, sched, dev, amp, 10_000)
 
     keys = list(arms)
     times: dict[tuple, list[float]] = {k: [] for k in keys}
@@ -107,7 +110,7 @@ def main(argv=None) -> None:
         freeze, arm = k
         med = statistics.median(times[k])
         ratio = med / statistics.median(times[(freeze, "plain")])
-        if arm == "plain":
+        if arm in ("plain", "bregman-only"):
             target = ""
         else:
             ok = ratio <= 3.5

@@ -263,6 +263,7 @@ def test_a_vocabulary_without_cls_is_one_line(tmp_path, capsys):
     (["--smart", "--smart-step-size", "-1"], "--smart-step-size must be > 0, not -1.0"),
     (["--smart", "--smart-noise-var", "-1"], "--smart-noise-var must be >= 0, not -1.0"),
     (["--smart", "--smart-lambda", "-1"], "--smart-lambda and --smart-mu must be >= 0"),
+    (["--smart", "--smart-lambda", "0", "--smart-mu", "0"], "leave nothing of SMART: drop --smart"),
     (["--seed", "-1"], "--seed must be in [0, 2**32)"),
     (["--seed", str(2**32)], "--seed must be in [0, 2**32)"),
     # a feature's options while it is off

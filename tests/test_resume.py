@@ -1,5 +1,6 @@
 """Never lose a run: exact resume after a real SIGTERM, atomic checkpoint writes, NaN steps skipped."""
 import json
+import logging
 import os
 import re
 import subprocess
@@ -167,7 +168,8 @@ def test_smart_with_pcgrad_and_freezing_trains_end_to_end(files, tmp_path):
     assert any(r.get("dev_overall") is not None for r in records)
 
 
-def test_a_new_run_refuses_an_out_dir_holding_an_earlier_run(files, tmp_path, capsys):
+def test_a_new_run_refuses_an_out_dir_holding_an_earlier_run(files, tmp_path, capsys, caplog):
+    caplog.set_level(logging.INFO)  # what train.log receives
     ckpt, data = files
     out = tmp_path / "run"
     assert cli_main(_args(ckpt, data, out, "--keep-last", "100")) == 0  # step checkpoints 1..18
@@ -182,6 +184,8 @@ def test_a_new_run_refuses_an_out_dir_holding_an_earlier_run(files, tmp_path, ca
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-0000005.pt", "step-0000006.pt"]
     records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert max(r["step"] for r in records) == 6
+    log_text = (out / "train.log").read_text()  # the replaced run's lines went with its records
+    assert log_text.count("training.trainer: model ") == 1 and "removed" in log_text, log_text[:2000]
 
 
 def test_a_bad_flag_with_overwrite_leaves_the_earlier_run_alone(files, tmp_path, capsys):

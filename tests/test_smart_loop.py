@@ -176,6 +176,31 @@ def test_zero_weights_give_the_plain_gradients(tiny_ckpt):
                 torch.testing.assert_close(g_smart[n], g_plain[n], rtol=1e-5, atol=1e-7, msg=n)
 
 
+def test_lambda_zero_skips_the_adversarial_passes(tiny_ckpt, monkeypatch):
+    """--smart-lambda 0 is the Bregman term alone: its loss is L + mu * D_Breg, with no R_s pass run."""
+    calls = []
+    monkeypatch.setattr(smart_mod, "adversarial_loss", lambda *a, **k: calls.append(1))
+    _, _, stepper, batches = _setup(tiny_ckpt, smart=True, smart_lambda=0.0, smart_mu=2.0, **BIG_BALL)
+    losses = _record_losses(stepper)
+    for step in range(2):  # at step 0 the teacher is the student and D_Breg is 0
+        parts = stepper.step(batches, step)
+    assert calls == []
+    for task, loss, p in losses[-3:]:
+        assert "r_s" not in p and p["d_breg"] > 0, (task, p)
+        assert loss.item() == pytest.approx(p["loss"] + 2.0 * p["d_breg"], rel=1e-6)
+    assert set(parts) == {"sst", "para", "sts"}
+
+
+def test_mu_zero_skips_the_teacher(tiny_ckpt):
+    _, _, stepper, batches = _setup(tiny_ckpt, smart=True, smart_lambda=1.0, smart_mu=0.0, **BIG_BALL)
+    calls = []
+    stepper.teacher.module.register_forward_pre_hook(lambda *a: calls.append(1))
+    for step in range(2):
+        parts = stepper.step(batches, step)
+    assert calls == []
+    assert all("d_breg" not in p and p["r_s"] > 0 for p in parts.values()), parts
+
+
 def test_zero_ball_gives_zero_rs_with_dropout_on(tiny_ckpt):
     """delta == 0 (eps = step = noise = 0): f(x + delta) is f(x), so R_s must be exactly 0."""
     _, _, stepper, batches = _setup(tiny_ckpt, smart=True, head_dropout=0.3, smart_eps=0.0, smart_step_size=0.0,

@@ -291,6 +291,20 @@ def remove_earlier_run(found: list[Path]) -> None:
         log.info("removed %s of the earlier run", p)
 
 
+def drop_earlier_log(path: Path, start: int) -> None:
+    """Keep only what this run wrote to train.log (its bytes from `start` on): the replaced run's lines
+    go with its records. The log handler appends (O_APPEND), so it writes on at the new end."""
+    if start <= 0 or not path.is_file():
+        return
+    with open(path, "r+b") as f:
+        f.seek(start)
+        rest = f.read()
+        f.seek(0)
+        f.write(rest)
+        f.truncate()
+    log.info("%s: dropped the earlier run's %d bytes of log", path, start)
+
+
 def truncate_metrics(path: Path, step: int) -> None:
     """Drop the records after `step` from metrics.jsonl: a resumed run writes those steps again."""
     import json

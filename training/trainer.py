@@ -28,9 +28,10 @@ from heads import KIND, MultitaskBert, task_loss
 from minbert import Tokenizer, load_bert, resolve_checkpoint
 from minbert.checkpoint import copy_tokenizer_files
 
-from .checkpointing import (RollingCheckpoints, RunState, TrainingInterrupted, earlier_run_to_replace,
-                            find_resume_checkpoint, remove_earlier_run, restore_training_state, save_checkpoint,
-                            stop_on_signals, training_state, truncate_metrics)
+from .checkpointing import (RollingCheckpoints, RunState, TrainingInterrupted, drop_earlier_log,
+                            earlier_run_to_replace, find_resume_checkpoint, remove_earlier_run,
+                            restore_training_state, save_checkpoint, stop_on_signals, training_state,
+                            truncate_metrics)
 from .config import TrainConfig
 from .evaluate import evaluate, write_all_predictions
 from .progress import LOG_FORMAT, progress
@@ -215,30 +216,40 @@ class Stepper:
         loss = task_loss(batch.task, out, batch.labels)
         parts = {"loss": loss.item()}
         if self.smart:
-            from .smart import adversarial_loss, bregman_loss, dropout_disabled
             kind = KIND[batch.task]
-
-            def f(xs):
-                return model.from_hidden(batch.task, list(xs), masks, perturb_layer)
-
-            ctx = contextlib.nullcontext() if self.smart.adv_dropout else dropout_disabled(model)
-            # fp32 whatever --precision says: the perturbation (about 1e-5 to 1e-3) is below bf16's
-            # resolution, where R_s would measure rounding flips, not smoothness
-            xs = tuple(h.float() for h in hs)
-            with ctx, torch.autocast(self.device.type, enabled=False):
-                clean = out.float()
-                if not self.smart.adv_dropout:  # the target must be the same dropout-free network
-                    with torch.no_grad():
-                        clean = f(xs)
-                r_s = adversarial_loss(f, xs, clean, kind, self.smart, masks=tuple(masks), generator=self.generator)
-            teacher_inputs = batch.inputs
-            if frozen_prefix:  # the teacher's frozen prefix is the student's: reuse its output
-                teacher_inputs = [{"hidden": h, "cache_layer": perturb_layer, "attention_mask": m}
-                                  for h, m in zip(hs, masks)]
-            d_breg = bregman_loss(out, self.teacher(batch.task, teacher_inputs, perturb_layer), kind)
-            loss = loss + self.smart.lambda_s * r_s + self.smart.mu * d_breg
-            parts.update(r_s=r_s.item(), d_breg=d_breg.item())
+            if self.smart.lambda_s:  # --smart-lambda 0 (Bregman term alone) skips the adversarial passes
+                r_s = self._smoothness(batch.task, hs, out, masks, perturb_layer, kind)
+                loss = loss + self.smart.lambda_s * r_s
+                parts["r_s"] = r_s.item()
+            if self.smart.mu:
+                teacher_inputs = batch.inputs
+                if frozen_prefix:  # the teacher's frozen prefix is the student's: reuse its output
+                    teacher_inputs = [{"hidden": h, "cache_layer": perturb_layer, "attention_mask": m}
+                                      for h, m in zip(hs, masks)]
+                from .smart import bregman_loss
+                d_breg = bregman_loss(out, self.teacher(batch.task, teacher_inputs, perturb_layer), kind)
+                loss = loss + self.smart.mu * d_breg
+                parts["d_breg"] = d_breg.item()
         return loss, parts
+
+    def _smoothness(self, task: str, hs: list, out: torch.Tensor, masks: list, perturb_layer: int, kind: str):
+        """SMART's R_s at the hidden states `hs` that gave the clean output `out`."""
+        from .smart import adversarial_loss, dropout_disabled
+        model = self.model
+
+        def f(xs):
+            return model.from_hidden(task, list(xs), masks, perturb_layer)
+
+        ctx = contextlib.nullcontext() if self.smart.adv_dropout else dropout_disabled(model)
+        # fp32 whatever --precision says: the perturbation (about 1e-5 to 1e-3) is below bf16's
+        # resolution, where R_s would measure rounding flips, not smoothness
+        xs = tuple(h.float() for h in hs)
+        with ctx, torch.autocast(self.device.type, enabled=False):
+            clean = out.float()
+            if not self.smart.adv_dropout:  # the target must be the same dropout-free network
+                with torch.no_grad():
+                    clean = f(xs)
+            return adversarial_loss(f, xs, clean, kind, self.smart, masks=tuple(masks), generator=self.generator)
 
     def step(self, batches: list[Batch], step: int, weights: list[float] | None = None
              ) -> dict[str, dict[str, float]] | None:
@@ -377,17 +388,19 @@ def train(cfg: TrainConfig) -> dict:
             logging.getLogger().setLevel(logging.WARNING)
             return _train(cfg, out_dir, dist)
         out_dir.mkdir(parents=True, exist_ok=True)
-        file_log = logging.FileHandler(out_dir / "train.log")
+        log_path = out_dir / "train.log"
+        log_start = log_path.stat().st_size if log_path.is_file() else 0  # where this run's lines begin
+        file_log = logging.FileHandler(log_path)  # appends: a resumed run's log goes on
         file_log.setFormatter(logging.Formatter(LOG_FORMAT))
         logging.getLogger().addHandler(file_log)
         try:
-            return _train(cfg, out_dir, dist)
+            return _train(cfg, out_dir, dist, log_start)
         finally:
             logging.getLogger().removeHandler(file_log)
             file_log.close()
 
 
-def _train(cfg: TrainConfig, out_dir: Path, dist=None) -> dict:
+def _train(cfg: TrainConfig, out_dir: Path, dist=None, log_start: int = 0) -> dict:
     main = dist is None or dist.is_main  # writes checkpoints, metrics, predictions; evaluates
     seed_everything(cfg.seed)
     device = pick_device(cfg.device) if dist is None else dist.device
@@ -437,6 +450,8 @@ def _train(cfg: TrainConfig, out_dir: Path, dist=None) -> dict:
     cache = maybe_frozen_cache(cfg, model, data.train, tokenizer, device, dist, amp_dtype)
     if main:  # only now that the model and data have loaded: a bad flag must not cost the earlier run
         remove_earlier_run(earlier)
+        if earlier:
+            drop_earlier_log(out_dir / "train.log", log_start)
         (out_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
         copy_tokenizer_files(ckpt_dir, out_dir / "tokenizer")  # evaluate without the original
     checkpoints = RollingCheckpoints(out_dir, cfg.keep_last)
