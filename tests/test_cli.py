@@ -255,6 +255,7 @@ def test_a_vocabulary_without_cls_is_one_line(tmp_path, capsys):
 
 @pytest.mark.parametrize("flags, names", [
     (["--max-batches-per-task", "0"], "--max-batches-per-task must be >= 1, not 0"),
+    (["--evals-per-epoch", "0"], "--evals-per-epoch must be >= 1, not 0"),
     (["--head-dropout", "1.5"], "--head-dropout must be in [0, 1), not 1.5"),
     (["--weight-decay", "-1"], "--weight-decay must be >= 0, not -1.0"),
     (["--max-grad-norm", "-1"], "--max-grad-norm must be >= 0"),

@@ -30,7 +30,7 @@ RESUME_AT = 3  # mid-epoch 0 of the mtdnn runs (6 steps an epoch)
 LR = 3e-3
 SCENARIOS = {
     "mtdnn": {},
-    "pcgrad": {"pcgrad": True, "task_sampling": "mixed"},
+    "pcgrad": {"pcgrad": True, "task_sampling": "mixed", "evals_per_epoch": 2},  # rank 0 evaluates mid-epoch too
     "frozen": {"freeze_upto": 1, "frozen_cache": "disk", "task_sampling": "mixed"},
 }
 
@@ -186,6 +186,8 @@ def test_two_ranks_equal_one_process_step_by_step(runs, name):
     first = next(iter(one))
     assert any(not torch.equal(one[max(one)][k], one[first][k]) for k in one[first])  # it did train
     # the run's record (global losses, dev metrics) is the same too; only rank 0 wrote it
+    evals = epoch_records(runs / f"dist-{name}")
+    assert len(evals) == SCENARIOS[name].get("evals_per_epoch", 1) * base(runs, "unused").epochs
     for a, b in zip(epoch_records(runs / f"dist-{name}"), epoch_records(runs / f"single-{name}"), strict=True):
         assert a.keys() == b.keys()
         for k in a:

@@ -52,8 +52,9 @@ def _epoch_records(out):
     return [{k: v for k, v in r.items() if k != "train_seconds"} for r in rows if "dev_overall" in r]
 
 
-# mid-epoch, at an epoch's last step, and with a weight EMA that must be restored too
-@pytest.mark.parametrize("k, extra", [(3, ()), (6, ()), (3, ("--ema-decay", "0.5"))])
+# mid-epoch, at an epoch's last step, with a weight EMA that must be restored too, and right after a
+# mid-epoch evaluation (which the resumed run must not repeat)
+@pytest.mark.parametrize("k, extra", [(3, ()), (6, ()), (3, ("--ema-decay", "0.5")), (9, ("--evals-per-epoch", "2"))])
 def test_sigterm_then_resume_equals_an_uninterrupted_run(files, tmp_path, k, extra):
     ckpt, data = files
     torch.set_num_threads(1)
@@ -308,3 +309,24 @@ def test_metric_records_are_strict_json(tmp_path):
     line = (tmp_path / "m.jsonl").read_text()
     assert json.loads(line, parse_constant=lambda c: pytest.fail(f"bare {c} in {line}")) == {
         "step": 1, "pcgrad_cosine": None, "x": None, "loss_sst": 0.5}
+
+
+def test_evals_per_epoch_evaluates_at_even_steps_and_keeps_the_best(files, tmp_path, capsys):
+    from test_training import metrics_records
+    ckpt, data = files
+    out = tmp_path / "run"
+    assert cli_main(_args(ckpt, data, out, "--evals-per-epoch", "3", "--ema-decay", "0.5")) == 0
+    evals = [r for r in metrics_records(out) if "dev_overall" in r]
+    assert [r["step"] for r in evals] == [2, 4, 6, 8, 10, 12, 14, 16, 18]  # 6 steps per epoch
+    assert [r.get("epoch_progress") for r in evals[:3]] == [0.3333, 0.6667, None]  # None: the epoch end's
+    assert [r["epoch"] for r in evals] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    assert all("dev_raw_overall" in r for r in evals)
+    best = max(evals, key=lambda r: r["dev_overall"])
+    saved = read_checkpoint(out / "best.pt")
+    assert saved["step"] == best["step"] and saved["metrics"]["overall"] == best["dev_overall"]
+    # the spread of the nine scores is what makes the check above able to fail
+    assert len({r["dev_overall"] for r in evals}) > 1
+
+    assert cli_main(_args(ckpt, data, tmp_path / "other", "--evals-per-epoch", "7")) == 2
+    assert "--evals-per-epoch 7 is more than the 6 steps of an epoch" in capsys.readouterr().err
+    assert not (tmp_path / "other" / "metrics.jsonl").exists()

@@ -249,6 +249,8 @@ def test_plots_are_pngs_of_the_expected_size(inputs, tmp_path):
     recs = [{"step": s, "epoch": s // 4, "loss_sst": 1.0 / s} for s in range(2, 13, 2)]
     recs += [{"epoch": e, "step": 4 * (e + 1), "train_seconds": 1.0, "train_loss_sst": 1.0 / (e + 1),
               "dev_sst_acc": 0.2 + 0.1 * e, "dev_overall": 0.2 + 0.1 * e} for e in range(3)]
+    recs += [{"epoch": e, "step": 4 * e + 2, "epoch_progress": 0.5, "dev_sst_acc": 0.25, "dev_overall": 0.25}
+             for e in range(3)]  # --evals-per-epoch 2
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     assert R.main(["--curves", str(run), "-o", str(tmp_path / "c.png")]) == 0
     assert png_size(tmp_path / "c.png") == (round(R.CURVES_SIZE[0] * R.DPI), round(R.CURVES_SIZE[1] * R.DPI))

@@ -99,7 +99,7 @@ class RunState:
 # Fields a resumed run may change; any other difference would change the trajectory.
 RESUME_MAY_DIFFER = {"out_dir", "overwrite", "predictions_dir", "export_hf", "log_every", "save_every", "keep_last", "resume",
                      "device", "compile", "eval_batch_size", "frozen_cache", "cache_dir", "max_bad_steps",
-                     "data_dir", "files"}
+                     "data_dir", "files", "evals_per_epoch"}
 
 
 def _rng_state() -> dict:

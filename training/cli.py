@@ -84,6 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "mixed batch (the global batch under torchrun)")
     g.add_argument("--eval-batch-size", type=int, default=D.eval_batch_size,
                    help="examples per batch in dev evaluation and prediction")
+    g.add_argument("--evals-per-epoch", type=int, default=D.evals_per_epoch, metavar="K",
+                   help="evaluate on dev K times per epoch at evenly spaced steps, the last at the epoch's end; "
+                        "best.pt keeps the best of all evaluations")
     g.add_argument("--task-sampling", choices=CHOICES["task_sampling"],
                    default=None, help="mtdnn: every task's batches pooled and shuffled each epoch (MT-DNN); "
                    "proportional / round-robin / annealed (size^alpha, alpha decaying over epochs): task per step; "
@@ -196,6 +199,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         tasks=tuple(args.tasks), max_train_examples=args.max_train_examples, strict=args.strict,
         pair_swap=args.pair_swap, predict_both_orders=args.predict_both_orders,
         epochs=args.epochs, batch_size=args.batch_size, eval_batch_size=args.eval_batch_size,
+        evals_per_epoch=args.evals_per_epoch,
         task_sampling=sampling, max_batches_per_task=args.max_batches_per_task, bucket=args.bucket,
         lr=args.lr, weight_decay=args.weight_decay, warmup_ratio=args.warmup_ratio,
         max_grad_norm=args.max_grad_norm, ema_decay=args.ema_decay,
@@ -221,7 +225,7 @@ def validate(cfg: TrainConfig) -> list[str]:
     errors = []
     positive = {"epochs": cfg.epochs, "batch-size": cfg.batch_size, "eval-batch-size": cfg.eval_batch_size,
                 "max-length": cfg.max_length, "smart-steps": cfg.smart_steps, "max-bad-steps": cfg.max_bad_steps,
-                "keep-last": cfg.keep_last, "log-every": cfg.log_every}
+                "keep-last": cfg.keep_last, "log-every": cfg.log_every, "evals-per-epoch": cfg.evals_per_epoch}
     errors += [f"--{k} must be >= 1, not {v}" for k, v in positive.items() if v < 1]
     pairs = cfg.pair_encoding == "cross" and any(t in cfg.tasks for t in ("para", "sts"))
     if 1 <= cfg.max_length < (5 if pairs else 3):

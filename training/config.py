@@ -43,6 +43,7 @@ class TrainConfig:
     epochs: int = 3
     batch_size: int = 32
     eval_batch_size: int = 256
+    evals_per_epoch: int = 1             # dev evaluations per epoch, evenly spaced, the last at its end
     task_sampling: str = "mtdnn"         # mtdnn | proportional | round-robin | annealed | mixed
     max_batches_per_task: int | None = None
     bucket: bool = True                  # length-aware batching

@@ -241,14 +241,14 @@ def plot_sweep(rows: list[dict], path: Path) -> Path:
 
 
 def plot_curves(run_dir: Path, path: Path | None = None) -> Path:
-    """A run's metrics.jsonl: running training loss per task against the step, dev metrics per epoch."""
+    """A run's metrics.jsonl: running training loss per task against the step, dev metrics per evaluation."""
     plt = _pyplot()
     run_dir = Path(run_dir)
     src = run_dir / "metrics.jsonl"
     if not src.is_file():
         raise SystemExit(f"training.report: {src}: no such file (is {run_dir} a run directory?)")
     records = [json.loads(x) for x in src.read_text().splitlines() if x.strip()]
-    steps = [r for r in records if "train_seconds" not in r]
+    steps = [r for r in records if "train_seconds" not in r and "dev_overall" not in r]
     epochs = [r for r in records if "train_seconds" in r]
     path = Path(path) if path else run_dir / "curves.png"
     fig, (left, right) = plt.subplots(1, 2, figsize=CURVES_SIZE, dpi=DPI)
@@ -266,11 +266,13 @@ def plot_curves(run_dir: Path, path: Path | None = None) -> Path:
     left.set_title("training loss")
     left.grid(alpha=0.3)
     left.legend(fontsize="small")
-    names = [k for k in (epochs[0] if epochs else {}) if k.startswith("dev_")]
+    evals = [r for r in records if "dev_overall" in r]  # --evals-per-epoch K: K per epoch
+    names = [k for k in (evals[0] if evals else {}) if k.startswith("dev_")]
     if len(names) == 2 and "dev_overall" in names:  # one task: overall is the same number
         names.remove("dev_overall")
+    at = [r["epoch"] + r.get("epoch_progress", 1.0) for r in evals]  # epochs done, fractional mid-epoch
     for j, k in enumerate(names):
-        right.plot([r["epoch"] + 1 for r in epochs], [r[k] for r in epochs], marker="o", color=f"C{j}", label=k)
+        right.plot(at, [r[k] for r in evals], marker="o", color=f"C{j}", label=k)
     right.set_xlabel("epoch")
     right.set_ylabel("dev metric")
     right.set_title("dev metrics per epoch")

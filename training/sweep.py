@@ -390,9 +390,10 @@ def run_sweep(args: argparse.Namespace) -> int:
                   f"finished runs are kept, rerun the same command to go on", file=sys.stderr)
             return 1
         spent.append(m["wall_seconds"])
-        epochs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-        epochs = [r for r in epochs if "train_seconds" in r]
-        best_epoch = max(epochs, key=lambda r: r["dev_overall"])["epoch"] if epochs else None
+        rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        epochs = [r for r in rows if "train_seconds" in r]
+        evals = [r for r in rows if r.get("dev_overall") is not None]
+        best_epoch = max(evals, key=lambda r: r["dev_overall"])["epoch"] if evals else None
         record = {**key.to_dict(),
                   "dev": m["metrics"], "best_epoch": best_epoch, "epochs": base.epochs,
                   "n_train": {t: len(subsets[t, key.seed][key.size]) for t in args.tasks},

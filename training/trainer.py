@@ -431,6 +431,7 @@ def _train(cfg: TrainConfig, out_dir: Path, dist=None, log_start: int = 0) -> di
         raise ConfigError(f"--resume: the {', '.join(changed)} training examples changed since the checkpoint "
                           f"(same number, other sentences or labels): resume with the same files")
     steps_per_epoch = len(schedule_for_epoch(cfg, data.train, 0))
+    eval_points(steps_per_epoch, cfg.evals_per_epoch)  # refused now, not after an epoch's work
     total = steps_per_epoch * cfg.epochs
     optimizer = build_optimizer(model, cfg, device)
     scheduler = linear_warmup_decay(optimizer, total, cfg.warmup_ratio)
@@ -473,6 +474,24 @@ def _train(cfg: TrainConfig, out_dir: Path, dist=None, log_start: int = 0) -> di
         data_t = data.train[tb.task]
         return (cache.batch(data_t, tb.indices) if cache else make_batch(data_t, tb.indices, tokenizer)).to(device)
 
+    def evaluate_and_keep(epoch: int, record: dict, when: str, note: str = "") -> None:
+        """Rank 0: the dev metrics into `record` and the log; best.pt when they beat the best so far."""
+        with contextlib.ExitStack() as weights:  # inside: the weights evaluated and kept
+            if stepper.ema is not None:
+                raw = evaluate(model, data.dev, tokenizer, cfg.eval_batch_size, device, stepper.autocast)
+                record.update({f"dev_raw_{k}": v for k, v in raw.items()})
+                log.info("%s: dev, raw weights %s", when, _fmt(raw))
+                weights.enter_context(stepper.ema.applied(model))
+            metrics = evaluate(model, data.dev, tokenizer, cfg.eval_batch_size, device, stepper.autocast)
+            record.update({f"dev_{k}": v for k, v in metrics.items()})
+            _write_record(metrics_log, record)
+            log.info("%s: dev%s %s%s", when, ", weight EMA" if stepper.ema is not None else "", _fmt(metrics), note)
+            if metrics["overall"] > state.best:
+                state.best, state.best_metrics = metrics["overall"], metrics
+                save_checkpoint(out_dir / "best.pt", model, cfg, epoch=epoch, step=state.global_step,
+                                metrics=metrics)
+                log.info("new best dev score %.3f: saved %s", state.best, out_dir / "best.pt")
+
     with stop_on_signals() as stop:
         def stop_requested() -> bool:  # distributed: all ranks stop at the same step, whichever got the signal
             return stop.requested if dist is None else dist.any(stop.requested)
@@ -485,6 +504,7 @@ def _train(cfg: TrainConfig, out_dir: Path, dist=None, log_start: int = 0) -> di
                      epoch, len(schedule), eff)
             t0 = time.time() - state.epoch_seconds
             todo = schedule[state.step_in_epoch:]
+            mid_evals = eval_points(len(schedule), cfg.evals_per_epoch)[:-1]  # the last is the epoch end's
             bar = progress(todo, desc=f"epoch {epoch}", total=len(todo)) if main else tqdm(todo, disable=True)
             for tbs in bar:
                 if dist is None:
@@ -500,6 +520,13 @@ def _train(cfg: TrainConfig, out_dir: Path, dist=None, log_start: int = 0) -> di
                     bar.set_postfix({t: f"{np.mean(v[-50:]):.3f}" for t, v in state.losses.items() if v})
                     if main and state.global_step % cfg.log_every == 0:
                         _log_step(metrics_log, state, stepper.lr, parts, cfg.log_every)
+                if state.step_in_epoch in mid_evals:  # before the step's checkpoint, which then holds its best
+                    if main:
+                        evaluate_and_keep(epoch, {"epoch": epoch, "step": state.global_step,
+                                                  "epoch_progress": round(state.step_in_epoch / len(schedule), 4)},
+                                          f"epoch {epoch}, step {state.step_in_epoch}/{len(schedule)}")
+                    if dist is not None:
+                        dist.barrier()
                 # not at the epoch's last step: the epoch-end checkpoint follows its record and best.pt,
                 # and a crash in between must resume before that step, so it is replayed and recorded once
                 if cfg.save_every and state.global_step % cfg.save_every == 0 and state.step_in_epoch < len(schedule):
@@ -516,22 +543,7 @@ def _train(cfg: TrainConfig, out_dir: Path, dist=None, log_start: int = 0) -> di
                 record = {"epoch": epoch, "step": state.global_step, "train_seconds": round(train_time, 1),
                           "padding_efficiency": eff,
                           **{f"train_loss_{t}": float(np.mean(v)) for t, v in state.losses.items() if v}}
-                with contextlib.ExitStack() as weights:  # inside: the weights evaluated and kept
-                    if stepper.ema is not None:
-                        raw = evaluate(model, data.dev, tokenizer, cfg.eval_batch_size, device, stepper.autocast)
-                        record.update({f"dev_raw_{k}": v for k, v in raw.items()})
-                        log.info("epoch %d: dev, raw weights %s", epoch, _fmt(raw))
-                        weights.enter_context(stepper.ema.applied(model))
-                    metrics = evaluate(model, data.dev, tokenizer, cfg.eval_batch_size, device, stepper.autocast)
-                    record.update({f"dev_{k}": v for k, v in metrics.items()})
-                    _write_record(metrics_log, record)
-                    log.info("epoch %d: dev%s %s (%.0f s training)", epoch,
-                             ", weight EMA" if stepper.ema is not None else "", _fmt(metrics), train_time)
-                    if metrics["overall"] > state.best:
-                        state.best, state.best_metrics = metrics["overall"], metrics
-                        save_checkpoint(out_dir / "best.pt", model, cfg, epoch=epoch, step=state.global_step,
-                                        metrics=metrics)
-                        log.info("new best dev score %.3f: saved %s", state.best, out_dir / "best.pt")
+                evaluate_and_keep(epoch, record, f"epoch {epoch}", f" ({train_time:.0f} s training)")
             if dist is not None:
                 dist.barrier()  # the other ranks wait while rank 0 evaluates
             state.epoch, state.step_in_epoch, state.losses, state.epoch_seconds = epoch + 1, 0, {}, 0.0
@@ -548,6 +560,14 @@ def _train(cfg: TrainConfig, out_dir: Path, dist=None, log_start: int = 0) -> di
         save_hf(model.encoder, cfg.export_hf, vocab_src=ckpt_dir)
         log.info("exported the encoder in the Hugging Face layout to %s", cfg.export_hf)
     return state.best_metrics if dist is None else dist.broadcast_object(state.best_metrics)
+
+
+def eval_points(steps: int, k: int) -> list[int]:
+    """The steps of an epoch (1-based, within it) after which dev is evaluated: k, evenly spaced, the
+    last at the epoch's end."""
+    if k > steps:
+        raise ConfigError(f"--evals-per-epoch {k} is more than the {steps} steps of an epoch")
+    return [round(steps * i / k) for i in range(1, k + 1)]
 
 
 def _fmt(metrics: dict) -> str:
