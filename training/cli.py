@@ -135,9 +135,11 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("SMART (Jiang et al. 2020)")
     g.add_argument("--smart", action="store_true",
                    help="add lambda * adversarial smoothness + mu * Bregman proximal point to the loss")
-    g.add_argument("--smart-lambda", type=float, default=D.smart_lambda, help="lambda_s (paper: 1, 3 or 5); 0 keeps the Bregman term alone and skips the "
-                        "adversarial passes, most of SMART's cost")
-    g.add_argument("--smart-mu", type=float, default=D.smart_mu, help="mu, weight of the Bregman term; 0 skips the teacher's forward pass")
+    g.add_argument("--smart-lambda", type=float, default=D.smart_lambda,
+                   help="lambda_s (paper: 1, 3 or 5); 0 keeps the Bregman term alone and skips the adversarial "
+                        "passes, most of SMART's cost")
+    g.add_argument("--smart-mu", type=float, default=D.smart_mu,
+                   help="mu, weight of the Bregman term; 0 skips the teacher's forward pass")
     g.add_argument("--smart-eps", type=float, default=D.smart_eps, help="radius of the perturbation ball")
     g.add_argument("--smart-step-size", type=float, default=D.smart_step_size, help="ascent step size eta")
     g.add_argument("--smart-noise-var", type=float, default=D.smart_noise_var,

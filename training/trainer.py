@@ -222,11 +222,11 @@ class Stepper:
                 loss = loss + self.smart.lambda_s * r_s
                 parts["r_s"] = r_s.item()
             if self.smart.mu:
+                from .smart import bregman_loss
                 teacher_inputs = batch.inputs
                 if frozen_prefix:  # the teacher's frozen prefix is the student's: reuse its output
                     teacher_inputs = [{"hidden": h, "cache_layer": perturb_layer, "attention_mask": m}
                                       for h, m in zip(hs, masks)]
-                from .smart import bregman_loss
                 d_breg = bregman_loss(out, self.teacher(batch.task, teacher_inputs, perturb_layer), kind)
                 loss = loss + self.smart.mu * d_breg
                 parts["d_breg"] = d_breg.item()
