@@ -330,3 +330,34 @@ def test_evals_per_epoch_evaluates_at_even_steps_and_keeps_the_best(files, tmp_p
     assert cli_main(_args(ckpt, data, tmp_path / "other", "--evals-per-epoch", "7")) == 2
     assert "--evals-per-epoch 7 is more than the 6 steps of an epoch" in capsys.readouterr().err
     assert not (tmp_path / "other" / "metrics.jsonl").exists()
+
+
+def test_a_training_checkpoint_evaluates_with_the_weight_average(files, tmp_path, capsys):
+    """best.pt holds the weights the run evaluated: with --ema-decay, the average. A step checkpoint
+    holds the raw weights and the average; evaluating it must give the average too (--raw-weights the raw)."""
+    import training.evaluate as evaluate_mod
+    from training.checkpointing import model_from_checkpoint
+    ckpt, data = files
+    out = tmp_path / "run"
+    assert cli_main(_args(ckpt, data, out, "--epochs", "1", "--ema-decay", "0.5")) == 0  # one evaluation: best
+    step = out / "checkpoints" / "step-0000006.pt"
+    best = read_checkpoint(out / "best.pt")["model"]
+    raw = read_checkpoint(step)["model"]
+    assert any(not torch.equal(raw[k], best[k]) for k in best)  # the average is not the raw weights
+    averaged = model_from_checkpoint(step)[0].state_dict()
+    assert all(torch.equal(averaged[k], best[k]) for k in best)
+    unaveraged = model_from_checkpoint(step, raw_weights=True)[0].state_dict()
+    assert all(torch.equal(unaveraged[k], raw[k]) for k in raw)
+
+    sts_dev = str(data / "sts-dev.csv")
+    capsys.readouterr()
+
+    def score(checkpoint, *extra):
+        assert evaluate_mod.main(["--checkpoint", str(checkpoint), "--device", "cpu", "--score", "sts", sts_dev,
+                                  *extra]) == 0
+        return capsys.readouterr().out.split("sts_pearson ")[-1].split()[0]
+
+    assert score(step) == score(out / "best.pt") != score(step, "--raw-weights")
+    with pytest.raises(SystemExit):
+        evaluate_mod.main(["--checkpoint", str(out / "best.pt"), "--score", "sts", sts_dev, "--raw-weights"])
+    assert "no weight average in this checkpoint" in capsys.readouterr().err

@@ -62,13 +62,25 @@ def load_model_state(model: MultitaskBert, path, device=None) -> dict:
     return ckpt
 
 
-def model_from_checkpoint(path) -> tuple[MultitaskBert, TrainConfig, dict]:
-    """Rebuild the trained model from a checkpoint alone (no pretrained weights needed)."""
+def model_from_checkpoint(path, raw_weights: bool = False) -> tuple[MultitaskBert, TrainConfig, dict]:
+    """Rebuild the trained model from a checkpoint alone (no pretrained weights needed). A training
+    checkpoint of an --ema-decay run holds the raw weights and their average: the model gets the
+    average, which is what the run evaluates and keeps in best.pt, unless `raw_weights`."""
     ckpt = read_checkpoint(path)
     cfg = TrainConfig.from_dict(ckpt["config"])
     model = MultitaskBert(Bert(BertConfig(**ckpt["bert_config"]), attn_impl=cfg.attn_impl), cfg.pair_encoding,
                           cfg.head_dropout, cfg.pooling)
     model.load_state_dict(ckpt["model"])
+    if raw_weights and "ema" not in ckpt:
+        raise ValueError(f"{path}: no weight average in this checkpoint, so no other weights than the ones it "
+                         f"holds (best.pt keeps the weights the run evaluated; step checkpoints of an "
+                         f"--ema-decay run hold both)")
+    if "ema" in ckpt and not raw_weights:
+        params = dict(model.named_parameters())
+        with torch.no_grad():
+            for name, avg in zip(ckpt["ema"]["names"], ckpt["ema"]["shadow"]):
+                params[name].copy_(avg)
+        log.info("%s: the weight average at step %s (not the raw weights)", path, ckpt["run_state"]["global_step"])
     return model, cfg, ckpt
 
 

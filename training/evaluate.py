@@ -159,7 +159,11 @@ def run_tokenizer_dir(checkpoint, given: str | None) -> Path:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m training.evaluate", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--checkpoint", required=True, help="a best.pt written by run_multitask.py")
+    p.add_argument("--checkpoint", required=True,
+                   help="a best.pt written by run_multitask.py, or a training checkpoint (checkpoints/step-N.pt)")
+    p.add_argument("--raw-weights", action="store_true",
+                   help="a training checkpoint of an --ema-decay run: its raw weights instead of their average, "
+                        "the weights the run evaluates (default: the average)")
     p.add_argument("--data-dir", default=None, help="evaluate the course's dev files and predict its test files "
                    "from this folder, writing PREDICTIONS_DIR/{sst,para,sts}-{dev,test}-output.csv")
     p.add_argument("--predictions-dir", default="predictions",
@@ -189,8 +193,8 @@ def main(argv=None) -> int:
     from .trainer import Splits, autocast_dtype, pick_device
 
     try:
-        model, cfg, _ = model_from_checkpoint(args.checkpoint)
-    except (FileNotFoundError, RuntimeError) as e:  # missing, unreadable, or not one of ours
+        model, cfg, _ = model_from_checkpoint(args.checkpoint, raw_weights=args.raw_weights)
+    except (FileNotFoundError, RuntimeError, ValueError) as e:  # missing, unreadable, not one of ours, no raw
         p.error(str(e))
     except KeyError as e:
         p.error(f"{args.checkpoint}: not a checkpoint written by run_multitask.py (no {e})")
