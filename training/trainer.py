@@ -474,13 +474,15 @@ def _train(cfg: TrainConfig, out_dir: Path, dist=None, log_start: int = 0) -> di
         data_t = data.train[tb.task]
         return (cache.batch(data_t, tb.indices) if cache else make_batch(data_t, tb.indices, tokenizer)).to(device)
 
-    def evaluate_and_keep(epoch: int, record: dict, when: str, note: str = "") -> None:
-        """Rank 0: the dev metrics into `record` and the log; best.pt when they beat the best so far."""
+    def evaluate_and_keep(epoch: int, record: dict, when: str, note: str = "", raw: bool = True) -> None:
+        """Rank 0: the dev metrics into `record` and the log; best.pt when they beat the best so far.
+        With a weight EMA, the raw weights are scored too (for the record) where `raw`."""
         with contextlib.ExitStack() as weights:  # inside: the weights evaluated and kept
+            if stepper.ema is not None and raw:
+                raw_metrics = evaluate(model, data.dev, tokenizer, cfg.eval_batch_size, device, stepper.autocast)
+                record.update({f"dev_raw_{k}": v for k, v in raw_metrics.items()})
+                log.info("%s: dev, raw weights %s", when, _fmt(raw_metrics))
             if stepper.ema is not None:
-                raw = evaluate(model, data.dev, tokenizer, cfg.eval_batch_size, device, stepper.autocast)
-                record.update({f"dev_raw_{k}": v for k, v in raw.items()})
-                log.info("%s: dev, raw weights %s", when, _fmt(raw))
                 weights.enter_context(stepper.ema.applied(model))
             metrics = evaluate(model, data.dev, tokenizer, cfg.eval_batch_size, device, stepper.autocast)
             record.update({f"dev_{k}": v for k, v in metrics.items()})
@@ -524,7 +526,8 @@ def _train(cfg: TrainConfig, out_dir: Path, dist=None, log_start: int = 0) -> di
                     if main:
                         evaluate_and_keep(epoch, {"epoch": epoch, "step": state.global_step,
                                                   "epoch_progress": round(state.step_in_epoch / len(schedule), 4)},
-                                          f"epoch {epoch}, step {state.step_in_epoch}/{len(schedule)}")
+                                          f"epoch {epoch}, step {state.step_in_epoch}/{len(schedule)}",
+                                          raw=False)  # the weight average only: half the cost
                     if dist is not None:
                         dist.barrier()
                 # not at the epoch's last step: the epoch-end checkpoint follows its record and best.pt,
