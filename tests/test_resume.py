@@ -361,4 +361,4 @@ def test_a_training_checkpoint_evaluates_with_the_weight_average(files, tmp_path
     assert score(step) == score(out / "best.pt") != score(step, "--raw-weights")
     with pytest.raises(SystemExit):
         evaluate_mod.main(["--checkpoint", str(out / "best.pt"), "--score", "sts", sts_dev, "--raw-weights"])
-    assert "no weight average in this checkpoint" in capsys.readouterr().err
+    assert "holds one set of weights, no weight average beside them" in capsys.readouterr().err

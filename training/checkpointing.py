@@ -70,11 +70,10 @@ def model_from_checkpoint(path, raw_weights: bool = False) -> tuple[MultitaskBer
     cfg = TrainConfig.from_dict(ckpt["config"])
     model = MultitaskBert(Bert(BertConfig(**ckpt["bert_config"]), attn_impl=cfg.attn_impl), cfg.pair_encoding,
                           cfg.head_dropout, cfg.pooling)
-    model.load_state_dict(ckpt["model"])
     if raw_weights and "ema" not in ckpt:
-        raise ValueError(f"{path}: no weight average in this checkpoint, so no other weights than the ones it "
-                         f"holds (best.pt keeps the weights the run evaluated; step checkpoints of an "
-                         f"--ema-decay run hold both)")
+        raise ValueError(f"{path}: holds one set of weights, no weight average beside them: --raw-weights is for "
+                         f"the training checkpoints (checkpoints/step-N.pt) of an --ema-decay run")
+    model.load_state_dict(ckpt["model"])
     if "ema" in ckpt and not raw_weights:
         params = dict(model.named_parameters())
         with torch.no_grad():
