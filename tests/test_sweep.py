@@ -249,11 +249,24 @@ def test_plots_are_pngs_of_the_expected_size(inputs, tmp_path):
     recs = [{"step": s, "epoch": s // 4, "loss_sst": 1.0 / s} for s in range(2, 13, 2)]
     recs += [{"epoch": e, "step": 4 * (e + 1), "train_seconds": 1.0, "train_loss_sst": 1.0 / (e + 1),
               "dev_sst_acc": 0.2 + 0.1 * e, "dev_overall": 0.2 + 0.1 * e} for e in range(3)]
-    recs += [{"epoch": e, "step": 4 * e + 2, "epoch_progress": 0.5, "dev_sst_acc": 0.25, "dev_overall": 0.25}
-             for e in range(3)]  # --evals-per-epoch 2
+    for r in recs[-3:]:  # --ema-decay: the raw weights scored at epoch ends
+        r.update(dev_raw_sst_acc=r["dev_sst_acc"] - 0.01, dev_raw_overall=r["dev_overall"] - 0.01)
+    recs = [{"epoch": e, "step": 4 * e + 2, "epoch_progress": 0.5, "dev_sst_acc": 0.25, "dev_overall": 0.25}
+            for e in range(3)] + recs  # --evals-per-epoch 2: the average alone mid-epoch
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     assert R.main(["--curves", str(run), "-o", str(tmp_path / "c.png")]) == 0
     assert png_size(tmp_path / "c.png") == (round(R.CURVES_SIZE[0] * R.DPI), round(R.CURVES_SIZE[1] * R.DPI))
+
+
+def test_dev_series_places_mid_epoch_evaluations_and_keeps_the_raw_scores():
+    recs = [{"step": 1, "epoch": 0, "loss_sst": 1.0},
+            {"epoch": 0, "step": 2, "epoch_progress": 0.5, "dev_sst_acc": 0.3, "dev_overall": 0.3},
+            {"epoch": 0, "step": 4, "train_seconds": 1.0, "dev_raw_sst_acc": 0.35, "dev_raw_overall": 0.35,
+             "dev_sst_acc": 0.4, "dev_overall": 0.4},
+            {"epoch": 1, "step": 6, "epoch_progress": 0.5, "dev_sst_acc": 0.5, "dev_overall": 0.5}]
+    # one task: overall repeats the task's metric and is left out
+    assert R.dev_series(recs) == {"dev_sst_acc": [(0.5, 0.3), (1.0, 0.4), (1.5, 0.5)],
+                                  "dev_raw_sst_acc": [(1.0, 0.35)]}
 
 
 def test_plot_without_matplotlib_says_how_to_get_it(monkeypatch):

@@ -240,6 +240,17 @@ def plot_sweep(rows: list[dict], path: Path) -> Path:
     return path
 
 
+def dev_series(records: list[dict]) -> dict[str, list[tuple[float, float]]]:
+    """Each dev metric in a run's records as (epochs done, value) points. With --evals-per-epoch the
+    mid-epoch records carry `epoch_progress`, and the raw weights' scores (dev_raw_*, with
+    --ema-decay) come at epoch ends only."""
+    evals = [r for r in records if "dev_overall" in r]
+    names = list(dict.fromkeys(k for r in evals for k in r if k.startswith("dev_")))
+    if len([k for k in names if not k.startswith("dev_raw_")]) == 2:  # one task: overall is the same number
+        names = [k for k in names if k not in ("dev_overall", "dev_raw_overall")]
+    return {k: [(r["epoch"] + r.get("epoch_progress", 1.0), r[k]) for r in evals if k in r] for k in names}
+
+
 def plot_curves(run_dir: Path, path: Path | None = None) -> Path:
     """A run's metrics.jsonl: running training loss per task against the step, dev metrics per evaluation."""
     plt = _pyplot()
@@ -266,13 +277,8 @@ def plot_curves(run_dir: Path, path: Path | None = None) -> Path:
     left.set_title("training loss")
     left.grid(alpha=0.3)
     left.legend(fontsize="small")
-    evals = [r for r in records if "dev_overall" in r]  # --evals-per-epoch K: K per epoch
-    names = [k for k in (evals[0] if evals else {}) if k.startswith("dev_")]
-    if len(names) == 2 and "dev_overall" in names:  # one task: overall is the same number
-        names.remove("dev_overall")
-    at = [r["epoch"] + r.get("epoch_progress", 1.0) for r in evals]  # epochs done, fractional mid-epoch
-    for j, k in enumerate(names):
-        right.plot(at, [r[k] for r in evals], marker="o", color=f"C{j}", label=k)
+    for j, (k, pts) in enumerate(dev_series(records).items()):
+        right.plot(*zip(*pts), marker="o", color=f"C{j}", label=k)
     right.set_xlabel("epoch")
     right.set_ylabel("dev metric")
     right.set_title("dev metrics per epoch")
