@@ -323,7 +323,7 @@ def test_evaluate_rewrites_the_same_predictions_and_scores(cross_run, tmp_path, 
                             "--predictions-dir", str(tmp_path / "again"), "--batch-size", "3"])
     assert rc == 0
     out = capsys.readouterr().out
-    assert "dev metrics of the best checkpoint: sst_acc" in out
+    assert f"dev metrics of {run / 'best.pt'}: sst_acc" in out
     for f in pred_dir.iterdir():
         assert (tmp_path / "again" / f.name).read_text() == f.read_text(), f.name
 

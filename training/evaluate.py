@@ -127,8 +127,10 @@ def read_predictions(path: str | os.PathLike) -> tuple[str, list[tuple[str, floa
     return task, rows
 
 
-def write_all_predictions(model, data, tokenizer, cfg, device, autocast=contextlib.nullcontext) -> dict:
-    """Dev metrics printed, and {task}-{dev,test}-output.csv written to cfg.predictions_dir."""
+def write_all_predictions(model, data, tokenizer, cfg, device, autocast=contextlib.nullcontext,
+                          source: str = "the best checkpoint") -> dict:
+    """Dev metrics of the model (from `source`) printed, and {task}-{dev,test}-output.csv written to
+    cfg.predictions_dir."""
     out = Path(cfg.predictions_dir)
     metrics = {}
     for split, sets in (("dev", data.dev), ("test", data.test)):
@@ -139,7 +141,7 @@ def write_all_predictions(model, data, tokenizer, cfg, device, autocast=contextl
                 metrics[METRIC[task]] = score(task, preds, [e.label for e in d.examples])
     if metrics:
         metrics["overall"] = overall(metrics)
-        print("dev metrics of the best checkpoint: " + ", ".join(f"{k} {v:.3f}" for k, v in metrics.items()))
+        print(f"dev metrics of {source}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
     log.info("wrote prediction files to %s", out)
     return metrics
 
@@ -225,7 +227,7 @@ def main(argv=None) -> int:
                 if test.is_file():
                     splits.test[task] = encoded(task, test, False)
             cfg.predictions_dir, cfg.eval_batch_size = args.predictions_dir, args.batch_size
-            write_all_predictions(model, splits, tokenizer, cfg, device, autocast)
+            write_all_predictions(model, splits, tokenizer, cfg, device, autocast, source=str(args.checkpoint))
         for task, path in args.score:
             d = encoded(task, path, True)
             preds = predict_task(model, d, tokenizer, args.batch_size, device, autocast)
