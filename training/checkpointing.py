@@ -75,10 +75,8 @@ def model_from_checkpoint(path, raw_weights: bool = False) -> tuple[MultitaskBer
                          f"the training checkpoints (checkpoints/step-N.pt) of an --ema-decay run")
     model.load_state_dict(ckpt["model"])
     if "ema" in ckpt and not raw_weights:
-        params = dict(model.named_parameters())
-        with torch.no_grad():
-            for name, avg in zip(ckpt["ema"]["names"], ckpt["ema"]["shadow"]):
-                params[name].copy_(avg)
+        from .ema import load_average
+        load_average(model, ckpt["ema"])
         log.info("%s: the weight average at step %s (not the raw weights)", path, ckpt["run_state"]["global_step"])
     return model, cfg, ckpt
 

@@ -21,6 +21,17 @@ def ema_update_(averages: list[torch.Tensor], values: list[torch.Tensor], decay:
         torch._foreach_add_(averages, values, alpha=1.0 - decay)
 
 
+@torch.no_grad()
+def load_average(model: nn.Module, state: dict) -> None:
+    """Put the averages of a WeightEMA.state_dict() into the model's parameters, for good (a saved
+    run evaluated with the weights it kept; `WeightEMA.applied` swaps them in for a block only)."""
+    params = dict(model.named_parameters())
+    missing = [n for n in state["names"] if n not in params]
+    if missing:
+        raise ValueError(f"the weight average covers parameters this model lacks: {', '.join(missing[:3])}")
+    torch._foreach_copy_([params[n] for n in state["names"]], list(state["shadow"]))
+
+
 class WeightEMA:
     """avg_t = d_t * avg_{t-1} + (1 - d_t) * theta_t with d_t = min(decay, (1 + t) / (10 + t)):
     the warm-up of d_t (as in TensorFlow's ExponentialMovingAverage) keeps the first updates from
