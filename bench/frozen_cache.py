@@ -20,8 +20,10 @@ from common import REPO  # noqa: F401  (puts the repository on sys.path)
 from data.sampler import epoch_schedule, padding_efficiency  # noqa: E402
 from training.config import TrainConfig  # noqa: E402
 from training.frozen_cache import build_frozen_cache  # noqa: E402
-from training.trainer import (Stepper, build_model, build_optimizer, linear_warmup_decay, load_data,  # noqa: E402
-                              make_batch, schedule_for_epoch, seed_everything)
+from data.batching import make_batch  # noqa: E402
+from training.build import build_model, load_data, schedule_for_epoch  # noqa: E402
+from training.device import seed_everything  # noqa: E402
+from training.stepper import Stepper, build_optimizer, linear_warmup_decay  # noqa: E402
 
 
 def prepare(cfg: TrainConfig, cached: bool, max_steps: int | None):

@@ -2,7 +2,7 @@
 
 One MT-DNN batch per task (sst, para, sts; the first bucketed batch of each in the epoch-0
 schedule of the course training data, as in bench/smart_cost.py) is stepped through
-`training.trainer.Stepper.step` (forward, loss, backward, clipping, fused AdamW). Arms, each
+`training.stepper.Stepper.step` (forward, loss, backward, clipping, fused AdamW). Arms, each
 with its own copy of the model:
 
     fp32            --precision fp32 (the CPU default)
@@ -33,7 +33,9 @@ from smart_cost import task_batches  # noqa: E402
 from minbert import Tokenizer, resolve_checkpoint  # noqa: E402
 from training.compiling import compile_layers  # noqa: E402
 from training.config import TrainConfig  # noqa: E402
-from training.trainer import Stepper, build_model, build_optimizer, linear_warmup_decay, pick_device  # noqa: E402
+from training.build import build_model  # noqa: E402
+from training.device import pick_device  # noqa: E402
+from training.stepper import Stepper, build_optimizer, linear_warmup_decay  # noqa: E402
 
 
 def parse_args(argv=None):

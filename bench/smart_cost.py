@@ -1,7 +1,7 @@
 """Cost of SMART: a training step with --smart against the same step without, in one run.
 
 One MT-DNN batch per task (sst, para, sts; the first bucketed batch of each in the epoch-0
-schedule of the course training data) is stepped through `training.trainer.Stepper.step`; a
+schedule of the course training data) is stepped through `training.stepper.Stepper.step`; a
 "round" is one step on each of the three batches. Arms, all on the same batches:
 
     plain                       no SMART
@@ -30,14 +30,9 @@ from common import step_bench_parser  # noqa: E402  (puts the repository on sys.
 from data.batching import encode_task, make_batch  # noqa: E402
 from data.loaders import load_task_file  # noqa: E402
 from training.config import TrainConfig  # noqa: E402
-from training.trainer import (  # noqa: E402
-    Stepper,
-    autocast_dtype,
-    build_model,
-    build_optimizer,
-    linear_warmup_decay,
-    schedule_for_epoch,
-)
+from training.build import build_model, schedule_for_epoch  # noqa: E402
+from training.device import autocast_dtype  # noqa: E402
+from training.stepper import Stepper, build_optimizer, linear_warmup_decay  # noqa: E402
 
 
 def parse_args(argv=None):

@@ -95,8 +95,9 @@ def main(argv: list[str] | None = None) -> int:
         epilog="Without internet, copy those files by hand into DEST, or point the trainer's "
                "--data-dir at a folder that holds them.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--dest", type=Path, default=DEFAULT_DEST,
-                        help="folder to write the CSV files into (created if missing)")
+    parser.add_argument("--dest", type=Path, default=Path(os.environ.get("MINBERT_DATA_DIR") or DEFAULT_DEST),
+                        help="folder to write the CSV files into (created if missing): $MINBERT_DATA_DIR if set, "
+                             "else data/ beside the loaders")
     parser.add_argument("--force", action="store_true",
                         help="download files again even when they are already in DEST")
     parser.add_argument("--base-url", default=BASE_URL,

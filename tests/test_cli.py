@@ -144,7 +144,7 @@ def test_siamese_init_needs_siamese_encoding(args, capsys):
 
 def test_pair_swap_doubles_the_pair_tasks_training_sets_only(tmp_path):
     from minbert import Tokenizer
-    from training.trainer import load_data
+    from training.build import load_data
 
     data, ckpt = write_course_files(tmp_path / "data"), tiny_checkpoint(tmp_path / "ckpt")
     tok = Tokenizer.from_checkpoint(ckpt)
@@ -165,7 +165,7 @@ def test_pair_swap_doubles_the_pair_tasks_training_sets_only(tmp_path):
 
 def test_predict_both_orders_encodes_the_swapped_dev_and_test_pairs_only(tmp_path):
     from minbert import Tokenizer
-    from training.trainer import load_data
+    from training.build import load_data
 
     data, ckpt = write_course_files(tmp_path / "data"), tiny_checkpoint(tmp_path / "ckpt")
     for task in TASKS:  # the test files: the dev files without their labels will do

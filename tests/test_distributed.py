@@ -71,15 +71,14 @@ def smart_teachers(root: Path) -> None:
     Stepper; rank 0 saves every rank's teacher and student for the test to compare."""
     from data.batching import make_batch
     from training.distributed import init_distributed
-    from training.trainer import (Stepper, build_model, build_optimizer, linear_warmup_decay, load_data,
-                                  schedule_for_epoch)
+    from training.build import build_model, load_data, schedule_for_epoch
+    from training.stepper import Stepper
     cfg = base(root, "unused", smart=True, head_dropout=0.2)
     with init_distributed(cfg.device) as d:
         model, tok, _ = build_model(cfg)
         data = load_data(cfg, tok)
         initial = {k: v.clone() for k, v in model.state_dict().items()}
-        opt = build_optimizer(model, cfg, d.device)
-        stepper = Stepper(model, cfg, opt, linear_warmup_decay(opt, 10, 0.0), d.device, None, 10, d)
+        stepper = Stepper.build(model, cfg, 10, d.device, dist=d)
         for n, tbs in enumerate(schedule_for_epoch(cfg, data.train, 0)[:4]):
             mine, weights = local_step(tbs, d.rank, d.world_size)
             assert stepper.step([make_batch(data.train[tb.task], tb.indices, tok) for tb in mine], n, weights)

@@ -9,7 +9,7 @@ from heads import MultitaskBert
 from minbert import Bert, BertConfig, save_hf
 from training.cli import main as cli_main
 from training.config import TrainConfig
-from training.trainer import Stepper, build_optimizer, linear_warmup_decay
+from training.stepper import Stepper, build_optimizer, linear_warmup_decay
 
 L = 2
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat", "on", "mat", "##s"]
@@ -61,14 +61,12 @@ def frozen_names(model: MultitaskBert, upto) -> set[str]:
 def train_steps(model, pair_encoding, steps=6):
     cfg = TrainConfig(lr=1e-2, weight_decay=0.01, warmup_ratio=0.0, max_grad_norm=1.0, seed=0, device="cpu",
                       pair_encoding=pair_encoding)
-    opt = build_optimizer(model, cfg, torch.device("cpu"))
-    sched = linear_warmup_decay(opt, steps + 1, cfg.warmup_ratio)
-    stepper = Stepper(model, cfg, opt, sched, torch.device("cpu"), None, steps + 1)
+    stepper = Stepper.build(model, cfg, steps + 1)
     bs = batches(pair_encoding)
     for s in range(steps):
         parts = stepper.step([bs[s % 3]], s)  # one task per step, as the mtdnn sampler does
         assert parts is not None
-    return opt
+    return stepper.optimizer
 
 
 @pytest.mark.parametrize("pair_encoding,upto", [("cross", None), ("cross", -1), ("cross", 0), ("cross", 1),

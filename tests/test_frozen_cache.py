@@ -9,7 +9,7 @@ from heads import MultitaskBert
 from minbert import Bert, BertConfig, Tokenizer, save_hf
 from training.config import TrainConfig
 from training.frozen_cache import build_frozen_cache, cache_key, estimate_bytes
-from training.trainer import Stepper, build_optimizer, linear_warmup_decay
+from training.stepper import Stepper
 
 WORDS = ["the", "cat", "sat", "on", "mat", "dog", "ran", "far", "away", "home", "big", "red"]
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS
@@ -48,9 +48,8 @@ def _model(ckpt, upto):
 
 def _train(ckpt, tok, train, cache, upto=2, steps=6):
     model = _model(ckpt, upto)
-    cfg = TrainConfig(freeze_upto=upto, lr=1e-2, max_grad_norm=1.0)
-    opt = build_optimizer(model, cfg, torch.device("cpu"))
-    stepper = Stepper(model, cfg, opt, linear_warmup_decay(opt, steps, 0.0), torch.device("cpu"), None, steps)
+    cfg = TrainConfig(freeze_upto=upto, lr=1e-2, max_grad_norm=1.0, warmup_ratio=0.0)
+    stepper = Stepper.build(model, cfg, steps)
     torch.manual_seed(2)  # dropout in the trainable layers draws the same numbers in both runs
     losses = []
     for step in range(steps):
@@ -183,7 +182,7 @@ def test_needs_a_frozen_layer(setup):
 
 @pytest.mark.parametrize("mode, upto, says", [("disk", 0, True), ("memory", None, True), ("auto", 0, False)])
 def test_an_explicit_cache_mode_without_frozen_layers_is_not_ignored_silently(setup, caplog, mode, upto, says):
-    from training.trainer import maybe_frozen_cache
+    from training.build import maybe_frozen_cache
     ckpt, tok, train = setup
     cfg = TrainConfig(frozen_cache=mode, freeze_upto=upto)
     with caplog.at_level("WARNING"):

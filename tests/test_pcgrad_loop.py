@@ -12,7 +12,8 @@ from data.batching import encode_task
 from data.loaders import Example
 from heads import task_loss
 from training.config import TrainConfig
-from training.trainer import Stepper, build_model, build_optimizer, linear_warmup_decay, schedule_for_epoch
+from training.build import build_model, schedule_for_epoch
+from training.stepper import Stepper
 
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat", "on", "mat", "##s"]
 WORDS = ["the", "cat", "sat", "on", "mat", "cats", "mats"]
@@ -47,8 +48,7 @@ def _setup(ckpt, **kw):
     cfg = TrainConfig(model=str(ckpt), head_dropout=0.0, device="cpu", precision="fp32", max_grad_norm=0.0,
                       task_sampling="mixed", batch_size=18, lr=1e-3, warmup_ratio=0.0, seed=3, **kw)
     model, tok, _ = build_model(cfg)
-    opt = build_optimizer(model, cfg, CPU)
-    stepper = Stepper(model, cfg, opt, linear_warmup_decay(opt, 10, 0.0), CPU, None, total_steps=10)
+    stepper = Stepper.build(model, cfg, 10, CPU)
     from data.batching import make_batch
     train = _train_data(tok)
     tbs = schedule_for_epoch(cfg, train, 0)[0]

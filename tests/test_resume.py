@@ -33,7 +33,7 @@ def _args(ckpt, data, out, *extra):
 # Runs the CLI in a child process that sends itself a real SIGTERM right after step K.
 CHILD = """
 import os, signal, sys
-import training.trainer as T
+import training.stepper as T
 K = int(sys.argv[1])
 step = T.Stepper.step
 def step_then_signal(self, batches, n):
@@ -116,7 +116,7 @@ def test_interrupted_checkpoint_write_leaves_the_previous_one_intact(tmp_path, m
 
 
 def test_nan_losses_are_skipped_and_a_run_of_them_stops(files, tmp_path, monkeypatch, capsys):
-    import training.trainer as T
+    import training.stepper as T
     ckpt, data = files
     real = T.task_loss
     calls = {"n": 0}
@@ -142,7 +142,7 @@ def test_nan_losses_are_skipped_and_a_run_of_them_stops(files, tmp_path, monkeyp
 
 
 def test_out_of_memory_names_the_batch_and_what_to_lower(files, tmp_path, monkeypatch, capsys):
-    import training.trainer as T
+    import training.stepper as T
     ckpt, data = files
 
     def oom(self, batch):
@@ -303,9 +303,10 @@ def test_resume_refuses_another_best_pt_or_changed_training_files(files, tmp_pat
 
 
 def test_metric_records_are_strict_json(tmp_path):
-    from training.trainer import _write_record
-    with open(tmp_path / "m.jsonl", "w") as f:
-        _write_record(f, {"step": 1, "pcgrad_cosine": float("nan"), "x": float("inf"), "loss_sst": 0.5})
+    from training.rundir import MetricsLog
+    metrics = MetricsLog(tmp_path / "m.jsonl")
+    metrics.write({"step": 1, "pcgrad_cosine": float("nan"), "x": float("inf"), "loss_sst": 0.5})
+    metrics.close()
     line = (tmp_path / "m.jsonl").read_text()
     assert json.loads(line, parse_constant=lambda c: pytest.fail(f"bare {c} in {line}")) == {
         "step": 1, "pcgrad_cosine": None, "x": None, "loss_sst": 0.5}

