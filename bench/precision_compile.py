@@ -14,7 +14,7 @@ Rounds (one step on each of the three batches) are interleaved over the arms, or
 every other round, after warm-up rounds that also absorb compilation; medians are reported.
 The last column is how far each arm's loss after the timed steps is from fp32's, a first check
 that bf16 trains the same way (eager arms draw the same dropout masks; compiled code draws its own,
-so its column also holds dropout noise). The accuracy check is a real run: see the README.
+so its column also holds dropout noise). The accuracy check is a real run: see docs/benchmarks.md.
 
     python bench/precision_compile.py                # MiniLM-L6, CPU, course data
     python bench/precision_compile.py --no-compile --steps 10

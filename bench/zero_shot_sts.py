@@ -1,6 +1,6 @@
 """STS dev Pearson of the untrained encoder: the cosine of each pair's two sentence vectors, with
 the vector taken as --pooling cls (BERT's pooler on [CLS]) and as --pooling mean. It shows what
-a siamese similarity head could start from before any training (README, Results).
+a siamese similarity head could start from before any training (docs/results.md).
 
     python bench/zero_shot_sts.py                       # MiniLM, ../shared/data/cs224n/sts-dev.csv
 """
