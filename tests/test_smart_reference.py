@@ -314,3 +314,63 @@ def test_paper_mode_ignores_reference_fields():
         outs.append(perturb(fn, (x,), fn((x,)), "categorical", cfg, generator=torch.Generator().manual_seed(1))[0])
     assert torch.equal(*outs)
     assert outs[0].abs().max().item() <= 0.05
+
+
+# ----------------------------------------------------------------------------- through the trainer
+
+
+def test_reference_mode_through_the_stepper(tiny_ckpt):
+    """The trainer's call (Stepper._smoothness -> adversarial_loss) with a reference-mode config, as
+    the trainer will build it from a --smart-perturbation flag: the logged R_s is the reference
+    divergence at the reference perturbation, the padding's perturbation changes nothing (the
+    model masks padding), and R_s is far above the paper mode's."""
+    import dataclasses
+
+    from data.batching import encode_task, make_batch
+    from data.loaders import Example
+    from heads import KIND
+    from training.config import TrainConfig
+    from training.smart import dropout_disabled
+    from training.trainer import Stepper, build_model, build_optimizer, linear_warmup_decay
+
+    cfg = TrainConfig(model=str(tiny_ckpt), head_dropout=0.0, device="cpu", precision="fp32", max_grad_norm=0.0,
+                      lr=1e-2, warmup_ratio=0.0, seed=5, smart=True)
+    model, tok, _ = build_model(cfg)
+    opt = build_optimizer(model, cfg, torch.device("cpu"))
+    stepper = Stepper(model, cfg, opt, linear_warmup_decay(opt, 100, 0.0), torch.device("cpu"), None, 100)
+    paper = stepper.smart
+    stepper.smart = dataclasses.replace(paper, perturbation="reference")
+    words = ["the", "cat", "sat", "on", "mat", "cats"]
+    rng = np.random.default_rng(0)
+    sent = lambda: " ".join(rng.choice(words) for _ in range(int(rng.integers(2, 8))))  # noqa: E731
+    batches = []
+    for task, label in (("sst", lambda: int(rng.integers(0, 5))), ("para", lambda: int(rng.integers(0, 2))),
+                        ("sts", lambda: float(rng.uniform(0, 5)))):
+        exs = [Example(f"{task}{i}", sent(), None if task == "sst" else sent(), label()) for i in range(5)]
+        batches.append(make_batch(encode_task(task, exs, tok), list(range(5)), tok))
+
+    gen = torch.Generator().set_state(stepper.generator.get_state().clone())
+    want = {}
+    model.train()
+    for b in batches:  # the step draws from the generator in batch order
+        masks = [s["attention_mask"] for s in b.inputs]
+        assert any((m == 0).any() for m in masks)  # there is padding to perturb
+        f = lambda xs, b=b, masks=masks: model.from_hidden(b.task, list(xs), masks, 0)  # noqa: E731
+        with dropout_disabled(model):
+            hs = tuple(h.detach() for h in model.hidden_at(b.inputs, 0))
+            with torch.no_grad():
+                clean = f(hs)
+            deltas = perturb(f, hs, clean, KIND[b.task], stepper.smart, tuple(masks), gen)
+            with torch.no_grad():
+                r = reference_divergence(f(tuple(h + d for h, d in zip(hs, deltas))), clean, KIND[b.task]).item()
+                unpadded = tuple(d * m.unsqueeze(-1) for d, m in zip(deltas, masks))
+                r_unpadded = reference_divergence(f(tuple(h + d for h, d in zip(hs, unpadded))), clean,
+                                                  KIND[b.task]).item()
+            r_paper = adversarial_loss(f, hs, clean, KIND[b.task], paper, tuple(masks),
+                                       torch.Generator().manual_seed(0)).item()
+        assert r_unpadded == pytest.approx(r, rel=1e-5)
+        assert r > 1e4 * r_paper
+        want[b.task] = r
+    parts = stepper.step(batches, 0)
+    for task, r in want.items():
+        assert parts[task]["r_s"] == pytest.approx(r, rel=1e-4), task
