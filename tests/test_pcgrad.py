@@ -13,7 +13,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from training.pcgrad import PCGrad, project, surgery
+from training.pcgrad import DOMINANT_RTOL, PCGrad, dominant_task, gram_matrix, project, surgery
 
 T64 = torch.float64
 
@@ -128,6 +128,58 @@ def test_half_precision_keeps_dtype():
     torch.testing.assert_close(out.double(), t([0.5, 1.5]))
 
 
+# ---------------------------------------------------------------- dominant: ties
+
+
+def test_dominant_near_tie_goes_to_the_first_task():
+    # norms 5 and 5 (1 + 1e-13): equal up to rounding, so task 0 (first in order) is g_d
+    g = t([[3.0, 4.0, 0.0], [0.0, 0.0, 5.0 * (1 + 1e-13)], [-1.0, 0.0, -1.0]])
+    out, _ = surgery(g, "dominant")
+    # g1 . g0 = 0: untouched. g2 . g0 = -3: g2 + 3/25 (3, 4, 0) = (-16/25, 12/25, -1)
+    want = t([3 - 16 / 25, 4 + 12 / 25, 5.0 * (1 + 1e-13) - 1])
+    torch.testing.assert_close(out, want, rtol=1e-14, atol=1e-14)
+    # with g1 as g_d (the larger by float error), g2 + (5/25) (0, 0, 5) = (-1, 0, 0): another update
+    assert not torch.allclose(out, t([2.0, 4.0, 5.0 * (1 + 1e-13)]), rtol=1e-3)
+    # a real difference still wins, wherever it is in the order
+    g[1, 2] = 5.0 * (1 + 1e-4)
+    assert torch.equal(project(g, "dominant")[1], g[1])
+    assert not torch.equal(project(g, "dominant")[2], g[2])
+
+
+def test_dominant_task_rule():
+    assert DOMINANT_RTOL == 1e-5
+    sq = lambda *v: torch.tensor(v, dtype=T64)
+    assert dominant_task(sq(1.0, 1.0 + 1e-7, 0.5)) == 0
+    assert dominant_task(sq(0.5, 1.0, 1.0 - 1e-6)) == 1
+    assert dominant_task(sq(0.5, 1.0 - 5e-6, 1.0)) == 1  # within 1e-5 of the largest, and first
+    assert dominant_task(sq(0.5, 1.0 - 2e-5, 1.0)) == 2
+    assert dominant_task(sq(0.0, 0.0)) == 0
+
+
+def test_dominant_permuted_gradients_pick_the_first_task():
+    """A gradient and a permutation of it have the same norm; float32 Gram products round them
+    apart. Find a seed where the second rounds larger (so argmax would pick it) and check that the
+    update is the one with the first task dominant, computed here in float64."""
+    P = 4096
+    for seed in range(50):
+        gen = torch.Generator().manual_seed(seed)
+        a = torch.randn(P, generator=gen)
+        b = a[torch.randperm(P, generator=gen)]
+        c = -0.6 * b + 0.2 * torch.randn(P, generator=gen)  # conflicts with b
+        g = torch.stack([a, b, c])
+        sq = gram_matrix(g).diagonal()
+        if sq[1] > sq[0] and float(c.double() @ a.double()) * float(c.double() @ b.double()) != 0:
+            break
+    else:
+        pytest.fail("no seed in 0..49 where the permuted row's squared norm rounds larger")
+    gs = [r.double() for r in g]
+    want = gs[0] + sum(ref_proj(x, gs[0]) for x in gs[1:])  # task 0 dominant
+    other = gs[1] + sum(ref_proj(x, gs[1]) for i, x in enumerate(gs) if i != 1)  # what argmax picked
+    out, _ = surgery(g, "dominant")
+    torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-4)
+    assert (want - other).abs().max() > 1.0  # the choice matters here
+
+
 # ---------------------------------------------------------------- properties
 
 TOL = 1e-9
@@ -146,12 +198,11 @@ def task_grads(draw, T=st.integers(2, 3)):
 @given(task_grads())
 def test_dominant_projected_never_conflict_and_dominant_untouched(g):
     rows = project(g, "dominant")
-    norms = g.norm(dim=1)
-    # Equal norms (e.g. permuted coordinates) tie up to rounding: any largest row may be g_d.
-    ok = [d for d in range(len(g)) if norms[d] >= norms.max() * (1 - 1e-12)
-          and torch.equal(rows[d], g[d])
-          and all(rows[i] @ g[d] >= -TOL * (1 + norms[i] * norms[d]) for i in range(len(g)) if i != d)]
-    assert ok, "no largest-norm row is both unchanged and conflict-free with the projected others"
+    norms, sq = g.norm(dim=1), (g * g).sum(1)
+    # the documented tie-break: the first row whose squared norm is within DOMINANT_RTOL of the largest
+    d = next(i for i in range(len(g)) if sq[i] >= sq.max() * (1 - 1e-5))
+    assert torch.equal(rows[d], g[d])
+    assert all(rows[i] @ g[d] >= -TOL * (1 + norms[i] * norms[d]) for i in range(len(g)) if i != d)
     out, _ = surgery(g, "dominant")
     torch.testing.assert_close(out, rows.sum(0))
 

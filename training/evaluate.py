@@ -54,14 +54,20 @@ def raw_outputs(model: MultitaskBert, data: TaskData, tokenizer, batch_size: int
     return out if out is not None else torch.empty(0)
 
 
-def predict_task(model: MultitaskBert, data: TaskData, tokenizer, batch_size: int, device,
-                 autocast=contextlib.nullcontext) -> np.ndarray:
-    """Predictions in the order of data.examples. Where data has a `.swapped` copy (pairs in both
-    orders), the two orders' outputs are averaged first: the paraphrase logits, the similarity scores."""
+def task_outputs(model: MultitaskBert, data: TaskData, tokenizer, batch_size: int, device,
+                 autocast=contextlib.nullcontext) -> torch.Tensor:
+    """raw_outputs, except that where data has a `.swapped` copy (pairs in both orders) the two
+    orders' outputs are averaged: the paraphrase logits, the similarity scores."""
     out = raw_outputs(model, data, tokenizer, batch_size, device, autocast)
     if data.swapped is not None:
         out = (out + raw_outputs(model, data.swapped, tokenizer, batch_size, device, autocast)) / 2
-    return predict(data.task, out).double().numpy()
+    return out
+
+
+def predict_task(model: MultitaskBert, data: TaskData, tokenizer, batch_size: int, device,
+                 autocast=contextlib.nullcontext) -> np.ndarray:
+    """Predictions in the order of data.examples, from task_outputs."""
+    return predict(data.task, task_outputs(model, data, tokenizer, batch_size, device, autocast)).double().numpy()
 
 
 def score(task: str, preds: np.ndarray, labels) -> float:

@@ -11,7 +11,10 @@ own task's gradient untouched, because a head only ever appears in its own task'
   but silently changes the effective learning rate relative to the non-surgery baseline).
 - ``dominant``: "Freeze Your Layers" sec. 3.2. The task gradient of largest norm g_d is kept
   as is; every other g_i with g_i . g_d < 0 becomes g_i - (g_i . g_d / ||g_d||^2) g_d.
-  The update is g_d plus the (projected or untouched) others.
+  The update is g_d plus the (projected or untouched) others. Ties: squared norms within a
+  relative DOMINANT_RTOL of the largest count as equal, and the first such task in row order
+  wins (PCGrad.backward's rows follow its losses dict, i.e. the order of the step's batches), so
+  two norms that differ only by rounding never pick the task by float error.
 
 An all-zero task gradient (e.g. a task whose loss does not reach the encoder) is never
 projected against, which also means no 0/0, and it contributes zero to the update.
@@ -28,6 +31,10 @@ import torch
 logger = logging.getLogger(__name__)
 
 VARIANTS = ("pcgrad", "dominant")
+# Squared norms this close (relatively) to the largest tie for "dominant". A squared norm from
+# gram_matrix rounds by up to ~5e-7 relative (float32 products over 16384-column chunks; measured on
+# a vector and a permutation of it), and a 1e-5 difference in norms means nothing for the update.
+DOMINANT_RTOL = 1e-5
 
 
 @dataclass
@@ -89,7 +96,7 @@ def surgery_coefficients(gram: torch.Tensor, variant: str = "pcgrad", generator:
     gram = gram.cpu()
     sq = gram.diagonal()
     if variant == "dominant":
-        d = int(torch.argmax(sq))
+        d = dominant_task(sq)
         if sq[d] > 0:
             for i in range(T):
                 if i != d and gram[i, d] < 0:
@@ -107,6 +114,15 @@ def surgery_coefficients(gram: torch.Tensor, variant: str = "pcgrad", generator:
             if dot < 0:
                 C[i, j] -= dot / sq[j]
     return C
+
+
+def dominant_task(sq_norms: torch.Tensor, rtol: float = DOMINANT_RTOL) -> int:
+    """The row of the largest squared norm; rows within a relative `rtol` of it tie, and the first
+    of them wins. (argmax alone would let the last bits of rounding choose between equal norms.)"""
+    values = sq_norms.tolist()
+    top = max(values)
+    # a nan never compares >=: fall back to argmax (surgery() skips non-finite steps before this)
+    return next((i for i, v in enumerate(values) if v >= top * (1 - rtol)), int(torch.argmax(sq_norms)))
 
 
 def _stats_from_gram(gram: torch.Tensor) -> ConflictStats:

@@ -3,8 +3,14 @@
     loss = L(theta) + lambda_s * R_s(theta) + mu * D_Breg(theta, theta_tilde)
 
 R_s (smoothness-inducing adversarial regulariser): how much the model's output moves when its
-hidden inputs are pushed by a small adversarial delta inside an eps ball. D_Breg (Bregman
-proximal point term): how far the model's output is from a momentum (EMA) copy of itself.
+hidden inputs are pushed by an adversarial delta. D_Breg (Bregman proximal point term): how far
+the model's output is from a momentum (EMA) copy of itself.
+
+Two ways to find the delta (SmartConfig.perturbation): "paper", Algorithm 1 as written (a
+normalised ascent step, then projection onto an eps ball: |delta| <= eps = 1e-5), and "reference",
+what the authors' MT-DNN code runs (noise plus step normalised per token, no projection: |delta|
+about 1 per token; R_s grows with |delta|^2, so it is many orders of magnitude larger).
+docs/smart-perturbation.md has the details.
 
 Typical use for one batch of one task:
 
@@ -33,6 +39,7 @@ from torch import Tensor, nn
 from .ema import ema_update_
 
 KINDS = ("categorical", "bernoulli", "regression")
+PERTURBATIONS = ("paper", "reference")
 
 
 @dataclass
@@ -50,10 +57,23 @@ class SmartConfig:
     beta_late: float = 0.999  # the paper raises beta after the first 10% of updates
     beta_switch_frac: float = 0.1
     adv_dropout: bool = False  # adversarial passes run without dropout by default
+    # "paper": Algorithm 1 as written (per-example normalised step, projection onto the eps ball,
+    # padding untouched, symmetric KL against a detached target). "reference": the adversarial step
+    # of the MT-DNN code (mt_dnn/perturbation.py): noise plus step normalised per token, no
+    # projection, so the perturbation's per-token norm is about 1. docs/smart-perturbation.md lists
+    # every difference.
+    perturbation: str = "paper"
+    # reference mode only: the guard in (noise + step_size * g) / (||.||_token + norm_eps), MT-DNN's
+    # adv_epsilon (default 1e-6 in its train.py). It, not eps, sets how close to 1 the norm gets.
+    norm_eps: float = 1e-6
 
     def __post_init__(self) -> None:
         if self.norm not in ("inf", "l2"):
             raise ValueError(f"norm must be 'inf' or 'l2', got {self.norm!r}")
+        if self.perturbation not in PERTURBATIONS:
+            raise ValueError(f"perturbation must be one of {PERTURBATIONS}, got {self.perturbation!r}")
+        if not self.norm_eps > 0:  # 0 would divide 0 by 0 where noise and gradient vanish
+            raise ValueError(f"norm_eps must be > 0, got {self.norm_eps}")
         if self.steps < 1:  # K = 0 would return raw noise that may lie outside the ball
             raise ValueError(f"steps must be >= 1, got {self.steps}")
         if self.eps < 0 or self.step_size < 0 or self.noise_std < 0:
@@ -152,17 +172,21 @@ def perturb(
 ) -> tuple[Tensor, ...]:
     """The adversarial deltas, one per input (Algorithm 1, inner loop). Returned detached.
 
-    delta_0 ~ N(0, noise_std^2) (one torch.randn draw per input, in order, from `generator`);
-    then K times: delta += step_size * g / ||g||, g = d l_s(fn(x + delta), clean) / d delta,
-    followed by projection onto the eps ball. Each input (each side of a siamese pair) and each
-    example gets its own ball. Padding positions (mask == 0) are never perturbed.
+    cfg.perturbation == "paper": delta_0 ~ N(0, noise_std^2) (one torch.randn draw per input, in
+    order, from `generator`); then K times: delta += step_size * g / ||g||, g = d l_s(fn(x + delta),
+    clean) / d delta, followed by projection onto the eps ball. Each input (each side of a siamese
+    pair) and each example gets its own ball. Padding positions (mask == 0) are never perturbed.
+    We normalise *and* project, as the paper does; the reference implementations skip the projection.
+
+    cfg.perturbation == "reference": see `reference_perturb` (masks are not used there).
 
     The ascent uses detached x and torch.autograd.grad w.r.t. delta only, so no parameter .grad
-    is touched. We normalise *and* project, as the paper does; common implementations skip the
-    projection.
+    is touched.
     """
     if masks is not None and len(masks) != len(inputs):
         raise ValueError("need one mask per input")
+    if cfg.perturbation == "reference":
+        return reference_perturb(fn, inputs, clean, kind, cfg, generator)
     xs = tuple(x.detach() for x in inputs)
     target = clean.detach()
     keep = [None] * len(xs) if masks is None else [m.to(x.dtype).unsqueeze(-1) for x, m in zip(xs, masks)]
@@ -194,15 +218,117 @@ def adversarial_loss(
     masks: Sequence[Tensor] | None = None,
     generator: torch.Generator | None = None,
 ) -> Tensor:
-    """R_s = l_s(fn(x + delta), f(x)) with delta from `perturb`.
+    """R_s: the divergence between fn(x + delta) and f(x) = `clean`, delta from `perturb`.
 
-    f(x) = `clean` is detached: it is a fixed target, as in the SMART reference implementation
-    (the paper's formula differentiates both sides). x is *not* detached in this final forward,
-    so gradients reach the parameters of fn and, through x, any lower layers that produced it.
-    Dropout is the caller's business: wrap this call in `dropout_disabled(model)`.
+    "paper" mode: l_s(fn(x + delta), clean.detach()). Detaching the clean output is our choice: the
+    paper's formula differentiates both sides, and so do both reference implementations (MT-DNN's
+    SymKlCriterion and smart-pytorch's sym_kl_loss), each side as a cross-entropy towards the other
+    held fixed. "reference" mode computes that: `reference_divergence(fn(x + delta), clean)`, so a
+    `clean` that carries a graph gets a gradient too (one computed under no_grad does not).
+
+    x is *not* detached in this final forward, so gradients reach the parameters of fn and, through
+    x, any lower layers that produced it. Dropout is the caller's business: wrap this call in
+    `dropout_disabled(model)` (the reference runs these passes with dropout on).
     """
     deltas = perturb(fn, inputs, clean, kind, cfg, masks, generator)
-    return smoothness_loss(fn(tuple(x + d for x, d in zip(inputs, deltas))), clean.detach(), kind)
+    adv = fn(tuple(x + d for x, d in zip(inputs, deltas)))
+    if cfg.perturbation == "reference":
+        return reference_divergence(adv, clean, kind)
+    return smoothness_loss(adv, clean.detach(), kind)
+
+
+# ----------------------------------------------------------------------------- reference mode
+
+# stable_kl's guard in MT-DNN's mt_dnn/loss.py (its default epsilon)
+STABLE_KL_EPS = 1e-6
+
+
+def _log_probs(logits: Tensor, kind: str) -> Tensor:
+    """(N, C) log-probabilities: a softmax over the last dim, or one Bernoulli logit z per example as
+    the two-class distribution (sigmoid(z), sigmoid(-z)), what a two-logit softmax head gives."""
+    if kind == "categorical":
+        return F.log_softmax(logits, dim=-1).reshape(-1, logits.shape[-1])
+    if kind == "bernoulli":
+        z = logits.reshape(-1)
+        return torch.stack([F.logsigmoid(z), F.logsigmoid(-z)], dim=-1)
+    raise ValueError(f"kind must be 'categorical' or 'bernoulli' here, got {kind!r}")
+
+
+def reference_ascent_loss(adv: Tensor, target: Tensor, kind: str) -> Tensor:
+    """The loss the reference's inner step ascends (mt_dnn/perturbation.py, SmartPerturbation.forward).
+
+    Regression: sum of (adv - target)^2. Otherwise stable_kl(adv, target, reduce=False):
+    2 * sum_{n,c} p_nc * (r(p_nc) - r(y_nc)), p the perturbed and y the clean distribution,
+    r(q) = -log(1 / (q + 1e-6) - 1 + 1e-6) ~ log(q / (1 - q)) held constant (detached), so only the
+    factor p carries a gradient. Summed over the batch, not averaged: the gradient's scale matters,
+    because step_size * g is added to the noise before the normalisation.
+    """
+    if kind == "regression":
+        return ((adv - target) ** 2).sum()
+    p, y = _log_probs(adv, kind).exp(), _log_probs(target, kind).exp()
+    with torch.no_grad():
+        r_p = -(1.0 / (p + STABLE_KL_EPS) - 1.0 + STABLE_KL_EPS).log()
+        r_y = -(1.0 / (y + STABLE_KL_EPS) - 1.0 + STABLE_KL_EPS).log()
+    return 2.0 * (p * (r_p - r_y)).sum()
+
+
+def _per_token_normalise(v: Tensor, norm: str, guard: float) -> Tensor:
+    """v / (||v|| + guard), the norm over the last (hidden) dim: one norm per token."""
+    if norm == "inf":
+        size = v.abs().amax(dim=-1, keepdim=True)
+    else:
+        size = torch.linalg.vector_norm(v, dim=-1, keepdim=True)
+    return v / (size + guard)
+
+
+def reference_perturb(
+    fn: Callable[[tuple[Tensor, ...]], Tensor],
+    inputs: tuple[Tensor, ...],
+    clean: Tensor,
+    kind: str,
+    cfg: SmartConfig,
+    generator: torch.Generator | None = None,
+) -> tuple[Tensor, ...]:
+    """The MT-DNN code's adversarial step. Returned detached.
+
+    delta_0 = noise_std * N(0, 1) at every position, padding included (the same torch.randn draws
+    as paper mode, unmasked); then K times: v = delta + step_size * g with g = d
+    reference_ascent_loss(fn(x + delta), clean) / d delta, and delta = v / (||v||_token + norm_eps).
+    No projection: after one step every token's delta has norm ||v|| / (||v|| + norm_eps), close to 1
+    whenever ||v|| >> norm_eps, whatever eps says.
+    """
+    xs = tuple(x.detach() for x in inputs)
+    target = clean.detach()
+    deltas = [torch.randn(x.shape, generator=generator, dtype=x.dtype, device=x.device) * cfg.noise_std for x in xs]
+    for _ in range(cfg.steps):
+        deltas = [d.requires_grad_(True) for d in deltas]
+        loss = reference_ascent_loss(fn(tuple(x + d for x, d in zip(xs, deltas))), target, kind)
+        grads = torch.autograd.grad(loss, deltas, allow_unused=True)
+        deltas = [
+            _per_token_normalise(d.detach() + (0.0 if g is None else cfg.step_size * g), cfg.norm, cfg.norm_eps)
+            for d, g in zip(deltas, grads)
+        ]
+    return tuple(d.detach() for d in deltas)
+
+
+def reference_divergence(adv: Tensor, clean: Tensor, kind: str) -> Tensor:
+    """R_s as MT-DNN's final SymKlCriterion(clean, adv) computes it (mt_dnn/loss.py).
+
+    KL(P_adv || P_clean) with P_adv held constant plus KL(P_clean || P_adv) with P_clean held
+    constant, summed over classes and divided by the batch size ("batchmean"). Its value is
+    symmetric_kl's; its gradient is not: each side is pulled towards the other as by a cross-entropy
+    with the other's probabilities as soft labels, and the clean side is differentiated too.
+    Regression: mean (adv - clean)^2 with both sides differentiated (MseCriterion, without the
+    reference's (B,) against (B, 1) broadcast; docs/smart-perturbation.md).
+    """
+    if kind == "regression":
+        return F.mse_loss(adv, clean)
+    la, lc = _log_probs(adv, kind), _log_probs(clean, kind)
+    n = la.shape[0]
+    la_fixed, lc_fixed = la.detach(), lc.detach()
+    kl_adv_clean = (la_fixed.exp() * (la_fixed - lc)).sum() / n
+    kl_clean_adv = (lc_fixed.exp() * (lc_fixed - la)).sum() / n
+    return kl_adv_clean + kl_clean_adv
 
 
 # ----------------------------------------------------------------------------- Bregman term
