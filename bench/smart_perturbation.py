@@ -22,7 +22,7 @@ from heads import KIND  # noqa: E402
 from smart_cost import task_batches  # noqa: E402
 from training.config import TrainConfig  # noqa: E402
 from training.smart import SmartConfig, adversarial_loss, dropout_disabled, perturb  # noqa: E402
-from training.trainer import build_model  # noqa: E402
+from training.build import build_model  # noqa: E402
 
 
 def parse_args(argv=None):

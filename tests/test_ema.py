@@ -125,7 +125,9 @@ def test_decay_zero_gives_the_plain_run(runs):
     for rp, rz in zip(_records(p), _records(z)):
         assert {k: rz[k] for k in rp if k.startswith("dev_")} == {k: v for k, v in rp.items() if k.startswith("dev_")}
         assert rz["dev_raw_overall"] == rz["dev_overall"]
-    for f in Path(pcfg.predictions_dir).iterdir():
+    predictions = sorted(Path(pcfg.predictions_dir).glob("*-output.csv"))  # manifest.json names its own run
+    assert len(predictions) == 6
+    for f in predictions:
         assert (Path(zcfg.predictions_dir) / f.name).read_text() == f.read_text()
 
 

@@ -331,15 +331,15 @@ def test_reference_mode_through_the_stepper(tiny_ckpt):
     from heads import KIND
     from training.config import TrainConfig
     from training.smart import dropout_disabled
-    from training.trainer import Stepper, build_model, build_optimizer, linear_warmup_decay
+    from training.build import build_model
+    from training.stepper import Stepper
 
     cfg = TrainConfig(model=str(tiny_ckpt), head_dropout=0.0, device="cpu", precision="fp32", max_grad_norm=0.0,
-                      lr=1e-2, warmup_ratio=0.0, seed=5, smart=True)
+                      lr=1e-2, warmup_ratio=0.0, seed=5, smart=True, smart_perturbation="reference")
     model, tok, _ = build_model(cfg)
-    opt = build_optimizer(model, cfg, torch.device("cpu"))
-    stepper = Stepper(model, cfg, opt, linear_warmup_decay(opt, 100, 0.0), torch.device("cpu"), None, 100)
-    paper = stepper.smart
-    stepper.smart = dataclasses.replace(paper, perturbation="reference")
+    stepper = Stepper.build(model, cfg, 100)
+    assert stepper.smart.perturbation == "reference"  # --smart-perturbation reaches SmartConfig
+    paper = dataclasses.replace(stepper.smart, perturbation="paper")
     words = ["the", "cat", "sat", "on", "mat", "cats"]
     rng = np.random.default_rng(0)
     sent = lambda: " ".join(rng.choice(words) for _ in range(int(rng.integers(2, 8))))  # noqa: E731

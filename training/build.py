@@ -57,6 +57,8 @@ def load_data(cfg: TrainConfig, tokenizer: Tokenizer) -> Splits:
     for task in cfg.tasks:
         for split, target in (("train", out.train), ("dev", out.dev), ("test", out.test)):
             path = cfg.file(task, split)
+            if split == "test" and not cfg.test_predictions:
+                continue
             if split == "test" and not os.path.isfile(path):
                 log.warning("%s: not found; no %s test predictions will be written", path, task)
                 continue
@@ -64,6 +66,8 @@ def load_data(cfg: TrainConfig, tokenizer: Tokenizer) -> Splits:
             if split == "train" and cfg.max_train_examples and len(examples) > cfg.max_train_examples:
                 keep = np.random.default_rng([cfg.seed, 7]).permutation(len(examples))[: cfg.max_train_examples]
                 examples = [examples[i] for i in sorted(keep)]
+            if split == "dev" and cfg.max_eval_examples:
+                examples = examples[: cfg.max_eval_examples]
             if split == "train" and cfg.pair_swap and task != "sst" and cfg.pair_encoding == "cross":
                 examples = with_swapped_pairs(examples)
             target[task] = encode_task(task, examples, tokenizer, cfg.pair_encoding, cfg.max_length,
@@ -80,6 +84,13 @@ def schedule_for_epoch(cfg: TrainConfig, train: dict[str, TaskData], epoch: int)
     steps = epoch_schedule(sizes, cfg.batch_size, epoch=epoch, seed=cfg.seed, sampling=cfg.task_sampling,
                            num_epochs=cfg.epochs, max_batches_per_task=cfg.max_batches_per_task, lengths=lengths)
     return [[s] for s in steps]
+
+
+def updates_for_epoch(cfg: TrainConfig, train: dict[str, TaskData], epoch: int) -> list[list[list[TaskBatch]]]:
+    """The epoch's optimiser updates: each --grad-accum-steps consecutive steps of the schedule (the
+    last update may hold fewer)."""
+    steps, k = schedule_for_epoch(cfg, train, epoch), cfg.grad_accum_steps
+    return [steps[i: i + k] for i in range(0, len(steps), k)]
 
 
 def maybe_frozen_cache(cfg: TrainConfig, model: MultitaskBert, train: dict[str, TaskData], tokenizer, device,

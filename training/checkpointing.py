@@ -23,6 +23,12 @@ from .config import TrainConfig
 log = logging.getLogger(__name__)
 
 
+def current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def atomic_save(obj, path: str | os.PathLike) -> None:
     """torch.save to a temp file in the same directory, fsync, then rename over `path`."""
     path = Path(path)
@@ -33,6 +39,7 @@ def atomic_save(obj, path: str | os.PathLike) -> None:
             torch.save(obj, f)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp's 0600 would keep a shared run's files private
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

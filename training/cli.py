@@ -27,6 +27,39 @@ def _opt_float(s: str) -> float | None:
     return None if s.lower() in ("none", "off") else float(s)
 
 
+# The CS224N starter code's flags (multitask_classifier.py) -> ours, for its users' first try
+STARTER_FLAGS = {"--use_gpu": "--device cuda", "--option": "--freeze-upto N (pretrain: N = the number of layers; "
+                 "finetune: leave it out)", "--hidden_dropout_prob": "--head-dropout", "--lr": "--lr",
+                 "--batch_size": "--batch-size", "--epochs": "--epochs", "--seed": "--seed",
+                 "--local_files_only": "--model DIR"}
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a mistake is one line (not the 40-line usage), and an unknown flag is answered with
+    the nearest real one, or its name in this trainer for the course's starter-code flags."""
+
+    def error(self, message: str):
+        if message.startswith("unrecognized arguments:"):
+            hints = [h for h in (self.nearest(w) for w in message.split(":", 1)[1].split()) if h]
+            message += f" (did you mean {'; '.join(hints)}?)" if hints else ""
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+    def nearest(self, word: str) -> str | None:
+        import difflib
+
+        name = word.split("=", 1)[0]
+        if not name.startswith("-"):
+            return None
+        if name in STARTER_FLAGS:
+            return f"{STARTER_FLAGS[name]} for the starter code's {name}"
+        flags = [s for a in self._actions for s in a.option_strings if s.startswith("--")]
+        hyphens = name.replace("_", "-")
+        if hyphens in flags:
+            return hyphens
+        close = difflib.get_close_matches(hyphens, flags, n=1, cutoff=0.6)
+        return close[0] if close else None
+
+
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Shows defaults, except None: "(default: None)" says nothing; those flags' help says what unset means."""
 
@@ -65,7 +98,7 @@ def add_option(group, f, default=None, help_suffix: str = "") -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog=PROG,
         description="Train one BERT on SST-5 sentiment, Quora paraphrase and STS-B similarity, evaluate on "
                     "the dev sets each epoch, keep the best checkpoint and write the course's prediction files.",

@@ -110,6 +110,18 @@ class TrainConfig:
                           "whole mixed batch (the global batch under torchrun)", "schedule", range=_at_least(1))
     eval_batch_size: int = opt(256, "examples per batch in dev evaluation and prediction", "schedule",
                                range=_at_least(1), resume_may_differ=True)
+    grad_accum_steps: int = opt(1, "accumulate the gradients of K batches of --batch-size before each update (an "
+                                "update of K x batch-size examples in the memory of one batch); steps, --save-every "
+                                "and --log-every count updates", "schedule", metavar="K", range=_at_least(1))
+    early_stop_patience: int | None = opt(None, "stop training after P dev evaluations in a row without a new best "
+                                          "overall score (predictions then use best.pt as usual)", "schedule",
+                                          metavar="P", range=_at_least(1), resume_may_differ=True,
+                                          default_text="train every epoch")
+    max_eval_examples: int | None = opt(None, "score at most the first N examples of each dev set (quick runs; the "
+                                        "dev prediction files then hold those N)", "schedule", metavar="N",
+                                        range=_at_least(1), resume_may_differ=True, default_text="all")
+    test_predictions: bool = opt(True, "write no test-set prediction files (quick runs)", "run",
+                                 resume_may_differ=True)
     evals_per_epoch: int = opt(1, "evaluate on dev K times per epoch at evenly spaced steps, the last at the "
                                "epoch's end; best.pt keeps the best of all evaluations", "schedule", metavar="K",
                                range=_at_least(1), resume_may_differ=True)
@@ -182,6 +194,11 @@ class TrainConfig:
                                 "layer (no backward through frozen layers; cheaper under deep freezing)",
                                 "SMART (Jiang et al. 2020)", choices=("embeddings", "first-trainable"),
                                 feature="smart")
+    smart_perturbation: str = opt("paper", "paper: normalised ascent step, then projection onto the eps ball (the "
+                                  "paper's Algorithm 1, |delta| <= eps); reference: the MT-DNN code's per-token "
+                                  "normalised noise + step, no projection (|delta| about 1 per token; --smart-eps has "
+                                  "no effect there); docs/smart-perturbation.md", "SMART (Jiang et al. 2020)",
+                                  choices=("paper", "reference"), feature="smart")
     # ------------------------------------------------------------------ run
     seed: int = opt(11711, "seeds data order, dropout, head initialisation and SMART's noise", "run",
                     range=Range(0, 2**32, high_open=True, text="in [0, 2**32), as numpy's seeds are"))
@@ -195,8 +212,10 @@ class TrainConfig:
                         resume_may_differ=True)
     out_dir: str = opt("runs/default", "run directory: checkpoint, metrics.jsonl, train.log", "run",
                        resume_may_differ=True)
-    predictions_dir: str = opt("predictions", "where {sst,para,sts}-{dev,test}-output.csv are written", "run",
-                               resume_may_differ=True)
+    predictions_dir: str | None = opt(None, "where {sst,para,sts}-{dev,test}-output.csv and their manifest.json "
+                                      "are written; a folder holding another run's files is refused (replaced with "
+                                      "--overwrite), never mixed", "run", resume_may_differ=True,
+                                      default_text="OUT_DIR/predictions")
     export_hf: str | None = opt(None, "also write the trained encoder in the Hugging Face layout to DIR", "run",
                                 metavar="DIR", resume_may_differ=True, default_text="no export")
     log_every: int = opt(50, "log running losses every N steps", "run", range=_at_least(1), resume_may_differ=True)
@@ -218,6 +237,9 @@ class TrainConfig:
         self.tasks = tuple(self.tasks)
         if self.task_sampling is None:
             self.task_sampling = "mixed" if self.pcgrad else "mtdnn"
+
+    def predictions_folder(self) -> str:
+        return self.predictions_dir or os.path.join(self.out_dir, "predictions")
 
     def file(self, task: str, split: str) -> str:
         """Path of a task's split: the per-file override, else data_dir/<course file name>."""
@@ -349,6 +371,9 @@ def _combination_errors(cfg: TrainConfig) -> list[str]:
         errors.append("--max-batches-per-task applies to the per-task samplers, not --task-sampling mixed")
     if cfg.pcgrad and cfg.task_sampling != "mixed":
         errors.append("--pcgrad needs batches holding several tasks: use --task-sampling mixed (its default)")
+    if cfg.pcgrad and cfg.grad_accum_steps > 1:
+        errors.append("--grad-accum-steps is not supported with --pcgrad (its surgery needs each task's whole "
+                      "gradient of a step at once): raise --batch-size instead")
     if cfg.pcgrad and len(cfg.tasks) < 2:
         errors.append("--pcgrad needs at least two --tasks")
     if not cfg.bucket and cfg.task_sampling == "mixed":

@@ -27,7 +27,7 @@ from data.batching import encode_task
 from data.loaders import COURSE_FILES, DataError, load_task_file
 from heads.tasks import MAX_SIMILARITY
 
-from .config import CHOICES
+from .config import TrainConfig
 from .evaluate import METRIC, overall, run_tokenizer_dir, score, task_outputs, write_predictions
 from .progress import setup_logging
 
@@ -103,7 +103,7 @@ def load_member(ckpt: Path):
 
 def member_probabilities(model, cfg, tokenizer, examples: dict, args, device) -> dict:
     """One member's {(split, task): probabilities} on every example set, the data read its own way."""
-    from .trainer import autocast_dtype
+    from .device import autocast_dtype
 
     model.to(device)
     dtype = autocast_dtype(args.precision or cfg.precision, device)
@@ -135,7 +135,7 @@ def _line(source: str, metrics: dict[str, float]) -> str:
 
 def run(args) -> dict:
     """Score every member and the ensemble; write the ensemble's prediction files. Returns the metrics."""
-    from .trainer import pick_device
+    from .device import pick_device
 
     ckpts = [member_checkpoint(m) for m in args.members]
     device = pick_device(args.device)
@@ -176,7 +176,7 @@ def main(argv=None) -> int:
     p.add_argument("--json", default=None, metavar="FILE", help="also write every dev metric to FILE as JSON")
     p.add_argument("--batch-size", type=int, default=256, help="examples per batch (default: %(default)s)")
     p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N")
-    p.add_argument("--precision", choices=CHOICES["precision"], default=None,
+    p.add_argument("--precision", choices=TrainConfig.__dataclass_fields__["precision"].metadata["choices"], default=None,
                    help="autocast for inference (default: each member's training --precision)")
     p.add_argument("--both-orders", action=argparse.BooleanOptionalAction, default=None,
                    help="cross-encoded members: predict each pair in both orders and average (default: each "

@@ -87,14 +87,22 @@ def overall(metrics: dict[str, float]) -> float:
     return float(np.mean(parts))
 
 
-def evaluate(model, dev: dict[str, TaskData], tokenizer, batch_size: int, device,
-             autocast=contextlib.nullcontext) -> dict[str, float]:
-    metrics = {}
-    for task, data in dev.items():
-        preds = predict_task(model, data, tokenizer, batch_size, device, autocast)
-        metrics[METRIC[task]] = score(task, preds, [e.label for e in data.examples])
+def predict_sets(model, sets: dict[str, TaskData], tokenizer, batch_size: int, device,
+                 autocast=contextlib.nullcontext) -> dict[str, np.ndarray]:
+    """predict_task for each task's set: task -> predictions in the order of its examples."""
+    return {task: predict_task(model, data, tokenizer, batch_size, device, autocast) for task, data in sets.items()}
+
+
+def metrics_of(dev: dict[str, TaskData], preds: dict[str, np.ndarray]) -> dict[str, float]:
+    """Each task's dev metric of `preds`, and the course's overall score."""
+    metrics = {METRIC[task]: score(task, preds[task], [e.label for e in data.examples]) for task, data in dev.items()}
     metrics["overall"] = overall(metrics)
     return metrics
+
+
+def evaluate(model, dev: dict[str, TaskData], tokenizer, batch_size: int, device,
+             autocast=contextlib.nullcontext) -> dict[str, float]:
+    return metrics_of(dev, predict_sets(model, dev, tokenizer, batch_size, device, autocast))
 
 
 def _format(task: str, value: float) -> str:

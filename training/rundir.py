@@ -164,9 +164,16 @@ class FileLog:
         self.handler.setFormatter(logging.Formatter(LOG_FORMAT))
 
     def __enter__(self) -> "FileLog":
-        logging.getLogger().addHandler(self.handler)
+        root = logging.getLogger()
+        root.addHandler(self.handler)
+        # train() called from Python, where nothing set up logging: the file still gets the INFO lines
+        self.root_level = root.level
+        if root.level == logging.NOTSET or root.level > logging.INFO:
+            root.setLevel(logging.INFO)
         return self
 
     def __exit__(self, *exc) -> None:
-        logging.getLogger().removeHandler(self.handler)
+        root = logging.getLogger()
+        root.removeHandler(self.handler)
+        root.setLevel(self.root_level)
         self.handler.close()

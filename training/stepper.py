@@ -22,7 +22,7 @@ from .device import autocast
 from .ema import WeightEMA
 from .errors import ConfigError, NonFiniteLossError
 from .pcgrad import PCGrad
-from . import smart as smart_lib
+from . import smart as smart_lib  # looked up at call time, so tests can wrap adversarial_loss
 from .smart import EMATeacher, SmartConfig, dropout_disabled
 
 log = logging.getLogger(__name__)
@@ -218,7 +218,8 @@ class Stepper:
         with ctx, torch.autocast(self.device.type, enabled=False):
             clean = out.float()
             if not self.smart.adv_dropout:  # the target must be the same dropout-free network
-                with torch.no_grad():
+                # the reference differentiates the clean side of R_s too; the paper's target is fixed
+                with torch.no_grad() if self.smart.perturbation == "paper" else contextlib.nullcontext():
                     clean = f(xs)
             return smart_lib.adversarial_loss(f, xs, clean, kind, self.smart, masks=tuple(masks), generator=self.generator)
 
@@ -261,12 +262,44 @@ class Stepper:
             reduce()
         if reduce is not None and reduce.nonfinite:
             return self._skip(",".join(b.task for b in batches), step, "nan/inf on some rank")
+        return parts if self._update(params, ",".join(b.task for b in batches), step) else None
+
+    def accumulated_step(self, groups: list[list[Batch]], step: int) -> dict[str, dict[str, float]] | None:
+        """One update from the gradients of several steps' batches (--grad-accum-steps): each group's
+        loss is weighted 1 / len(groups), so the update is that of their mean, as one step over all of
+        their examples would be when the groups are of one size. Parts: each task's mean over the groups.
+        One process, no PCGrad (validation refuses the rest)."""
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        sums: dict[str, dict[str, float]] = {}
+        counts: dict[str, int] = {}
+        for batches in groups:
+            for b in batches:
+                try:
+                    with self.autocast():
+                        loss, parts = self.task_loss(b)
+                except torch.OutOfMemoryError as e:
+                    raise torch.OutOfMemoryError(_oom_message(b, self.cfg)) from e
+                if not torch.isfinite(loss):
+                    return self._skip(b.task, step, loss)
+                (loss / len(groups)).backward()
+                counts[b.task] = counts.get(b.task, 0) + 1
+                for k, v in parts.items():
+                    sums.setdefault(b.task, {})[k] = sums.get(b.task, {}).get(k, 0.0) + v
+        means = {t: {k: v / counts[t] for k, v in p.items()} for t, p in sums.items()}
+        return means if self._update(params, ",".join(means), step) else None
+
+    def _update(self, params: list, tasks: str, step: int) -> bool:
+        """Clip, then the optimiser, scheduler, teacher and weight-average updates; False where the
+        gradient is not finite (the step is skipped)."""
         if self.cfg.max_grad_norm > 0:
             norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm)
         else:
             norm = torch.sqrt(sum(p.grad.float().pow(2).sum() for p in params if p.grad is not None))
         if not torch.isfinite(norm):
-            return self._skip(",".join(b.task for b in batches), step, norm)
+            self._skip(tasks, step, norm)
+            return False
         self.lr = max(g["lr"] for g in self.optimizer.param_groups)
         self.optimizer.step()
         self.scheduler.step()
@@ -275,7 +308,7 @@ class Stepper:
         if self.ema is not None:
             self.ema.update(self.model)
         self.bad_steps = 0
-        return parts
+        return True
 
     def _skip(self, task: str, step: int, value) -> None:
         self.bad_steps += 1

@@ -28,12 +28,13 @@ from data.batching import Batch, make_batch
 from data.sampler import TaskBatch, padding_efficiency
 from minbert.checkpoint import copy_tokenizer_files
 
-from .build import build_model, load_data, maybe_frozen_cache, schedule_for_epoch
+from .build import build_model, load_data, maybe_frozen_cache, updates_for_epoch
 from .checkpointing import RollingCheckpoints, load_model_state, save_checkpoint
 from .config import TrainConfig, validate
 from .device import GlobalRng, autocast_dtype, pick_device, seed_everything
 from .errors import ConfigError, TrainingInterrupted
-from .evaluate import evaluate, write_all_predictions
+from .evaluate import evaluate, metrics_of, predict_sets
+from .predictions import check_predictions_dir, config_digest, write_prediction_set
 from .progress import progress
 from .rundir import (FileLog, MetricsLog, drop_earlier_log, earlier_run_to_replace, find_resume_checkpoint,
                      remove_earlier_run)
@@ -53,6 +54,7 @@ class RunState:
     best_metrics: dict = field(default_factory=dict)
     losses: dict = field(default_factory=dict)  # this epoch's training losses per task so far
     epoch_seconds: float = 0.0  # training time of this epoch before the last checkpoint
+    evals_since_best: int = 0  # dev evaluations since the last new best (--early-stop-patience)
 
     def state_dict(self) -> dict:
         return asdict(self)
@@ -71,8 +73,19 @@ def train(cfg: TrainConfig) -> dict:
         run.dist = dist
         with run.logging_to_out_dir():
             run.setup()
-            run.fit()
-            return run.finish()
+            t0 = time.time()
+            try:  # what ends a run goes into train.log too: the file a `nohup` run is read from
+                run.fit()
+                metrics = run.finish()
+            except TrainingInterrupted as e:
+                log.warning("%s", e)
+                raise
+            except BaseException as e:
+                log.error("the run stopped: %s: %s", type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+                raise
+            log.info("finished in %.0f s: best dev %s (%s); predictions in %s", time.time() - t0, _fmt(metrics),
+                     run.out_dir / "best.pt", cfg.predictions_folder())
+            return metrics
 
 
 class Run:
@@ -88,6 +101,8 @@ class Run:
         self.state = RunState()
         self.log_start = 0  # where this run's lines begin in train.log
         self.metrics_log: MetricsLog | None = None
+        self.best_dev_preds: dict | None = None  # the kept evaluation's dev predictions, task -> array
+        self.stopped_early = False
 
     @property
     def main(self) -> bool:
@@ -112,6 +127,11 @@ class Run:
         """Everything before the first step, in an order that keeps a run's random streams fixed: the
         checks that need no heavy work first, the earlier run's files removed only once all has loaded."""
         cfg, dist = self.cfg, self.dist
+        if dist is not None and cfg.grad_accum_steps > 1:
+            raise ConfigError("--grad-accum-steps is for one process; under torchrun the ranks already split "
+                              "each --batch-size batch between them: raise --batch-size instead")
+        if self.main:
+            check_predictions_dir(cfg.predictions_folder(), self.out_dir, cfg.overwrite)
         seed_everything(cfg.seed)
         self.device = pick_device(cfg.device) if dist is None else dist.device
         self.amp_dtype = autocast_dtype(cfg.precision, self.device)
@@ -150,7 +170,7 @@ class Run:
                      dist.world_size, cfg.batch_size)
         self._log_model()
         self.data = load_data(cfg, self.tokenizer)
-        self.steps_per_epoch = len(schedule_for_epoch(cfg, self.data.train, 0))
+        self.steps_per_epoch = len(updates_for_epoch(cfg, self.data.train, 0))
         eval_points(self.steps_per_epoch, cfg.evals_per_epoch)  # refused now, not after an epoch's work
         total = self.steps_per_epoch * cfg.epochs
         self.stepper = Stepper.build(self.model, cfg, total, self.device, self.amp_dtype, dist)
@@ -249,7 +269,21 @@ class Run:
         with stop_on_signals() as stop:
             self.stop = stop
             for epoch in range(self.state.epoch, self.cfg.epochs):
+                if self.stopped_early or self.patience_spent():
+                    break
                 self.train_epoch(epoch)
+
+    def patience_spent(self) -> bool:
+        """--early-stop-patience P: P dev evaluations in a row without a new best (rank 0's count, which
+        every rank follows)."""
+        patience, since = self.cfg.early_stop_patience, self.state.evals_since_best
+        spent = patience is not None and since >= patience
+        if self.dist is not None:
+            spent = self.dist.broadcast_object(spent)
+        if spent:
+            log.info("early stop: %d dev evaluations without a new best (--early-stop-patience %d); best dev "
+                     "score %.4f", since, patience, self.state.best)
+        return spent
 
     def stop_requested(self) -> bool:
         """Distributed: all ranks stop at the same step, whichever got the signal."""
@@ -257,8 +291,8 @@ class Run:
 
     def train_epoch(self, epoch: int) -> None:
         cfg, state, data = self.cfg, self.state, self.data
-        schedule = schedule_for_epoch(cfg, data.train, epoch)  # global: the same on every rank
-        flat = [tb for s in schedule for tb in s]
+        schedule = updates_for_epoch(cfg, data.train, epoch)  # global: the same on every rank
+        flat = [tb for update in schedule for s in update for tb in s]
         eff = padding_efficiency(flat, {t: d.lengths for t, d in data.train.items()})
         log.info("epoch %d: %d steps, padding efficiency %.2f (real tokens / tokens computed)",
                  epoch, len(schedule), eff)
@@ -266,10 +300,13 @@ class Run:
         todo = schedule[state.step_in_epoch:]
         mid_evals = eval_points(len(schedule), cfg.evals_per_epoch)[:-1]  # the last is the epoch end's
         bar = progress(todo, desc=f"epoch {epoch}", total=len(todo)) if self.main else tqdm(todo, disable=True)
-        for tbs in bar:
-            self.train_step(tbs, bar)
+        for update in bar:
+            self.train_step(update, bar)
             if state.step_in_epoch in mid_evals:  # before the step's checkpoint, which then holds its best
                 self.evaluate_mid_epoch(epoch, len(schedule))
+                if self.patience_spent():
+                    self.stopped_early = True  # the rest of the epoch, its evaluation included, is not run
+                    return
             # not at the epoch's last step: the epoch-end checkpoint follows its record and best.pt,
             # and a crash in between must resume before that step, so it is replayed and recorded once
             if cfg.save_every and state.global_step % cfg.save_every == 0 and state.step_in_epoch < len(schedule):
@@ -285,12 +322,18 @@ class Run:
         self.end_epoch(epoch, time.time() - t0, eff)
         self.save_checkpoint(t0)
 
-    def train_step(self, tbs: list[TaskBatch], bar) -> None:
+    def train_step(self, update: list[list[TaskBatch]], bar) -> None:
+        """One optimiser update from the steps of `update` (one, or --grad-accum-steps of them)."""
         state = self.state
-        if self.dist is None:
+        if self.cfg.grad_accum_steps > 1:
+            groups = [[self.load_batch(tb) for tb in tbs if tb.indices] for tbs in update]
+            parts = self.stepper.accumulated_step(groups, state.global_step)
+        elif self.dist is None:
+            tbs, = update
             parts = self.stepper.step([self.load_batch(tb) for tb in tbs if tb.indices], state.global_step)
         else:  # this rank's slice of each task group; the step's parts come back global
             from .distributed import local_step
+            tbs, = update
             mine, weights = local_step(tbs, self.dist.rank, self.dist.world_size)
             parts = self.stepper.step([self.load_batch(tb) for tb in mine], state.global_step, weights)
         state.step_in_epoch += 1
@@ -348,12 +391,16 @@ class Run:
                 log.info("%s: dev, raw weights %s", when, _fmt(raw_metrics))
             if ema is not None:
                 weights.enter_context(ema.applied(self.model))
-            metrics = self.evaluate()
+            preds = predict_sets(self.model, self.data.dev, self.tokenizer, self.cfg.eval_batch_size, self.device,
+                                 self.stepper.autocast)
+            metrics = metrics_of(self.data.dev, preds)
             record.update({f"dev_{k}": v for k, v in metrics.items()})
             self.metrics_log.write(record)
             log.info("%s: dev%s %s%s", when, ", weight EMA" if ema is not None else "", _fmt(metrics), note)
+            state.evals_since_best += 1
             if metrics["overall"] > state.best:
-                state.best, state.best_metrics = metrics["overall"], metrics
+                state.best, state.best_metrics, state.evals_since_best = metrics["overall"], metrics, 0
+                self.best_dev_preds = preds  # the dev prediction files need not predict dev again
                 save_checkpoint(self.out_dir / "best.pt", self.model, self.cfg, epoch=epoch, step=state.global_step,
                                 metrics=metrics)
                 log.info("new best dev score %.3f: saved %s", state.best, self.out_dir / "best.pt")
@@ -366,13 +413,33 @@ class Run:
         if not self.main:  # the others return rank 0's best metrics when it is done
             return dist.broadcast_object(None)
         self.metrics_log.close()
-        load_model_state(self.model, self.out_dir / "best.pt", self.device)
-        write_all_predictions(self.model, self.data, self.tokenizer, self.cfg, self.device, self.stepper.autocast)
+        best = load_model_state(self.model, self.out_dir / "best.pt", self.device)
+        self.write_predictions(best)
         if self.cfg.export_hf:
             from minbert import save_hf
             save_hf(self.model.encoder, self.cfg.export_hf, vocab_src=self.ckpt_dir)
             log.info("exported the encoder in the Hugging Face layout to %s", self.cfg.export_hf)
         return self.state.best_metrics if dist is None else dist.broadcast_object(self.state.best_metrics)
+
+
+    def write_predictions(self, best: dict) -> None:
+        """The best model's dev and test prediction files with their manifest. The dev predictions are
+        those of the evaluation that kept best.pt (predicted again only when that was before a resume)."""
+        def predict(sets):
+            return predict_sets(self.model, sets, self.tokenizer, self.cfg.eval_batch_size, self.device,
+                                self.stepper.autocast)
+
+        dev = self.best_dev_preds if self.best_dev_preds is not None else predict(self.data.dev)
+        metrics = metrics_of(self.data.dev, dev)
+        print("dev metrics of the best checkpoint: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+        test = predict(self.data.test)
+        files = {(task, split): ([e.id for e in sets[task].examples], preds[task])
+                 for split, sets, preds in (("dev", self.data.dev, dev), ("test", self.data.test, test))
+                 for task in preds}
+        manifest = {"run": str(self.out_dir.resolve()), "checkpoint": str((self.out_dir / "best.pt").resolve()),
+                    "epoch": best.get("epoch"), "step": best.get("step"),
+                    "config_digest": config_digest(self.cfg.to_dict()), "dev_metrics": metrics}
+        write_prediction_set(self.cfg.predictions_folder(), files, manifest)
 
 
 def eval_points(steps: int, k: int) -> list[int]:

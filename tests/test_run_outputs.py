@@ -1,0 +1,194 @@
+"""What a run leaves for its user: prediction files in its own folder that never mix with another run's,
+train.log's closing lines, checkpoint modes that follow the umask; and the trainer staples: gradient
+accumulation, early stopping, quick-run flags, one-line answers to unknown flags."""
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from data.batching import encode_task, make_batch
+from data.loaders import Example
+from minbert import Tokenizer
+from tests.test_training import config, make_checkpoint, write_data
+from training.build import build_model
+from training.cli import main as cli_main
+from training.stepper import Stepper
+from training.trainer import train
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("inputs")
+    return write_data(root / "data"), make_checkpoint(root / "ckpt")
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def _quick(root, inputs, **kw):
+    data, ckpt = inputs
+    cfg = config(root, data, ckpt, **{"epochs": 1, **kw})
+    return cfg.__class__(**{**cfg.to_dict(), "predictions_dir": kw.get("predictions_dir")})  # the default place
+
+
+# ----------------------------------------------------------------------------- predictions
+
+def test_two_runs_in_their_default_places_share_no_prediction_file(tmp_path, inputs):
+    a = _quick(tmp_path / "a", inputs)
+    b = _quick(tmp_path / "b", inputs, tasks=("sst",))
+    train(a)
+    train(b)
+    pa, pb = Path(a.out_dir) / "predictions", Path(b.out_dir) / "predictions"
+    assert set(_files(pa)) == {"manifest.json"} | {f"{t}-{s}-output.csv" for t in ("sst", "para", "sts")
+                                                      for s in ("dev", "test")}
+    assert set(_files(pb)) == {"manifest.json", "sst-dev-output.csv", "sst-test-output.csv"}
+    ma, mb = (json.loads((p / "manifest.json").read_text()) for p in (pa, pb))
+    assert ma["run"] == str(Path(a.out_dir).resolve()) and mb["run"] == str(Path(b.out_dir).resolve())
+    assert ma["config_digest"] != mb["config_digest"]
+    assert ma["checkpoint"] == str((Path(a.out_dir) / "best.pt").resolve()) and ma["dev_metrics"]["overall"] > 0
+
+
+def test_another_runs_prediction_folder_is_refused_then_replaced_whole(tmp_path, inputs, capsys):
+    a = _quick(tmp_path / "a", inputs)
+    train(a)
+    shared = Path(a.out_dir) / "predictions"
+    before = _files(shared)
+    data, ckpt = inputs
+    args = ["--model", str(ckpt), "--data-dir", str(data), "--device", "cpu", "--epochs", "1", "--tasks", "sst",
+            "--out-dir", str(tmp_path / "b"), "--predictions-dir", str(shared)]
+    assert cli_main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(shared) in err[0] and "holds the run in" in err[0], err
+    assert _files(shared) == before and not (tmp_path / "b" / "best.pt").exists()  # refused before any work
+    assert cli_main(args + ["--overwrite"]) == 0
+    assert set(_files(shared)) == {"manifest.json", "sst-dev-output.csv", "sst-test-output.csv"}  # not mixed
+
+
+def test_the_dev_files_are_the_kept_evaluations_predictions(tmp_path, inputs, monkeypatch):
+    """The prediction phase predicts the test sets only: the dev files come from the evaluation that kept
+    best.pt, and equal a fresh prediction from best.pt byte for byte."""
+    import training.trainer as T
+    from training.evaluate import main as evaluate_main
+
+    cfg = _quick(tmp_path, inputs, epochs=2, ema_decay=0.5, predict_both_orders=True)
+    seen = []
+    real = T.predict_sets
+    monkeypatch.setattr(T, "predict_sets", lambda m, sets, *a: seen.append(sorted(sets)) or real(m, sets, *a))
+    train(cfg)
+    n_evals = 2  # one per epoch (the weight average's; the raw weights are scored through evaluate())
+    assert len(seen) == n_evals + 1  # + the test sets
+    assert seen[-1] == sorted(["sst", "para", "sts"]) and all(s == seen[-1] for s in seen)
+    mine = _files(Path(cfg.out_dir) / "predictions")
+    data, _ = inputs
+    assert evaluate_main(["--checkpoint", str(Path(cfg.out_dir) / "best.pt"), "--device", "cpu", "--data-dir",
+                          str(data), "--predictions-dir", str(tmp_path / "again")]) == 0
+    again = _files(tmp_path / "again")
+    assert {k: v for k, v in mine.items() if k != "manifest.json"} == again
+
+
+def test_quick_run_flags(tmp_path, inputs):
+    cfg = _quick(tmp_path, inputs, max_eval_examples=3, test_predictions=False)
+    train(cfg)
+    pred = Path(cfg.out_dir) / "predictions"
+    assert set(_files(pred)) == {"manifest.json", "sst-dev-output.csv", "para-dev-output.csv", "sts-dev-output.csv"}
+    assert all(len((pred / f).read_text().splitlines()) == 1 + 3 for f in _files(pred) if f.endswith(".csv"))
+
+
+# ----------------------------------------------------------------------------- train.log and file modes
+
+def test_train_log_ends_with_the_summary_or_the_error(tmp_path, inputs, monkeypatch):
+    cfg = _quick(tmp_path / "ok", inputs)
+    metrics = train(cfg)
+    last = (Path(cfg.out_dir) / "train.log").read_text().splitlines()[-1]
+    assert "finished in" in last and f"overall {metrics['overall']:.3f}" in last and "predictions" in last
+
+    import training.stepper as S
+    real = S.task_loss
+    monkeypatch.setattr(S, "task_loss", lambda task, out, labels: real(task, out, labels) * float("nan"))
+    bad = _quick(tmp_path / "bad", inputs, max_bad_steps=2)
+    with pytest.raises(Exception, match="consecutive non-finite steps"):
+        train(bad)
+    last = (Path(bad.out_dir) / "train.log").read_text().splitlines()[-1]
+    assert "the run stopped: NonFiniteLossError: 2 consecutive non-finite steps" in last
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_checkpoints_follow_the_umask(tmp_path, inputs, umask, mode):
+    old = os.umask(umask)
+    try:
+        cfg = _quick(tmp_path, inputs, save_every=1)
+        train(cfg)
+    finally:
+        os.umask(old)
+    out = Path(cfg.out_dir)
+    written = [out / "best.pt", *sorted((out / "checkpoints").glob("*.pt")), *(out / "predictions").iterdir()]
+    assert all(p.stat().st_mode & 0o777 == mode for p in written), [(p.name, oct(p.stat().st_mode)) for p in written]
+
+
+# ----------------------------------------------------------------------------- staples
+
+def test_grad_accumulation_of_k_batches_equals_one_batch_of_k_times_b(tmp_path, inputs):
+    """k accumulated steps of batch b and one step of batch k*b: the same gradient the optimiser steps
+    on (clipped), and the same loss (tiny fp32 model, no dropout), to 1e-6. (Not the updated weights:
+    AdamW's first step is lr * g / (|g| + eps), which turns a 1e-9 difference in a near-zero gradient
+    into one of order lr.)"""
+    data, ckpt = inputs
+    cfg = config(tmp_path, data, ckpt, max_grad_norm=0.5, weight_decay=0.01, lr=1e-2)
+    tok = Tokenizer.from_checkpoint(ckpt)
+    words = "apple river stone cloud lamp tiger honey piano garden silver rocket paper".split()
+    exs = [Example(f"s{i}", " ".join(words[(i * 5 + j) % 12] for j in range(2 + i % 4)), None, i % 5)
+           for i in range(12)]
+    sst = encode_task("sst", exs, tok)
+    k, b = 3, 4
+    grads, losses = [], []
+    for groups in ([[make_batch(sst, list(range(i * b, (i + 1) * b)), tok)] for i in range(k)],
+                   [[make_batch(sst, list(range(k * b)), tok)]]):
+        model, _, _ = build_model(cfg)
+        stepper = Stepper.build(model, cfg, 10)
+        seen = []
+        step = stepper.optimizer.step
+        stepper.optimizer.step = lambda: seen.append([p.grad.clone() for p in model.parameters()
+                                                      if p.grad is not None]) or step()
+        parts = stepper.accumulated_step(groups, 0)
+        grads.append(seen[0])
+        losses.append(parts["sst"]["loss"])
+    assert len(grads[0]) == len(grads[1]) > 0
+    for g, h in zip(*grads):
+        torch.testing.assert_close(g, h, atol=1e-6, rtol=0)
+    assert losses[0] == pytest.approx(losses[1], abs=1e-6)
+
+
+def test_early_stopping_stops_after_patience_evaluations_without_a_best(tmp_path, inputs):
+    """lr 1e-12: nothing changes after the first evaluation, which no later one beats."""
+    cfg = _quick(tmp_path, inputs, epochs=6, lr=1e-12, early_stop_patience=2)
+    train(cfg)
+    records = [json.loads(x) for x in (Path(cfg.out_dir) / "metrics.jsonl").read_text().splitlines()]
+    evaluations = [r for r in records if "dev_overall" in r]
+    assert [r["epoch"] for r in evaluations] == [0, 1, 2]  # the best, then 2 without a new one
+    assert "early stop: 2 dev evaluations without a new best" in (Path(cfg.out_dir) / "train.log").read_text()
+
+
+def test_grad_accumulation_is_refused_with_pcgrad(tmp_path, inputs, capsys):
+    data, ckpt = inputs
+    assert cli_main(["--model", str(ckpt), "--data-dir", str(data), "--pcgrad", "--grad-accum-steps", "2",
+                     "--out-dir", str(tmp_path)]) == 2
+    assert "--grad-accum-steps is not supported with --pcgrad" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, hint", [
+    (["--use_gpu"], "did you mean --device cuda for the starter code's --use_gpu?"),
+    (["--option", "finetune"], "--freeze-upto N"),
+    (["--batch_size", "8"], "--batch-size for the starter code's --batch_size"),
+    (["--max_length", "64"], "did you mean --max-length?"),
+    (["--freeze-up-to", "3"], "did you mean --freeze-upto?"),
+])
+def test_an_unknown_flag_is_one_line_with_the_nearest_real_one(argv, hint, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli_main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and hint in err[0], err

@@ -1,0 +1,89 @@
+"""A run's prediction files as one set: {sst,para,sts}-{dev,test}-output.csv plus manifest.json saying
+which run, checkpoint and config made them. A folder is replaced as a whole, never mixed: the files
+are written into a fresh folder beside it, which then takes its place.
+
+    manifest.json  {"run": abs OUT_DIR, "checkpoint": abs best.pt, "epoch", "step", "config_digest",
+                    "dev_metrics", "files": [...], "written": ISO time}
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .checkpointing import current_umask
+from .errors import ConfigError
+from .evaluate import write_predictions
+
+log = logging.getLogger(__name__)
+
+MANIFEST = "manifest.json"
+
+
+def config_digest(config: dict) -> str:
+    """A short hash of a run's options, to tell two runs' files apart."""
+    return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def read_manifest(folder: str | os.PathLike) -> dict | None:
+    path = Path(folder) / MANIFEST
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def check_predictions_dir(folder: str | os.PathLike, out_dir: str | os.PathLike, overwrite: bool) -> None:
+    """Before any work: a folder holding another run's files (or files no run of ours wrote) is refused
+    unless --overwrite; this run's own folder is replaced at the end."""
+    folder = Path(folder)
+    if not folder.is_dir() or not any(folder.iterdir()) or overwrite:
+        return
+    manifest = read_manifest(folder)
+    if manifest is not None and manifest.get("run") == str(Path(out_dir).resolve()):
+        return
+    owner = f"the run in {manifest.get('run')}" if manifest else "files no run of this out-dir wrote"
+    raise ConfigError(f"--predictions-dir {folder} holds {owner}: this run would replace them as a whole; pass "
+                      f"--overwrite, or another --predictions-dir (default: OUT_DIR/predictions)")
+
+
+def write_prediction_set(folder: str | os.PathLike, preds: dict[tuple[str, str], tuple[list[str], np.ndarray]],
+                         manifest: dict) -> Path:
+    """Write {task}-{split}-output.csv for each (task, split) -> (ids, predictions) and the manifest into
+    a new folder, then put it in place of `folder` (whose old files go in one piece)."""
+    folder = Path(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    fresh = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".tmp", dir=folder.parent))
+    try:
+        names = []
+        for (task, split), (ids, values) in preds.items():
+            name = f"{task}-{split}-output.csv"
+            write_predictions(fresh / name, task, ids, values)
+            names.append(name)
+        record = {**manifest, "files": sorted(names), "written": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        (fresh / MANIFEST).write_text(json.dumps(record, indent=2) + "\n")
+        os.chmod(fresh, 0o777 & ~current_umask())  # mkdtemp makes it owner-only
+        _swap_in(fresh, folder)
+    except BaseException:
+        shutil.rmtree(fresh, ignore_errors=True)
+        raise
+    log.info("wrote %d prediction files and %s to %s", len(names), MANIFEST, folder)
+    return folder
+
+
+def _swap_in(fresh: Path, folder: Path) -> None:
+    """fresh takes folder's place; between the two renames neither set is mixed with the other."""
+    old = None
+    if folder.exists():
+        old = folder.with_name(f".{folder.name}.old-{os.getpid()}")
+        os.replace(folder, old)
+    os.replace(fresh, folder)
+    if old is not None:
+        shutil.rmtree(old)
