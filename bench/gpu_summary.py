@@ -101,25 +101,22 @@ def _stamp(text: str) -> datetime.datetime | None:
         return None
 
 
-def training_windows(train_log: str) -> list[tuple[datetime.datetime, datetime.datetime]]:
-    """(start, end) of each epoch's training: from its 'epoch N: K steps' line to its first dev line."""
-    windows, start = [], None
+def training_windows(train_log: str, train_seconds: dict[int, float]) -> list[tuple[datetime.datetime,
+                                                                                  datetime.datetime]]:
+    """(start, end) of each epoch's training: from its 'epoch N: K steps' line for the epoch's
+    train_seconds (the dev evaluations after it are logged only once they are done, so their lines
+    would take in one evaluation)."""
+    windows = []
     for line in train_log.splitlines():
-        m = re.match(r"^(\S+ \S+) \S+ training\.trainer: epoch \d+: (\d+ steps|dev)", line)
-        if not m:
-            continue
-        t = _stamp(m.group(1))
-        if m.group(2) != "dev":
-            start = t
-        elif start is not None and t is not None:
-            windows.append((start, t))
-            start = None
+        m = re.match(r"^(\S+ \S+) \S+ training\.trainer: epoch (\d+): \d+ steps", line)
+        if m and (t := _stamp(m.group(1))) is not None and int(m.group(2)) in train_seconds:
+            windows.append((t, t + datetime.timedelta(seconds=train_seconds[int(m.group(2))])))
     return windows
 
 
-def busy_fraction(samples_csv: str, train_log: str) -> dict[str, float] | None:
+def busy_fraction(samples_csv: str, train_log: str, train_seconds: dict[int, float]) -> dict[str, float] | None:
     """Mean of nvidia-smi's utilization.gpu (the share of each sample period in which a kernel ran):
-    over the whole command, and over the epochs' training windows alone (no loading, no evaluation)."""
+    over the whole command, and over the epochs' training alone (no loading, no evaluation)."""
     samples = []
     for line in samples_csv.splitlines():
         f = [x.strip() for x in line.split(",")]
@@ -128,7 +125,7 @@ def busy_fraction(samples_csv: str, train_log: str) -> dict[str, float] | None:
     if not samples:
         return None
     out = {"whole_run": statistics.fmean(u for _, u in samples), "samples": len(samples)}
-    windows = training_windows(train_log)
+    windows = training_windows(train_log, train_seconds)
     inside = [u for t, u in samples if any(a <= t <= b for a, b in windows)]
     if inside:
         out["training"] = statistics.fmean(inside)
@@ -190,7 +187,9 @@ def train_section(res: Path, status: dict) -> list[str]:
     else:
         out.append("- no dev records (train/metrics.jsonl missing or empty)")
     util_csv, log = res / "train-gpu-util.csv", res / "train" / "train.log"
-    busy = busy_fraction(util_csv.read_text(), log.read_text() if log.is_file() else "") if util_csv.is_file() else None
+    seconds = {r["epoch"]: r["train_seconds"] for r in records if "train_seconds" in r}
+    busy = (busy_fraction(util_csv.read_text(), log.read_text() if log.is_file() else "", seconds)
+            if util_csv.is_file() else None)
     if busy is None:
         out.append("- GPU busy fraction: not measured (no nvidia-smi samples)")
     else:

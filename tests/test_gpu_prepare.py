@@ -92,8 +92,14 @@ def test_outputs_match_the_original_to_fp16_precision(prepared):
     2e-3 of it and 1e-3 on the pooled output, which lies in [-1, 1]."""
     from transformers import BertModel
 
+    from safetensors import safe_open
+
     from minbert import load_bert, load_tokenizer, resolve_checkpoint
     original = resolve_checkpoint("minilm-l6")
+    with safe_open(str(original / "model.safetensors"), framework="pt") as f:
+        if f.get_slice("embeddings.word_embeddings.weight").get_dtype() != "F32":
+            # on the GPU machine, where bench/gpu_check.sh puts the prepared stand-in on PYTHONPATH
+            pytest.skip(f"minilm-l6 resolves to {original}, an fp16 copy: the fp32 original is not installed")
     ours = load_bert(_model_dir(prepared[0]), attn_impl="matmul").eval()
     ref = BertModel.from_pretrained(str(original), attn_implementation="eager").eval()
     batch = load_tokenizer(original)(SENTS, PAIRS)

@@ -54,7 +54,7 @@ def results(tmp_path):
     (res / "tests.log").write_text("..F.\nFAILED tests/test_x.py::test_y - AssertionError: 1 != 2\n"
                                    "SKIPPED [1] tests/test_z.py:3: no thing\n"
                                    "3 failed, 440 passed, 2 skipped in 300.00s (0:05:00)\n")
-    records = [{"epoch": e, "step": 900 * (e + 1), "train_seconds": 40.0 + e, "dev_sst_acc": 0.45 + 0.025 * e,
+    records = [{"epoch": e, "step": 900 * (e + 1), "train_seconds": 10.0 + e, "dev_sst_acc": 0.45 + 0.025 * e,
                 "dev_para_acc": 0.80 + 0.025 * e, "dev_sts_pearson": 0.85 + 0.01 * e,
                 "dev_overall": 0.7 + 0.01 * e} for e in range(3)]
     records[2]["dev_overall"] = 0.6  # the best is epoch 1's
@@ -62,11 +62,13 @@ def results(tmp_path):
     (res / "train" / "train.log").write_text(
         "2026-12-01 10:00:00,000 INFO training.trainer: epoch 0: 900 steps, padding efficiency 0.96\n"
         "2026-12-01 10:00:05,500 INFO progress: epoch 0 450/900\n"
-        "2026-12-01 10:00:10,000 INFO training.trainer: epoch 0: dev, raw weights sst_acc 0.4\n"
-        "2026-12-01 10:00:11,000 INFO training.trainer: epoch 0: dev, weight EMA sst_acc 0.5\n")
-    # two samples inside epoch 0's training (90, 80), two outside (0 before, 10 during evaluation)
+        "2026-12-01 10:00:11,000 INFO training.trainer: epoch 0: dev, raw weights sst_acc 0.4\n"
+        "2026-12-01 10:00:12,000 INFO training.trainer: epoch 0: dev, weight EMA sst_acc 0.5\n")
+    # epoch 0 trained for 10 s from 10:00:00: two samples inside (90, 80), three outside (0 before,
+    # 20 and 10 while the dev sets were evaluated, the first of them before the first dev line)
     (res / "train-gpu-util.csv").write_text("2026/12/01 09:59:58.000, 0, 500\n2026/12/01 10:00:02.000, 90, 900\n"
-                                            "2026/12/01 10:00:05.000, 80, 900\n2026/12/01 10:00:12.000, 10, 900\n")
+                                            "2026/12/01 10:00:05.000, 80, 900\n2026/12/01 10:00:10.500, 20, 900\n"
+                                            "2026/12/01 10:00:12.000, 10, 900\n")
     (res / "bench-encoder-bert-base.log").write_text(ENCODER_TABLE)
     (res / "bench-encoder-minilm.log").write_text("== bench-encoder-minilm: ...\n== exit 124\n")
     return res
@@ -86,9 +88,9 @@ def test_summary_states_each_part_and_the_targets(summary, results):
     assert "150 s (target < 180 s: met)" in text
     assert "best dev (epoch 1), SST / Quora / STS / overall: 0.4750 / 0.8250 / 0.8600 / 0.7100" in text
     assert "CPU run: 0.4923 / 0.8403 / 0.8603 / 0.7543" in text
-    assert "training seconds per epoch: 40, 41, 42" in text
-    # busy: whole command (0 + 90 + 80 + 10) / 4 = 45%; inside the training window (90 + 80) / 2 = 85%
-    assert "whole command 45%; inside the epochs' training 85% (target >= 80%: met)" in text
+    assert "training seconds per epoch: 10, 11, 12" in text
+    # busy: whole command (0 + 90 + 80 + 20 + 10) / 5 = 40%; inside the training window (90 + 80) / 2 = 85%
+    assert "whole command 40%; inside the epochs' training 85% (target >= 80%: met)" in text
     assert "step time ours / transformers 0.85x (target <= 0.9: met)" in text
     assert "MFU 30.3% (target >= 40%: **missed**)" in text
     assert "peak memory ours <= reference: met" in text
@@ -108,7 +110,7 @@ def test_skipped_cuda_tests_are_flagged_unless_a_dry_run(summary, results):
 def test_busy_fraction_without_samples_is_not_made_up(summary, results):
     (results / "train-gpu-util.csv").unlink()
     assert "GPU busy fraction: not measured (no nvidia-smi samples)" in summary.write_summary(results).read_text()
-    assert summary.busy_fraction("", "") is None
+    assert summary.busy_fraction("", "", {}) is None
 
 
 def test_command_line(tmp_path):
