@@ -45,6 +45,12 @@ RES="$(cd "$RES" && pwd)"
 WORK="${MINBERT_GPU_WORK:-$(mktemp -d -t minbert-gpu.XXXXXX)}"
 mkdir -p "$WORK"
 PREP="${MINBERT_GPU_PREP:-$REPO/.gpu/prep}"
+if [[ -d "$PREP" ]]; then
+    PREP="$(cd "$PREP" && pwd)"  # a relative MINBERT_GPU_PREP is relative to where the script was called
+else
+    echo "gpu_check.sh: no prepared folder $PREP (python bench/gpu_prepare.py DIR): using the installed" \
+         "minilm-l6 and the course data in \$MINBERT_DATA_DIR or ../shared/data/cs224n" >&2
+fi
 cd "$REPO" || exit 2
 
 # ------------------------------------------------------------------ the prepared folder
