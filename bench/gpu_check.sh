@@ -189,4 +189,4 @@ summary_args=()
 [[ $DRY -eq 1 ]] && summary_args=(--dry-run)
 "$PY" bench/gpu_summary.py "$RES" "${summary_args[@]}" \
     || echo "gpu_check.sh: the summary could not be written; the logs are in $RES" >&2
-echo "results: $RES (summary: $RES/summary.md)"
+echo "results: $RES (summary: $RES/summary.md); training runs and their checkpoints: $WORK"
