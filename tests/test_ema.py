@@ -24,22 +24,28 @@ def _model() -> nn.Module:
 
 
 def test_average_follows_the_warmed_up_recursion():
-    model, decay = _model(), 0.9
+    check_recursion(torch.device("cpu"))
+
+
+def check_recursion(device: torch.device):
+    """The average of a model on `device` against the recursion computed here in float64 on the CPU."""
+    model, decay = _model().to(device), 0.9
     ema = WeightEMA(model, decay)
     assert ema.names == ["1.weight", "1.bias", "2.weight", "2.bias"]
     trainable = dict(model.named_parameters())
-    expected = {n: trainable[n].detach().double().clone() for n in ema.names}
+    assert all(s.device == trainable[n].device for n, s in zip(ema.names, ema.shadow))  # kept beside the weights
+    expected = {n: trainable[n].detach().double().cpu().clone() for n in ema.names}
     gen = torch.Generator().manual_seed(1)
     for t in range(30):  # past the warm-up: (1 + t) / (10 + t) exceeds 0.9 from t = 80 on, so both regimes
         with torch.no_grad():
             for p in model.parameters():
-                p.add_(torch.randn(p.shape, generator=gen))
+                p.add_(torch.randn(p.shape, generator=gen).to(device))
         ema.update(model)
         d = min(decay, (1 + t) / (10 + t))
         for n in ema.names:
-            expected[n] = d * expected[n] + (1 - d) * trainable[n].detach().double()
+            expected[n] = d * expected[n] + (1 - d) * trainable[n].detach().double().cpu()
     for n, s in zip(ema.names, ema.shadow):
-        torch.testing.assert_close(s.double(), expected[n], rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(s.double().cpu(), expected[n], rtol=1e-6, atol=1e-6)
     assert ema.num_updates == 30
 
 

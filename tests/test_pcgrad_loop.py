@@ -44,15 +44,17 @@ def _train_data(tokenizer, n=6, seed=0):
     return data
 
 
-def _setup(ckpt, **kw):
-    cfg = TrainConfig(model=str(ckpt), head_dropout=0.0, device="cpu", precision="fp32", max_grad_norm=0.0,
+def _setup(ckpt, device=CPU, **kw):
+    """The model, its Stepper and one mixed step's three task batches, on `device` (test_cuda.py: cuda)."""
+    cfg = TrainConfig(model=str(ckpt), head_dropout=0.0, device=str(device), precision="fp32", max_grad_norm=0.0,
                       task_sampling="mixed", batch_size=18, lr=1e-3, warmup_ratio=0.0, seed=3, **kw)
     model, tok, _ = build_model(cfg)
-    stepper = Stepper.build(model, cfg, 10, CPU)
+    model.to(device)
+    stepper = Stepper.build(model, cfg, 10, device)
     from data.batching import make_batch
     train = _train_data(tok)
     tbs = schedule_for_epoch(cfg, train, 0)[0]
-    batches = [make_batch(train[tb.task], tb.indices, tok) for tb in tbs]
+    batches = [make_batch(train[tb.task], tb.indices, tok).to(device) for tb in tbs]
     assert [b.task for b in batches] == ["sst", "para", "sts"]  # one mixed step, three task groups
     return cfg, model, stepper, batches
 
@@ -140,7 +142,12 @@ def _check_shared(seen, names, want):
 
 @pytest.mark.parametrize("variant", ["pcgrad", "dominant"])
 def test_mixed_step_grads_are_the_surgery_of_task_grads(tiny_ckpt, variant):
-    cfg, model, stepper, batches = _setup(tiny_ckpt, pcgrad=True, pcgrad_variant=variant)
+    check_surgery(variant, *_setup(tiny_ckpt, pcgrad=True, pcgrad_variant=variant))
+
+
+def check_surgery(variant, cfg, model, stepper, batches):
+    """The gradients the optimizer sees after one mixed PCGrad step are the surgery, recomputed here,
+    of the per-task gradients; the heads keep their own. `_setup(..., pcgrad=True)` on any device."""
     ref = _task_grads(model, batches)  # before the step changes the weights
     names = _shared_names(model)
     G = _flat(ref, names)

@@ -43,13 +43,15 @@ def _batches(tokenizer, n=5, seed=0):
     return out
 
 
-def _setup(ckpt, total_steps=1000, **kw):
-    base = dict(model=str(ckpt), head_dropout=0.0, device="cpu", precision="fp32", max_grad_norm=0.0,
+def _setup(ckpt, total_steps=1000, device=CPU, **kw):
+    """The model, its Stepper and one batch per task, all on `device` (test_cuda.py passes cuda)."""
+    base = dict(model=str(ckpt), head_dropout=0.0, device=str(device), precision="fp32", max_grad_norm=0.0,
                 lr=1e-2, warmup_ratio=0.0, seed=5)
     cfg = TrainConfig(**{**base, **kw})
     model, tok, _ = build_model(cfg)
-    stepper = Stepper.build(model, cfg, total_steps, CPU)
-    return cfg, model, stepper, _batches(tok)
+    model.to(device)
+    stepper = Stepper.build(model, cfg, total_steps, device)
+    return cfg, model, stepper, [b.to(device) for b in _batches(tok)]
 
 
 def _capture_grads(stepper):
@@ -79,12 +81,17 @@ def _record_losses(stepper):
 
 
 def test_step_loss_is_task_plus_lambda_rs_plus_mu_breg(tiny_ckpt):
-    cfg, model, stepper, batches = _setup(tiny_ckpt, smart=True, smart_lambda=3.0, smart_mu=2.0, **BIG_BALL)
+    check_step_objective(*_setup(tiny_ckpt, smart=True, smart_lambda=3.0, smart_mu=2.0, **BIG_BALL))
+
+
+def check_step_objective(cfg, model, stepper, batches):
+    """Each task's loss in a SMART step is L + 3 R_s + 2 D_Breg, every term recomputed here from the
+    public pieces. `_setup(..., smart_lambda=3.0, smart_mu=2.0, **BIG_BALL)` on any device."""
     assert stepper.step(batches, 0) is not None  # one update, so the teacher differs from the model
     scfg = stepper.smart
     assert (scfg.lambda_s, scfg.mu, scfg.eps) == (3.0, 2.0, 0.5)
 
-    gen = torch.Generator().set_state(stepper.generator.get_state().clone())
+    gen = torch.Generator(device=stepper.generator.device).set_state(stepper.generator.get_state().clone())
     want = []
     model.train()
     for b in batches:  # the step consumes the generator in batch order
