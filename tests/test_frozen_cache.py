@@ -46,9 +46,9 @@ def _model(ckpt, upto):
     return m
 
 
-def _train(ckpt, tok, train, cache, upto=2, steps=6):
+def _train(ckpt, tok, train, cache, upto=2, steps=6, **options):
     model = _model(ckpt, upto)
-    cfg = TrainConfig(freeze_upto=upto, lr=1e-2, max_grad_norm=1.0, warmup_ratio=0.0)
+    cfg = TrainConfig(freeze_upto=upto, lr=1e-2, max_grad_norm=1.0, warmup_ratio=0.0, **options)
     stepper = Stepper.build(model, cfg, steps)
     torch.manual_seed(2)  # dropout in the trainable layers draws the same numbers in both runs
     losses = []
@@ -72,6 +72,24 @@ def test_cached_training_matches_uncached(setup):
     cache16 = build_frozen_cache(_model(ckpt, 2), train, tok, torch.device("cpu"), "memory")
     losses16, _ = _train(ckpt, tok, train, cache=cache16)
     np.testing.assert_allclose(losses16, ref_losses, rtol=5e-3, atol=5e-3)
+
+
+def test_bregman_only_smart_keeps_the_cache_and_its_trajectory(setup):
+    """--smart --smart-lambda 0 perturbs nothing, so the frozen prefix needs no graph: the cache stays on
+    (full SMART perturbing the embeddings turns it off) and trains as the uncached run does."""
+    from training.build import maybe_frozen_cache
+    ckpt, tok, train = setup
+    bregman = dict(smart=True, smart_lambda=0.0)
+    assert maybe_frozen_cache(TrainConfig(freeze_upto=2, **bregman), _model(ckpt, 2), train, tok,
+                              torch.device("cpu")) is not None
+    assert maybe_frozen_cache(TrainConfig(freeze_upto=2, smart=True), _model(ckpt, 2), train, tok,
+                              torch.device("cpu")) is None
+    ref_losses, ref_model = _train(ckpt, tok, train, cache=None, **bregman)
+    cache = build_frozen_cache(_model(ckpt, 2), train, tok, torch.device("cpu"), "memory", dtype="float32")
+    losses, model = _train(ckpt, tok, train, cache=cache, **bregman)
+    assert losses == pytest.approx(ref_losses, abs=1e-5)
+    for p, q in zip(model.parameters(), ref_model.parameters()):
+        torch.testing.assert_close(p, q, atol=1e-5, rtol=0)
 
 
 def test_cached_states_equal_the_frozen_layers_output(setup):

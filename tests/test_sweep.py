@@ -299,3 +299,15 @@ def test_tiny_sweep_end_to_end(inputs, tmp_path):
     assert frozen["trainable_params"] < full["trainable_params"] == full["total_params"]
     assert R.main([str(tmp_path / "sweep")]) == 0
     assert "| sst | 2 | 6 | sst_acc | 1 |" in (tmp_path / "sweep" / "report.md").read_text()
+
+
+def test_results_from_before_an_option_existed_still_match(tmp_path):
+    """A record written before an option was added lacks it: its run had the option's default."""
+    settings = S.settings_of(S.TrainConfig())
+    older = {k: v for k, v in settings.items() if k != "grad_accum_steps"}
+    assert S.settings_clash([{"settings": older}], settings, tmp_path / "results.jsonl") == ""
+    assert "lr: 0.5 there, 0.0001 now" in S.settings_clash([{"settings": {**older, "lr": 0.5}}], settings,
+                                                            tmp_path / "results.jsonl")
+    accumulating = {**settings, "grad_accum_steps": 4}
+    assert "grad_accum_steps: 1 there, 4 now" in S.settings_clash([{"settings": older}], accumulating,
+                                                                   tmp_path / "results.jsonl")

@@ -103,7 +103,7 @@ def maybe_frozen_cache(cfg: TrainConfig, model: MultitaskBert, train: dict[str, 
             log.warning("--frozen-cache %s does nothing here: no encoder layer is frozen (it caches the states "
                         "entering the first trainable layer, with --freeze-upto N >= 1)", cfg.frozen_cache)
         return None
-    if cfg.smart and cfg.smart_perturb_at == "embeddings":
+    if cfg.perturbs_embeddings():
         log.info("frozen-prefix cache off: SMART perturbs the embeddings, which needs gradients through the "
                  "frozen layers every step (--smart-perturb-at first-trainable keeps the cache)")
         return None

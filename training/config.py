@@ -238,6 +238,11 @@ class TrainConfig:
         if self.task_sampling is None:
             self.task_sampling = "mixed" if self.pcgrad else "mtdnn"
 
+    def perturbs_embeddings(self) -> bool:
+        """SMART's adversarial term perturbs the embedding output: the frozen layers then need a graph
+        every step (Bregman-only SMART, --smart-lambda 0, perturbs nothing)."""
+        return self.smart and self.smart_lambda > 0 and self.smart_perturb_at == "embeddings"
+
     def predictions_folder(self) -> str:
         return self.predictions_dir or os.path.join(self.out_dir, "predictions")
 

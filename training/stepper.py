@@ -180,7 +180,7 @@ class Stepper:
         """The loss of one task's group: task loss, plus SMART's terms when on."""
         model, layer = self.model, self.model.first_trainable_layer
         masks = [s["attention_mask"] for s in batch.inputs]
-        perturb_layer = 0 if (self.smart and self.cfg.smart_perturb_at == "embeddings") else layer
+        perturb_layer = 0 if self.cfg.perturbs_embeddings() else layer
         # The frozen prefix needs no graph unless SMART perturbs below it.
         frozen_prefix = model.frozen_upto is not None and perturb_layer == layer
         with torch.set_grad_enabled(not frozen_prefix and torch.is_grad_enabled()):

@@ -59,8 +59,8 @@ MARKER = "sweep-run.json"  # written into each run directory: the sweep may clea
 SWEEP_OPTIONS = ("epochs", "lr", "batch_size", "eval_batch_size", "max_length", "pair_encoding", "pooling",
                  "head_dropout", "ema_decay", "predict_both_orders", "warmup_ratio", "weight_decay", "task_sampling",
                  "frozen_cache", "device", "precision")
-PER_RUN = ("out_dir", "predictions_dir", "files", "freeze_upto", "seed", "max_train_examples", "tasks",
-           "cache_dir", "resume", "log_every", "save_every", "keep_last", "export_hf")
+PER_RUN = ("out_dir", "predictions_dir", "test_predictions", "files", "freeze_upto", "seed", "max_train_examples",
+           "tasks", "cache_dir", "resume", "log_every", "save_every", "keep_last", "export_hf")
 
 
 # --------------------------------------------------------------------------- stratified nested subsets
@@ -325,34 +325,13 @@ def run_sweep(args: argparse.Namespace) -> int:
     results_path = out / RESULTS
     base = base_config(args)
     settings = settings_of(base)
-
     records = read_results(results_path, repair=not args.dry_run)
-    clash = [r for r in records if r.get("settings", settings) != settings]
-    if clash:
-        old = clash[0]["settings"]
-        diff = [f"{k}: {old.get(k)!r} there, {v!r} now" for k, v in settings.items() if old.get(k) != v]
-        diff += [f"{k}: {v!r} there, absent now" for k, v in old.items() if k not in settings]
-        print(f"training.sweep: error: {results_path} holds {len(clash)} result(s) made with other settings "
-              f"({'; '.join(diff)}); use another --out", file=sys.stderr)
+    problem = settings_clash(records, settings, results_path) or None
+    subsets = None if problem else training_subsets(args, base)
+    if problem or isinstance(subsets, str):
+        print(f"training.sweep: error: {problem or subsets}", file=sys.stderr)
         return 2
     done = {RunKey.of(r) for r in records}
-
-    # every training subset, before any training: a bad size fails now, not an hour in
-    subsets: dict[tuple[str, int], dict[int | str, list[Example]]] = {}
-    full: dict[str, list[Example]] = {}
-    for task in args.tasks:
-        full[task] = load_task_file(base.file(task, "train"), task, labelled=True).examples
-        wanted = [len(full[task]) if n == "all" else n for n in args.sizes]
-        too_big = [n for n in wanted if n > len(full[task])]
-        if too_big:
-            print(f"training.sweep: error: --sizes {too_big[0]}: {task} has only {len(full[task])} training "
-                  f"examples in {base.file(task, 'train')}", file=sys.stderr)
-            return 2
-        labels = strata(task, [e.label for e in full[task]])
-        for seed in args.seeds:
-            idx = stratified_nested_subsets(labels, wanted, seed)
-            subsets[task, seed] = {n: [full[task][i] for i in idx[w]] for n, w in zip(args.sizes, wanted)}
-
     keys = plan(args.tasks, args.depths, args.sizes, args.seeds)
     todo = [k for k in keys if k not in done]
     log.info("%d runs planned, %d already in %s, %d to do; run directories in %s", len(keys), len(keys) - len(todo),
@@ -361,27 +340,13 @@ def run_sweep(args: argparse.Namespace) -> int:
         for k in keys:
             print(f"{'done' if k in done else 'todo'}  {k.name}")
         return 0
-
-    runner = measure if args.in_process else measure_isolated
     failures, spent = [], []
     for i, key in enumerate(todo, 1):
-        run_dir = runs_dir / key.name
-        _clean_run_dir(run_dir, out)
-        (run_dir / MARKER).write_text(json.dumps({**key.to_dict(), "out": str(out.resolve())}) + "\n")
-        files = {}
-        for task in args.tasks:
-            path = run_dir / f"{task}-train-subset.csv"
-            write_course_file(path, task, subsets[task, key.seed][key.size])
-            files[f"{task}_train"] = str(path)
-            if not args.test_predictions:  # the trainer skips a missing test file (with a warning)
-                files[f"{task}_test"] = str(run_dir / f"{task}-test-skipped-by-sweep.csv")
-        cfg = TrainConfig.from_dict({**base.to_dict(), "files": files, "freeze_upto": key.depth, "seed": key.seed,
-                                     "out_dir": str(run_dir), "predictions_dir": str(run_dir / "predictions"),
-                                     "cache_dir": str(runs_dir / ".frozen-cache")})
         eta = f", about {(len(todo) - i + 1) * sum(spent) / len(spent) / 60:.0f} min left" if spent else ""
         log.info("run %d/%d: %s%s", i, len(todo), key.name, eta)
+        run_dir = runs_dir / key.name
         try:
-            m = runner(cfg, args.threads)
+            m = sweep_run(args, base, key, subsets, run_dir, out)
         except RunFailed as e:
             log.error("run %s failed: %s", key.name, e)
             failures.append(key)
@@ -391,22 +356,7 @@ def run_sweep(args: argparse.Namespace) -> int:
                   f"finished runs are kept, rerun the same command to go on", file=sys.stderr)
             return 1
         spent.append(m["wall_seconds"])
-        rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-        epochs = [r for r in rows if "train_seconds" in r]
-        evals = [r for r in rows if r.get("dev_overall") is not None]
-        best_epoch = max(evals, key=lambda r: r["dev_overall"])["epoch"] if evals else None
-        record = {**key.to_dict(),
-                  "dev": m["metrics"], "best_epoch": best_epoch, "epochs": base.epochs,
-                  "n_train": {t: len(subsets[t, key.seed][key.size]) for t in args.tasks},
-                  "wall_seconds": round(m["wall_seconds"], 2),
-                  "train_seconds": round(sum(r["train_seconds"] for r in epochs), 2),
-                  "peak_rss_mib": None if args.in_process else round(m["peak_rss_mib"], 1),
-                  "base_rss_mib": None if args.in_process else round(m["base_rss_mib"], 1),
-                  "cuda_peak_mib": None if m["cuda_peak_mib"] is None else round(m["cuda_peak_mib"], 1),
-                  "trainable_params": m["trainable_params"], "total_params": m["total_params"],
-                  "threads": m["threads"], "run_dir": str(run_dir),
-                  "finished": time.strftime("%Y-%m-%dT%H:%M:%S"), "settings": settings}
-        append_result(results_path, record)
+        append_result(results_path, result_record(args, base, key, subsets, run_dir, m, settings))
         if not args.keep_checkpoints:
             shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
             (run_dir / "best.pt").unlink(missing_ok=True)
@@ -418,6 +368,74 @@ def run_sweep(args: argparse.Namespace) -> int:
         return 1
     log.info("sweep complete: %s; summarise with `python -m training.report %s`", results_path, out)
     return 0
+
+
+def settings_clash(records: list[dict], settings: dict, results_path: Path) -> str:
+    """Results made with other training settings cannot share a results file. An option a record lacks
+    (added to TrainConfig since) counts at its default, which that record's run had."""
+    defaults = settings_of(TrainConfig())
+    clash = [r for r in records if {**defaults, **r.get("settings", settings)} != settings]
+    if not clash:
+        return ""
+    old = {**defaults, **clash[0]["settings"]}
+    diff = [f"{k}: {old.get(k)!r} there, {v!r} now" for k, v in settings.items() if old.get(k) != v]
+    diff += [f"{k}: {v!r} there, absent now" for k, v in old.items() if k not in settings]
+    return (f"{results_path} holds {len(clash)} result(s) made with other settings ({'; '.join(diff)}); "
+            f"use another --out")
+
+
+def training_subsets(args: argparse.Namespace, base: TrainConfig) -> dict | str:
+    """Every training subset, (task, seed) -> size -> examples, made before any training (a bad size fails
+    now, not an hour in); or the error."""
+    subsets: dict[tuple[str, int], dict[int | str, list[Example]]] = {}
+    for task in args.tasks:
+        full = load_task_file(base.file(task, "train"), task, labelled=True).examples
+        wanted = [len(full) if n == "all" else n for n in args.sizes]
+        too_big = [n for n in wanted if n > len(full)]
+        if too_big:
+            return (f"--sizes {too_big[0]}: {task} has only {len(full)} training examples in "
+                    f"{base.file(task, 'train')}")
+        labels = strata(task, [e.label for e in full])
+        for seed in args.seeds:
+            idx = stratified_nested_subsets(labels, wanted, seed)
+            subsets[task, seed] = {n: [full[i] for i in idx[w]] for n, w in zip(args.sizes, wanted)}
+    return subsets
+
+
+def sweep_run(args, base: TrainConfig, key: RunKey, subsets: dict, run_dir: Path, out: Path) -> dict:
+    """One run of the grid in its own directory, on its training subsets."""
+    _clean_run_dir(run_dir, out)
+    (run_dir / MARKER).write_text(json.dumps({**key.to_dict(), "out": str(out.resolve())}) + "\n")
+    files = {}
+    for task in args.tasks:
+        path = run_dir / f"{task}-train-subset.csv"
+        write_course_file(path, task, subsets[task, key.seed][key.size])
+        files[f"{task}_train"] = str(path)
+    cfg = TrainConfig.from_dict({**base.to_dict(), "files": files, "freeze_upto": key.depth, "seed": key.seed,
+                                 "out_dir": str(run_dir), "predictions_dir": str(run_dir / "predictions"),
+                                 "cache_dir": str(run_dir.parent / ".frozen-cache")})
+    runner = measure if args.in_process else measure_isolated
+    return runner(cfg, args.threads)
+
+
+def result_record(args, base: TrainConfig, key: RunKey, subsets: dict, run_dir: Path, m: dict,
+                  settings: dict) -> dict:
+    """The line results.jsonl keeps of a finished run."""
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    epochs = [r for r in rows if "train_seconds" in r]
+    evals = [r for r in rows if r.get("dev_overall") is not None]
+    best_epoch = max(evals, key=lambda r: r["dev_overall"])["epoch"] if evals else None
+    return {**key.to_dict(),
+            "dev": m["metrics"], "best_epoch": best_epoch, "epochs": base.epochs,
+            "n_train": {t: len(subsets[t, key.seed][key.size]) for t in args.tasks},
+            "wall_seconds": round(m["wall_seconds"], 2),
+            "train_seconds": round(sum(r["train_seconds"] for r in epochs), 2),
+            "peak_rss_mib": None if args.in_process else round(m["peak_rss_mib"], 1),
+            "base_rss_mib": None if args.in_process else round(m["base_rss_mib"], 1),
+            "cuda_peak_mib": None if m["cuda_peak_mib"] is None else round(m["cuda_peak_mib"], 1),
+            "trainable_params": m["trainable_params"], "total_params": m["total_params"],
+            "threads": m["threads"], "run_dir": str(run_dir),
+            "finished": time.strftime("%Y-%m-%dT%H:%M:%S"), "settings": settings}
 
 
 def default_runs_dir(out: str | os.PathLike) -> Path:
