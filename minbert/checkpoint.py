@@ -118,6 +118,8 @@ def _unreachable(repo_id: str, missing: str, why: str) -> str:
 def _hub_logs_once() -> None:
     """huggingface_hub logs through a stderr handler of its own and, propagating, through the
     application's: each warning twice. Where the application has set up logging, keep its handler only."""
+    import huggingface_hub.utils.logging  # noqa: F401  (installs that handler, if not done yet)
+
     hub = logging.getLogger("huggingface_hub")
     if logging.getLogger().handlers:
         for handler in [h for h in hub.handlers if type(h) is logging.StreamHandler]:

@@ -308,6 +308,12 @@ class _OneLineFileHandler(logging.FileHandler):
 
     failed = False
 
+    def close(self) -> None:
+        try:
+            super().close()
+        except OSError:  # the last lines' flush, on the full disk: already said
+            pass
+
     def handleError(self, record) -> None:
         if not self.failed:
             self.failed = True
