@@ -186,21 +186,32 @@ def test_a_read_only_out_dir_is_refused_before_anything_is_written(earlier, tmp_
     assert fingerprint(tmp_path) == before
 
 
+def test_a_read_only_file_the_run_appends_to_is_refused(earlier, tmp_path, capsys):
+    case = Case(tmp_path, earlier)
+    before = fingerprint(tmp_path)
+    with read_only(case.out / "metrics.jsonl"):
+        rc = main(_argv(case.model, case.data, case.out, "--overwrite"))
+    err = capsys.readouterr().err
+    assert rc == 2 and err.strip() == f"{PROG}--out-dir {case.out}: {case.out / 'metrics.jsonl'} is not writable"
+    assert fingerprint(tmp_path) == before
+
+
 @contextlib.contextmanager
-def read_only(d: Path):
-    """A directory even root cannot write in: chmod for users, the immutable attribute for root."""
+def read_only(p: Path):
+    """A file or directory even root cannot write in: chmod for users, the immutable attribute for root."""
+    mode = p.stat().st_mode
     if os.geteuid() != 0:
-        d.chmod(0o555)
-    elif subprocess.run(["chattr", "+i", str(d)], capture_output=True).returncode != 0:
-        pytest.skip("root on a file system without chattr +i: no way to make a directory read-only here")
+        p.chmod(0o555 if p.is_dir() else 0o444)
+    elif subprocess.run(["chattr", "+i", str(p)], capture_output=True).returncode != 0:
+        pytest.skip("root on a file system without chattr +i: no way to make a file read-only here")
     try:
-        assert not os.access(d, os.W_OK)
+        assert not os.access(p, os.W_OK)
         yield
     finally:
         if os.geteuid() != 0:
-            d.chmod(0o755)
+            p.chmod(mode)
         else:
-            subprocess.run(["chattr", "-i", str(d)], check=True)
+            subprocess.run(["chattr", "-i", str(p)], check=True)
 
 
 def test_too_little_disk_for_one_checkpoint_is_refused_with_the_estimate(earlier, tmp_path, capsys, monkeypatch):
@@ -384,3 +395,16 @@ def test_ids_the_prediction_files_cannot_carry_are_bad_rows(tmp_path, caplog):
     write_predictions(tmp_path / "p.csv", "sst", ["a", "b , c"], torch.tensor([1.0, 2.0]).numpy())
     with pytest.raises(ValueError, match="expected 'id , prediction'"):
         read_predictions(tmp_path / "p.csv")
+
+
+def test_a_full_disk_while_writing_predictions_is_one_line(earlier, tmp_path, capsys, monkeypatch):
+    import builtins
+
+    import training.evaluate as E
+
+    case = Case(tmp_path, earlier)
+    monkeypatch.setattr(E, "open", lambda path, mode: builtins.open("/dev/full", mode), raising=False)
+    assert main(_argv(case.model, case.data, tmp_path / "new")) == 1
+    out, err = capsys.readouterr()
+    assert err.strip() == f"{PROG}No space left on device" and "Traceback" not in out + err
+    assert (tmp_path / "new" / "best.pt").is_file()  # what the run wrote before stays

@@ -127,18 +127,21 @@ def test_temp_files_of_killed_writes_are_removed_at_the_start(files, straight, t
     # leftovers of the same dead writer elsewhere, and files that must stay: not ours, a live writer's, or
     # one written after this run started (a writer on another machine sharing the directory)
     (out / "pred").mkdir()
+    cache_entry = tmp_path / "cache" / "0123abcd"  # a frozen-prefix cache entry whose build was killed
+    cache_entry.mkdir(parents=True)
     stale = [killed[0], out / "pred" / f"sst-dev-output.csv.{dead_pid}.tmp", out / f"metrics.jsonl.{dead_pid}.tmp",
-             out / "best.pt.x1y2z3w4.tmp"]
+             out / "best.pt.x1y2z3w4.tmp", cache_entry / f"sst.0.offsets.{dead_pid}.tmp.npy"]
     keep = [out / "notes.tmp", out / "checkpoints" / f"step-0000010.pt.{os.getpid()}.abcdefgh.tmp",
-            out / "pred" / "para-dev-output.csv.4.tmp"]
+            cache_entry / "sst.0.npy", out / "pred" / "para-dev-output.csv.4.tmp"]
     for p in stale[1:] + keep:
         p.write_text("partial")
     future = time.time() + 3600
     os.utime(keep[-1], (future, future))
     with caplog.at_level(logging.INFO):
-        assert cli_main(_args(ckpt, data, out, "--keep-last", "100", "--resume", "auto")) == 0
+        assert cli_main(_args(ckpt, data, out, "--keep-last", "100", "--resume", "auto", "--cache-dir",
+                              str(tmp_path / "cache"))) == 0
     assert not any(p.exists() for p in stale)
     assert all(p.exists() for p in keep)
     said = " ".join(r.getMessage() for r in caplog.records)
-    assert "removed 4 temp file(s) of writes cut short by an earlier crash" in said, said
+    assert "removed 5 temp file(s) of writes cut short by an earlier crash" in said, said
     assert_same_run(out, straight)

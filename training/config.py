@@ -412,6 +412,9 @@ def path_errors(cfg: TrainConfig) -> list[str]:
         out = Path(cfg.out_dir)
         errors += [f"--out-dir {out}: {out / n} is a directory, where the run writes a file" for n in OUT_DIR_FILES
                    if (out / n).is_dir()]
+        appended = ("train.log", "metrics.jsonl", "config.json") + OUT_DIR_DIRS  # best.pt is renamed over
+        errors += [f"--out-dir {out}: {out / n} is not writable" for n in appended
+                   if (out / n).exists() and not os.access(out / n, os.W_OK)]
         errors += [f"--out-dir {out}: {out / n} is a file, where the run keeps a directory" for n in OUT_DIR_DIRS
                    if (out / n).exists() and not (out / n).is_dir()]
     return errors

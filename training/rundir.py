@@ -201,9 +201,11 @@ def truncate_metrics(path: Path, step: int) -> None:
 
 # Temp names of this project's writers, and only of the files they write: atomic_save's
 # NAME.PID.RANDOM.tmp (NAME.RANDOM.tmp before it named the pid), write_predictions' NAME.PID.tmp,
-# truncate_metrics' metrics.jsonl.PID.tmp and save_hf's model.safetensors.tmp.
+# truncate_metrics' metrics.jsonl.PID.tmp, save_hf's model.safetensors.tmp, and the frozen-prefix
+# cache's TASK.S[.offsets].PID.tmp.npy and meta.PID.tmp.json (in its entries' folders).
 _TEMP_NAME = re.compile(r"(?P<name>best\.pt|step-\d+\.pt|metrics\.jsonl|(?:sst|para|sts)-(?:dev|test)-output\.csv"
-                        r"|model\.safetensors)(?:\.(?P<pid>\d+))?(?:\.[a-z0-9_]{8})?\.tmp")
+                        r"|model\.safetensors)(?:\.(?P<pid>\d+))?(?:\.[a-z0-9_]{8})?\.tmp"
+                        r"|(?:(?:sst|para|sts)\.\d+(?:\.offsets)?|meta)\.(?P<cache_pid>\d+)\.tmp\.(?:npy|json)")
 
 
 def remove_stale_temp_files(dirs: list[Path], started: float) -> list[Path]:
@@ -218,8 +220,8 @@ def remove_stale_temp_files(dirs: list[Path], started: float) -> list[Path]:
             match = _TEMP_NAME.fullmatch(p.name)
             if match is None or p.is_symlink() or not p.is_file():
                 continue
-            stat = p.stat()
-            if stat.st_mtime >= started or (match["pid"] and _alive(int(match["pid"]))):
+            stat, pid = p.stat(), match["pid"] or match["cache_pid"]
+            if stat.st_mtime >= started or (pid and _alive(int(pid))):
                 log.info("%s: left alone, another process may be writing it", p)
                 continue
             p.unlink(missing_ok=True)
