@@ -351,7 +351,8 @@ def _largest_part(cfg: BertConfig) -> str:
     """The keys of config.json behind most of the parameters, for the message that refuses them."""
     H, L = cfg.hidden_size, cfg.num_hidden_layers
     parts = {f"vocab_size {cfg.vocab_size} x hidden_size {H}": cfg.vocab_size * H,
-             f"max_position_embeddings {cfg.max_position_embeddings} x hidden_size {H}": cfg.max_position_embeddings * H,
+             f"max_position_embeddings {cfg.max_position_embeddings} x hidden_size {H}":
+                 cfg.max_position_embeddings * H,
              f"intermediate_size {cfg.intermediate_size} x hidden_size {H} x 2 x num_hidden_layers {L}":
                  2 * cfg.intermediate_size * H * L,
              f"hidden_size {H}^2 x 4 x num_hidden_layers {L}": 4 * H * H * L}
@@ -363,8 +364,9 @@ def refuse_if_too_big(cfg: BertConfig, config_file: Path, need: int, what: str, 
     """CheckpointError when `need` bytes are more than `capacity`: found before anything is allocated."""
     if capacity is None or need <= capacity:
         return
-    raise CheckpointError(f"{config_file}: a BERT of {cfg.num_parameters():,} parameters (mostly {_largest_part(cfg)}): "
-                          f"{what} needs about {human_bytes(need)}, more than {capacity_name} ({human_bytes(capacity)})")
+    raise CheckpointError(f"{config_file}: a BERT of {cfg.num_parameters():,} parameters (mostly "
+                          f"{_largest_part(cfg)}): {what} needs about {human_bytes(need)}, more than "
+                          f"{capacity_name} ({human_bytes(capacity)})")
 
 
 def load_bert(name_or_path: str | os.PathLike, attn_impl: str = "auto") -> Bert:

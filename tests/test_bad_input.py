@@ -146,7 +146,8 @@ CASES = [
     # ---- resume: a file that is not a training checkpoint, in one line (not torch's advice)
     ("resume-random-bytes", lambda c: _junk_checkpoint(c, os.urandom(3000)),
      ["junk.pt: cannot read the checkpoint: not a torch.save archive"]),
-    ("resume-empty-file", lambda c: _junk_checkpoint(c, b""), ["junk.pt: cannot read the checkpoint: the file is empty"]),
+    ("resume-empty-file", lambda c: _junk_checkpoint(c, b""),
+     ["junk.pt: cannot read the checkpoint: the file is empty"]),
     ("resume-pickled-objects", lambda c: _junk_checkpoint(c, {"x": _Functional()}),
      ["junk.pt: cannot read the checkpoint: holds Python objects beyond tensors"]),
     ("resume-a-list", lambda c: _junk_checkpoint(c, [1, 2]), ["junk.pt: cannot read the checkpoint: holds a list"]),
@@ -154,7 +155,8 @@ CASES = [
      ["junk.pt: not a training checkpoint of minBERT-MT (no model, optimizer, config, run_state)"]),
     # ---- data: ids the prediction files could not carry (--strict: a bad row is an error)
     ("id-with-comma", lambda c: _bad_id_row(c, "e , f"), ["ids-sst-train.csv:4: id 'e , f' holds a comma"]),
-    ("id-with-line-break", lambda c: _bad_id_row(c, "e\nf"), ["ids-sst-train.csv:4: id 'e\\nf' holds a comma or a line break"]),
+    ("id-with-line-break", lambda c: _bad_id_row(c, "e\nf"),
+     ["ids-sst-train.csv:4: id 'e\\nf' holds a comma or a line break"]),
 ]
 
 
