@@ -7,7 +7,8 @@ loudly: every skipped record comes back as a BadRow naming the line it starts on
 per file gives the count, and `strict=True` turns the first one into an error. A quoted field may
 hold a tab or a line break, but not both: that is a quote which opened in one record and closed
 in a later one, swallowing the records between (which may leave the field count right).
-A file without a single usable row is an error.
+A file without a single usable row is an error. An id holding a comma or a line break is a bad row
+too: the prediction files, one `id , prediction` per line, could not carry it.
 
 Two promises, which tests/test_loaders_fuzz.py holds us to: no file content makes us raise
 anything but DataError, and every Example returned is a record that is really in the file.
@@ -220,6 +221,10 @@ def load_task_file(path: str | os.PathLike[str], task: str, *, labelled: bool | 
         ex_id = row[id_idx].strip()
         if not ex_id:
             reject(start, "empty id")
+            continue
+        if "," in ex_id or len(ex_id.splitlines()) > 1:  # str.splitlines: every line end read_predictions knows
+            reject(start, f"id {ex_id!r} holds a comma or a line break: a prediction file ('id , prediction' "
+                          f"per line) cannot hold it")
             continue
         texts = [row[i].strip() for i in text_idx]
         empty = [c for c, t in zip(TEXT_COLUMNS[task], texts) if not t]

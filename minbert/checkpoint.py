@@ -50,7 +50,7 @@ def resolve_checkpoint(name_or_path: str | os.PathLike) -> Path:
         if "/" not in name:
             raise
         # "runs/export" may be a mistyped local folder as well as an org/name hub id: say both
-        raise CheckpointError(f"{e}\n(nor is there a local directory {path.resolve()})") from e.__cause__
+        raise CheckpointError(f"{e} (nor is there a local directory {path.resolve()})") from e.__cause__
 
 
 def _looks_like_path(name: str) -> bool:
@@ -83,8 +83,69 @@ def _check_layout(path: Path) -> None:
         raise CheckpointError(f"{path}: no vocabulary (looked for {', '.join(VOCAB_FILES)})")
 
 
+class _NotCached(Exception):
+    """A hub model not (wholly) in the local cache."""
+
+
 def _from_hub(repo_id: str) -> Path:
-    """Fetch (or find in the cache) only the files we use, preferring safetensors."""
+    """The Hugging Face cache first, without a network call; else one quick try of the hub (no retries:
+    offline, huggingface_hub would retry each file with back-off, about half a minute), then the download."""
+    from huggingface_hub import constants
+
+    _hub_logs_once()
+    try:
+        return _hub_files(repo_id, local_only=True)
+    except _NotCached as e:
+        missing = str(e)
+    if constants.HF_HUB_OFFLINE:
+        raise CheckpointError(_unreachable(repo_id, missing, "HF_HUB_OFFLINE is set"))
+    _check_hub_reachable(repo_id, missing)
+    return _hub_files(repo_id, local_only=False)
+
+
+def _unreachable(repo_id: str, missing: str, why: str) -> str:
+    """The message for a hub model not (wholly) cached while the hub cannot be reached."""
+    from huggingface_hub.constants import HF_HUB_CACHE
+
+    if missing != "config.json":  # partly cached: say what is missing
+        return (f"{repo_id!r}: no {missing} in the Hugging Face cache, and the hub cannot be reached ({why}) to "
+                f"fetch it; or pass a local directory: --model /path/to/dir")
+    return (f"{repo_id!r} is not in the Hugging Face cache ({HF_HUB_CACHE}) and the hub cannot be reached ({why}); "
+            f"download it where there is internet (e.g. `hf download {repo_id}`) or pass a local directory "
+            f"holding config.json, model.safetensors or pytorch_model.bin, and vocab.txt: --model /path/to/dir")
+
+
+def _hub_logs_once() -> None:
+    """huggingface_hub logs through a stderr handler of its own and, propagating, through the
+    application's: each warning twice. Where the application has set up logging, keep its handler only."""
+    import huggingface_hub.utils.logging  # noqa: F401  (installs that handler, if not done yet)
+
+    hub = logging.getLogger("huggingface_hub")
+    if logging.getLogger().handlers:
+        for handler in [h for h in hub.handlers if type(h) is logging.StreamHandler]:
+            hub.removeHandler(handler)
+
+
+def _check_hub_reachable(repo_id: str, missing: str) -> None:
+    """One HEAD request for config.json, without retries: a hub that cannot be reached is refused at once."""
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url
+    from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, RepositoryNotFoundError
+
+    try:
+        get_hf_file_metadata(hf_hub_url(repo_id, "config.json"), timeout=10)
+    except RepositoryNotFoundError as e:  # also gated and private repositories
+        raise CheckpointError(f"{repo_id!r} is neither a local directory nor a model on the hub "
+                              f"({type(e).__name__})") from None
+    except (EntryNotFoundError, HfHubHTTPError):
+        return  # the hub answered: the download says what is missing (and retries a busy server)
+    except Exception as e:  # no network, DNS, proxy, TLS: the HTTP library's own types
+        why = f"{type(e).__name__}: {str(e).splitlines()[0]}" if str(e) else type(e).__name__
+        raise CheckpointError(_unreachable(repo_id, missing, why)) from None
+
+
+def _hub_files(repo_id: str, local_only: bool) -> Path:
+    """Fetch (or find in the cache) only the files we use, preferring safetensors. local_only: the cache
+    alone, _NotCached when a file we need is not there."""
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import (EntryNotFoundError, HFValidationError, LocalEntryNotFoundError,
                                         RepositoryNotFoundError)
@@ -93,17 +154,11 @@ def _from_hub(repo_id: str) -> Path:
 
     def get(filename: str) -> Path | None:
         try:
-            return Path(hf_hub_download(repo_id, filename))
-        except LocalEntryNotFoundError as e:  # offline (or no network) and not in the cache; caught
+            return Path(hf_hub_download(repo_id, filename, local_files_only=local_only))
+        except LocalEntryNotFoundError:  # not in the cache (and, online, the hub stopped answering); caught
             # before EntryNotFoundError, of which some huggingface_hub versions make it a subclass
-            if filename == "config.json":
-                from huggingface_hub.constants import HF_HUB_CACHE as cache
-
-                raise CheckpointError(
-                    f"{repo_id!r} is not in the Hugging Face cache ({cache}) and the hub cannot be reached "
-                    f"(HF_HUB_OFFLINE={os.environ.get('HF_HUB_OFFLINE', '0')}). Download it where there is "
-                    f"internet (e.g. `hf download {repo_id}`) or pass a local directory holding config.json, "
-                    f"model.safetensors or pytorch_model.bin, and vocab.txt: --model /path/to/dir") from e
+            if filename == "config.json" and not local_only:
+                raise CheckpointError(_unreachable(repo_id, filename, "the connection failed")) from None
             offline.append(filename)
             return None
         except EntryNotFoundError:  # the repository has no such file
@@ -111,9 +166,12 @@ def _from_hub(repo_id: str) -> Path:
         except RepositoryNotFoundError as e:
             raise CheckpointError(f"{repo_id!r} is neither a local directory nor a model on the hub") from e
         except HFValidationError as e:  # e.g. a space in the name
-            raise CheckpointError(f"{repo_id!r} is neither a local directory nor a valid hub id: {e}") from None
+            raise CheckpointError(f"{repo_id!r} is neither a local directory nor a valid hub id: "
+                                  f"{str(e).splitlines()[0]}") from None
 
-    def lacks(what: str) -> CheckpointError:
+    def lacks(what: str) -> Exception:
+        if local_only:
+            return _NotCached(what)
         where = ("in the Hugging Face cache, and the hub cannot be reached to fetch it" if offline
                  else "in the cache or on the hub")
         return CheckpointError(f"{repo_id!r}: no {what} {where}; or pass a local directory: --model /path/to/dir")
@@ -258,14 +316,67 @@ def minbert_to_hf(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
+def read_bert_config(path: Path) -> BertConfig:
+    """The checkpoint directory's config.json, every value checked (one line naming the file and key)."""
+    try:
+        return BertConfig.from_json(path / "config.json")
+    except ValueError as e:  # the message names config.json
+        raise CheckpointError(str(e)) from None
+
+
+def machine_ram() -> int | None:
+    """Bytes of memory this process may use: the physical memory, or a container's limit where lower."""
+    try:
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not a POSIX system
+        ram = None
+    for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            limit = int(Path(limit_file).read_text().strip())  # "max": no limit
+        except (OSError, ValueError):
+            continue
+        ram = limit if ram is None else min(ram, limit)
+    return ram
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError  # unreachable
+
+
+def _largest_part(cfg: BertConfig) -> str:
+    """The keys of config.json behind most of the parameters, for the message that refuses them."""
+    H, L = cfg.hidden_size, cfg.num_hidden_layers
+    parts = {f"vocab_size {cfg.vocab_size} x hidden_size {H}": cfg.vocab_size * H,
+             f"max_position_embeddings {cfg.max_position_embeddings} x hidden_size {H}":
+                 cfg.max_position_embeddings * H,
+             f"intermediate_size {cfg.intermediate_size} x hidden_size {H} x 2 x num_hidden_layers {L}":
+                 2 * cfg.intermediate_size * H * L,
+             f"hidden_size {H}^2 x 4 x num_hidden_layers {L}": 4 * H * H * L}
+    return max(parts, key=parts.get)
+
+
+def refuse_if_too_big(cfg: BertConfig, config_file: Path, need: int, what: str, capacity: int | None,
+                      capacity_name: str) -> None:
+    """CheckpointError when `need` bytes are more than `capacity`: found before anything is allocated."""
+    if capacity is None or need <= capacity:
+        return
+    raise CheckpointError(f"{config_file}: a BERT of {cfg.num_parameters():,} parameters (mostly "
+                          f"{_largest_part(cfg)}): {what} needs about {human_bytes(need)}, more than "
+                          f"{capacity_name} ({human_bytes(capacity)})")
+
+
 def load_bert(name_or_path: str | os.PathLike, attn_impl: str = "auto") -> Bert:
     """Build a Bert from a checkpoint. Every tensor must be there with the right shape, except the
     pooler (absent from masked-LM checkpoints), which is then freshly initialised with a warning."""
     path = resolve_checkpoint(name_or_path)
-    try:
-        cfg = BertConfig.from_json(path / "config.json")
-    except ValueError as e:  # the message names config.json
-        raise CheckpointError(str(e)) from None
+    cfg = read_bert_config(path)
+    # the file's tensors and the model's, both in fp32 at the peak of loading
+    refuse_if_too_big(cfg, path / "config.json", 2 * 4 * cfg.num_parameters(), "loading it",
+                      machine_ram(), "this machine's memory")
     model = Bert(cfg, attn_impl=attn_impl)
     raw, file = read_state_dict(path)
     sd, unexpected, source = hf_to_minbert(raw, cfg.num_hidden_layers)

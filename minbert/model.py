@@ -39,39 +39,78 @@ class BertConfig:
     pad_token_id: int = 0
 
     def __post_init__(self):
-        sizes = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-                 "max_position_embeddings", "type_vocab_size")
-        values = {k: getattr(self, k) for k in sizes}
-        bad = [f"{k} {v!r}" for k, v in values.items() if not isinstance(v, int) or isinstance(v, bool) or v < 1]
-        if bad:
-            raise ValueError(f"{', '.join(bad)}: must be positive integers")
+        problems = self.problems()
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    def problems(self) -> list[str]:
+        """Every value of the wrong type or out of range, one short phrase each naming the key: a
+        config.json is written by hand or by other tools, and a bad value must not reach an allocation
+        (vocab_size 1e10) or the first training step (layer_norm_eps "abc")."""
+        out = [f"{k} {getattr(self, k)!r}: must be a positive integer" for k in _SIZES
+               if not _is_int(getattr(self, k)) or getattr(self, k) < 1]
+        out += [f"{k} {getattr(self, k)!r}: must be a probability in [0, 1)" for k in _PROBABILITIES
+                if not _is_real(getattr(self, k)) or not 0 <= getattr(self, k) < 1]
+        if not _is_real(self.layer_norm_eps) or not 0 < self.layer_norm_eps < math.inf:
+            out.append(f"layer_norm_eps {self.layer_norm_eps!r}: must be a positive finite number")
+        if not isinstance(self.hidden_act, str) or self.hidden_act not in _ACTIVATIONS:
+            out.append(f"hidden_act {self.hidden_act!r} is not supported (one of {sorted(_ACTIVATIONS)})")
+        if out:  # the rules below assume the sizes are numbers
+            return out
         if self.hidden_size % self.num_attention_heads:
-            raise ValueError(f"hidden_size {self.hidden_size} is not divisible by "
-                             f"num_attention_heads {self.num_attention_heads}")
-        if self.hidden_act not in _ACTIVATIONS:
-            raise ValueError(f"hidden_act {self.hidden_act!r} is not supported (one of {sorted(_ACTIVATIONS)})")
+            out.append(f"hidden_size {self.hidden_size} is not divisible by num_attention_heads "
+                       f"{self.num_attention_heads}")
+        if self.pad_token_id is not None and (not _is_int(self.pad_token_id)
+                                              or not 0 <= self.pad_token_id < self.vocab_size):
+            out.append(f"pad_token_id {self.pad_token_id!r}: must be a token of the vocabulary, in "
+                       f"[0, vocab_size {self.vocab_size})")
+        return out
+
+    def num_parameters(self) -> int:
+        """Parameters of Bert(self), counted from the shapes alone (nothing is allocated)."""
+        H, I = self.hidden_size, self.intermediate_size
+        embeddings = (self.vocab_size + self.max_position_embeddings + self.type_vocab_size) * H + 2 * H
+        layer = 4 * H * H + 2 * H * I + 9 * H + I  # qkv, attn_out, ffn_in, ffn_out, two LayerNorms
+        return embeddings + self.num_hidden_layers * layer + H * H + H  # + the pooler
 
     @classmethod
     def from_json(cls, path: str | Path) -> "BertConfig":
-        """Read a Hugging Face config.json, ignoring the keys BERT's forward pass does not use."""
+        """Read a Hugging Face config.json, ignoring the keys BERT's forward pass does not use. Every
+        problem is a ValueError of one line naming the file and the key."""
         path = Path(path)
         try:
-            raw = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise ValueError(f"{path}: cannot read the model config: {e}") from e
+            raw = json.loads(path.read_bytes().decode("utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ValueError(f"{path}: cannot read the model config: {e}") from None
+        if not isinstance(raw, dict):
+            raise ValueError(f"{path}: must hold a JSON object of the model's settings, not "
+                             f"{json.dumps(raw)[:40]}")
         if raw.get("position_embedding_type", "absolute") != "absolute":
             raise ValueError(f"{path}: position_embedding_type {raw['position_embedding_type']!r} "
                              "is not supported (only 'absolute', as in BERT)")
         known = {f.name for f in fields(cls)}
         try:
             return cls(**{k: v for k, v in raw.items() if k in known})
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"{path}: {e}") from e
+        except ValueError as e:
+            raise ValueError(f"{path}: {e}") from None
 
     def to_hf_dict(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in fields(self)}
         return {"architectures": ["BertModel"], "model_type": "bert",
                 "position_embedding_type": "absolute", **d}
+
+
+_SIZES = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+          "max_position_embeddings", "type_vocab_size")
+_PROBABILITIES = ("hidden_dropout_prob", "attention_probs_dropout_prob")
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_real(v) -> bool:  # NaN fails every comparison, so the range checks refuse it
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 # "gelu" is the exact erf GELU (as in BERT); the tanh form is what some checkpoints ask for.

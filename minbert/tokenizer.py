@@ -16,6 +16,17 @@ from tokenizers import Tokenizer as _Backend
 from tokenizers.implementations import BertWordPieceTokenizer
 
 
+def _check_utf8(path: Path) -> None:
+    """A ValueError naming the line of the first byte that is not UTF-8."""
+    data = path.read_bytes()
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise ValueError(f"{path}:{line}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}); a "
+                         f"vocabulary is one UTF-8 token per line") from None
+
+
 class Tokenizer:
     def __init__(self, backend: _Backend):
         self.backend = backend
@@ -47,12 +58,14 @@ class Tokenizer:
                     lowercase = json.loads((path / "tokenizer_config.json").read_text()).get("do_lower_case", True)
                 except (ValueError, AttributeError) as e:  # not JSON, or not an object
                     raise ValueError(f"{path / 'tokenizer_config.json'}: cannot read it: {e}") from None
+            _check_utf8(path / "vocab.txt")  # else a bare Exception from the Rust side
             try:
                 wp = BertWordPieceTokenizer(str(path / "vocab.txt"), lowercase=lowercase, strip_accents=None,
                                             clean_text=True, handle_chinese_chars=True)
                 return cls(wp._tokenizer)
-            except (TypeError, ValueError) as e:  # "cls_token not found in the vocabulary", and the like
-                raise ValueError(f"{path / 'vocab.txt'}: {e}") from None
+            except Exception as e:  # "cls_token not found in the vocabulary", and the Rust side's plain ones
+                raise ValueError(f"{path / 'vocab.txt'}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") \
+                    from None
         raise FileNotFoundError(f"{path}: no tokenizer.json or vocab.txt")
 
     @property

@@ -198,9 +198,12 @@ def test_hub_repository_without_config_json_is_a_checkpoint_error(monkeypatch):
     import huggingface_hub
     from huggingface_hub.errors import EntryNotFoundError
 
+    import minbert.checkpoint
+
     def no_such_file(repo_id, filename, **kw):
         raise EntryNotFoundError(f"{repo_id}/{filename} not found")
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", no_such_file)
+    monkeypatch.setattr(minbert.checkpoint, "_check_hub_reachable", lambda repo_id, missing: None)  # it answers
     with pytest.raises(CheckpointError, match=r"'someone/weights-only': no config\.json in the cache or on the hub"
                                               r"(.|\n)*nor is there a local directory .*someone/weights-only"):
         resolve_checkpoint("someone/weights-only")  # a hub id, or a mistyped folder: both are named

@@ -208,7 +208,7 @@ def test_sigterm_then_resume_equals_an_uninterrupted_run(files, tmp_path, k, ext
     a, b = read_checkpoint(out / "best.pt")["model"], read_checkpoint(straight / "best.pt")["model"]
     for name in a:
         assert torch.equal(a[name], b[name]), name
-    for f in (straight / "pred").iterdir():
+    for f in (straight / "pred").glob("*-output.csv"):  # manifest.json names its own run
         assert (out / "pred" / f.name).read_text() == f.read_text()
 
 
@@ -239,7 +239,7 @@ def test_cli_trains_on_cuda_end_to_end(tmp_path, inputs, capsys, caplog, precisi
     native_bf16 = torch.cuda.get_device_capability() >= (8, 0)
     assert f"device cuda, {'bf16 autocast' if precision == 'auto' and native_bf16 else 'fp32'}" in log
     assert sorted(p.name for p in (tmp_path / "pred").iterdir()) == sorted(
-        f"{t}-{s}-output.csv" for t in ("sst", "para", "sts") for s in ("dev", "test"))
+        ["manifest.json"] + [f"{t}-{s}-output.csv" for t in ("sst", "para", "sts") for s in ("dev", "test")])
     capsys.readouterr()
     sts_dev = str(inputs[0] / "sts-dev.csv")
     assert evaluate_mod.main(["--checkpoint", str(tmp_path / "run" / "best.pt"), "--device", "cpu",

@@ -78,7 +78,9 @@ def test_sigterm_then_resume_equals_an_uninterrupted_run(files, tmp_path, k, ext
     a, b = read_checkpoint(out / "best.pt")["model"], read_checkpoint(tmp_path / "straight" / "best.pt")["model"]
     for name in a:
         assert torch.equal(a[name], b[name]), name
-    for f in (tmp_path / "straight" / "pred").iterdir():
+    predictions = sorted((tmp_path / "straight" / "pred").glob("*-output.csv"))  # manifest.json: other run, time
+    assert len(predictions) == 6
+    for f in predictions:
         assert (out / "pred" / f.name).read_text() == f.read_text()
 
 

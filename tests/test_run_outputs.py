@@ -108,8 +108,13 @@ def test_train_log_ends_with_the_summary_or_the_error(tmp_path, inputs, monkeypa
     assert "finished in" in last and f"overall {metrics['overall']:.3f}" in last and "predictions" in last
 
     import training.stepper as S
-    real = S.task_loss
-    monkeypatch.setattr(S, "task_loss", lambda task, out, labels: real(task, out, labels) * float("nan"))
+    real, calls = S.task_loss, []
+
+    def nan_after_the_first_step(task, out, labels):  # the first step trains: the run has claimed OUT_DIR
+        calls.append(task)
+        return real(task, out, labels) * (float("nan") if len(calls) > 1 else 1.0)
+
+    monkeypatch.setattr(S, "task_loss", nan_after_the_first_step)
     bad = _quick(tmp_path / "bad", inputs, max_bad_steps=2)
     with pytest.raises(Exception, match="consecutive non-finite steps"):
         train(bad)

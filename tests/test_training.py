@@ -232,7 +232,7 @@ def test_prediction_files_round_trip(cross_run):
     tokenizer = Tokenizer.from_checkpoint(f"{cfg.out_dir}/tokenizer")
     pred_dir = Path(cfg.predictions_dir)
     assert sorted(p.name for p in pred_dir.iterdir()) == sorted(
-        f"{t}-{s}-output.csv" for t in ("sst", "para", "sts") for s in ("dev", "test"))
+        ["manifest.json"] + [f"{t}-{s}-output.csv" for t in ("sst", "para", "sts") for s in ("dev", "test")])
     for task in ("sst", "para", "sts"):
         for split in ("dev", "test"):
             path = pred_dir / f"{task}-{split}-output.csv"
@@ -324,7 +324,9 @@ def test_evaluate_rewrites_the_same_predictions_and_scores(cross_run, tmp_path, 
     assert rc == 0
     out = capsys.readouterr().out
     assert f"dev metrics of {run / 'best.pt'}: sst_acc" in out
-    for f in pred_dir.iterdir():
+    predictions = sorted(pred_dir.glob("*-output.csv"))
+    assert len(predictions) == 6
+    for f in predictions:
         assert (tmp_path / "again" / f.name).read_text() == f.read_text(), f.name
 
     sst_dev = data / COURSE_FILES["sst"]["dev"]

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
 import tempfile
+import zipfile
 from dataclasses import asdict
 from pathlib import Path
 
@@ -19,6 +21,7 @@ from heads import MultitaskBert
 from minbert import Bert, BertConfig
 
 from .config import TrainConfig
+from .errors import write_error
 
 log = logging.getLogger(__name__)
 
@@ -30,10 +33,12 @@ def current_umask() -> int:
 
 
 def atomic_save(obj, path: str | os.PathLike) -> None:
-    """torch.save to a temp file in the same directory, fsync, then rename over `path`."""
+    """torch.save to a temp file in the same directory, fsync, then rename over `path`. The temp name
+    holds the writer's pid (TEMP_NAME), so a later run can tell a killed write's leftover from a live one's.
+    A write that fails (a full disk) leaves `path` as it was and raises a one-line WriteError."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{path.name}.{os.getpid()}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
             torch.save(obj, f)
@@ -41,10 +46,27 @@ def atomic_save(obj, path: str | os.PathLike) -> None:
             os.fsync(f.fileno())
         os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp's 0600 would keep a shared run's files private
         os.replace(tmp, path)
-    except BaseException:
+        _fsync_dir(path.parent)  # the rename itself survives a power loss
+    except BaseException as e:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        error = write_error(e, path) if isinstance(e, Exception) else None
+        if error is not None:
+            raise error from e
         raise
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # not possible everywhere (Windows); the rename is still atomic
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def save_checkpoint(path, model: MultitaskBert, cfg: TrainConfig, **extra) -> None:
@@ -53,13 +75,39 @@ def save_checkpoint(path, model: MultitaskBert, cfg: TrainConfig, **extra) -> No
 
 
 def read_checkpoint(path) -> dict:
+    """A checkpoint's dict; RuntimeError of one line saying why it cannot be read (torch's own messages
+    run to many lines of advice that does not apply)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist")
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:
-        raise RuntimeError(f"{path}: cannot read the checkpoint ({type(e).__name__}: {e})") from e
+    why = _unreadable(path)
+    if why is None:
+        try:
+            ckpt = torch.load(path, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError:
+            why = "holds Python objects beyond tensors and plain containers: not a checkpoint of minBERT-MT"
+        except Exception as e:  # truncated or damaged archives raise many types
+            why = f"damaged ({type(e).__name__}: {_first_line(e)})"
+        else:
+            if isinstance(ckpt, dict):
+                return ckpt
+            why = f"holds a {type(ckpt).__name__}, not a checkpoint's dict"
+    raise RuntimeError(f"{path}: cannot read the checkpoint: {why}")
+
+
+def _unreadable(path: Path) -> str | None:
+    """Why `path` is not a torch.save archive, found without unpickling anything; None if it may be one."""
+    size = path.stat().st_size
+    if size == 0:
+        return "the file is empty (a write cut short?)"
+    if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; a cut one has no central directory
+        return f"not a torch.save archive, or one cut short ({size} bytes)"
+    return None
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return (text.splitlines()[0][:200] if text else "no message")
 
 
 def load_model_state(model: MultitaskBert, path, device=None) -> dict:

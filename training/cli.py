@@ -13,7 +13,7 @@ import sys
 from data.loaders import COURSE_FILES, TASKS
 
 from .config import GROUPS, TrainConfig, default_of, field_errors, flag_of, options, read_config_file, validate
-from .errors import ConfigError, NonFiniteLossError, TrainingInterrupted
+from .errors import ConfigError, NonFiniteLossError, TrainingInterrupted, WriteError
 from .progress import setup_logging
 
 PROG = "run_multitask.py"
@@ -190,7 +190,11 @@ def main(argv: list[str] | None = None) -> int:
     except TrainingInterrupted as e:
         print(f"{PROG}: {e}", file=sys.stderr)
         return 130 if e.signal_name == "SIGINT" else 143
-    except (NonFiniteLossError, torch.OutOfMemoryError) as e:
+    except (NonFiniteLossError, torch.OutOfMemoryError, WriteError) as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:  # a file the run reads or writes, found unusable mid-way (not a bug: no traceback)
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"{PROG}: error: {where}{e.strerror or e}", file=sys.stderr)
         return 1
     return 0

@@ -305,7 +305,7 @@ def validate(cfg: TrainConfig) -> list[str]:
     if all(_type_error(TrainConfig.__dataclass_fields__[n], getattr(cfg, n)) is None
            for n in ("tasks", "files", "data_dir")):
         errors += _missing_files(cfg)
-    return errors
+    return errors + path_errors(cfg)
 
 
 def seed_error(seed, flag: str) -> str | None:
@@ -339,11 +339,10 @@ def field_errors(cfg: TrainConfig) -> list[str]:
             errors.append(f"{flag_of(f.name)} must be one of {', '.join(meta['choices'])}, not {value!r}")
         elif f.name == "tasks" and (not value or any(t not in TASKS for t in value)):
             errors.append(f"--tasks must be some of {', '.join(TASKS)}, not {' '.join(map(str, value)) or 'none'}")
-        elif meta["range"] is not None:
-            if not meta["range"].holds(value):
-                errors.append(f"{flag_of(f.name)} must be {meta['range'].describe()}, not {value}")
-            elif isinstance(value, float) and math.isinf(value):
-                errors.append(f"{flag_of(f.name)} must be finite, not {value}")
+        elif meta["range"] is not None and not meta["range"].holds(value):
+            errors.append(f"{flag_of(f.name)} must be {meta['range'].describe()}, not {value}")
+        elif isinstance(value, float) and not math.isfinite(value):  # ranged or not (--smart-lambda)
+            errors.append(f"{flag_of(f.name)} must be finite, not {value}")
     return errors
 
 
@@ -416,3 +415,54 @@ def _missing_files(cfg: TrainConfig) -> list[str]:
                 errors.append(f"{path}: no such file ({task} {split}); run `python -m data.download` "
                               f"or pass --data-dir / --{task}-{split}")
     return errors
+
+
+# --------------------------------------------------------------------------- output paths
+
+# What a run writes in OUT_DIR, by kind: a file or directory already there of the other kind would
+# stop the run at its first step, checkpoint or evaluation.
+OUT_DIR_FILES = ("train.log", "metrics.jsonl", "config.json", "best.pt")
+OUT_DIR_DIRS = ("checkpoints", "tokenizer")
+
+
+def path_errors(cfg: TrainConfig) -> list[str]:
+    """The output directories, each one that exists (or the nearest folder above it that does) of the
+    right kind and writable. Nothing is created: a bad path is refused before anything is written."""
+    writable = {"out_dir": True, "predictions_dir": True, "export_hf": True,
+                "cache_dir": cfg.frozen_cache == "disk"}  # else the cache may never touch the disk
+    errors = []
+    for name, must_write in writable.items():
+        value = getattr(cfg, name)
+        if not isinstance(value, str) or not value:
+            continue  # None (no export), or a type error field_errors reports
+        problem = dir_problem(Path(value), must_write)
+        if problem:
+            errors.append(f"{flag_of(name)} {value}: {problem}")
+    if isinstance(cfg.out_dir, str) and Path(cfg.out_dir).is_dir():
+        out = Path(cfg.out_dir)
+        errors += [f"--out-dir {out}: {out / n} is a directory, where the run writes a file" for n in OUT_DIR_FILES
+                   if (out / n).is_dir()]
+        appended = ("train.log", "metrics.jsonl", "config.json") + OUT_DIR_DIRS  # best.pt is renamed over
+        errors += [f"--out-dir {out}: {out / n} is not writable" for n in appended
+                   if (out / n).exists() and not os.access(out / n, os.W_OK)]
+        errors += [f"--out-dir {out}: {out / n} is a file, where the run keeps a directory" for n in OUT_DIR_DIRS
+                   if (out / n).exists() and not (out / n).is_dir()]
+    return errors
+
+
+def dir_problem(path: Path, writable: bool) -> str | None:
+    """Why `path` cannot be, or be made, a directory to write in; None when it can."""
+    if path.is_symlink() and not path.exists():
+        return "is a dangling symbolic link"
+    if path.exists() and not path.is_dir():
+        return "is a file, not a directory"
+    existing = path
+    while not existing.exists():  # the part of the path already there (Path('.') and '/' always are)
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is a file, not a directory"
+    # os.access also says no for root on a read-only mount or an immutable directory
+    if writable and not os.access(existing, os.W_OK | os.X_OK):
+        where = "" if existing == path else f" ({existing}, where it would be created)"
+        return f"not writable{where}"
+    return None

@@ -3,41 +3,43 @@ earlier run left and when it may go, train.log and metrics.jsonl. Nothing here k
 format beyond the few fields a resume checks."""
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import re
+import sys
 from pathlib import Path
 
 import numpy as np
 
+from minbert.checkpoint import human_bytes
+
 from .checkpointing import RollingCheckpoints, read_checkpoint
 from .config import TrainConfig, resume_may_differ
-from .errors import ConfigError
+from .errors import ConfigError, write_error
 from .progress import LOG_FORMAT
 
 log = logging.getLogger(__name__)
 
 
 def find_resume_checkpoint(cfg: TrainConfig, out_dir: Path) -> dict | None:
-    """--resume auto|PATH -> the checkpoint to continue from, after checking it fits this config."""
+    """--resume auto|PATH -> the checkpoint to continue from, after checking it fits this config. auto
+    takes the newest checkpoint that can be read: one damaged by a crash or a power loss is skipped,
+    with a warning that names it and says why."""
     if not cfg.resume:
         return None
     if cfg.resume == "auto":
-        path = RollingCheckpoints(out_dir, 1).latest()
-        if path is None:
+        found = _newest_readable_checkpoint(out_dir)
+        if found is None:
             log.info("--resume auto: no checkpoint in %s, starting a new run", out_dir / "checkpoints")
             return None
+        path, ckpt = found
     else:
         path = Path(cfg.resume)
         if not path.is_file():
             raise ConfigError(f"--resume {path}: no such checkpoint")
-    try:
-        ckpt = read_checkpoint(path)
-    except RuntimeError as e:
-        raise ConfigError(str(e)) from None
-    if "optimizer" not in ckpt:
-        raise ConfigError(f"--resume {path}: not a training checkpoint (best.pt holds only the model; "
-                          f"resume from {out_dir / 'checkpoints'})")
+        ckpt = read_training_checkpoint(path, out_dir)
     old, may_differ = ckpt["config"], resume_may_differ()
     diff = [f"--{k.replace('_', '-')} was {old.get(k)!r}, now {v!r}" for k, v in cfg.to_dict().items()
             if k not in may_differ and old.get(k) != v]
@@ -49,6 +51,41 @@ def find_resume_checkpoint(cfg: TrainConfig, out_dir: Path) -> dict | None:
     _check_best_for_resume(ckpt, path, out_dir)
     log.info("resuming from %s", path)
     return ckpt
+
+
+def read_training_checkpoint(path: Path, out_dir: Path) -> dict:
+    """A training checkpoint with the parts a resume reads, else ConfigError of one line saying why not."""
+    try:
+        ckpt = read_checkpoint(path)
+    except RuntimeError as e:
+        raise ConfigError(f"--resume {e}") from None
+    if "optimizer" not in ckpt and "model" in ckpt:
+        raise ConfigError(f"--resume {path}: not a training checkpoint (best.pt holds only the model; "
+                          f"resume from {out_dir / 'checkpoints'})")
+    lacks = [k for k in ("model", "optimizer", "config", "run_state") if not isinstance(ckpt.get(k), dict)]
+    if lacks:
+        raise ConfigError(f"--resume {path}: not a training checkpoint of minBERT-MT (no {', '.join(lacks)})")
+    return ckpt
+
+
+def _newest_readable_checkpoint(out_dir: Path) -> tuple[Path, dict] | None:
+    """The newest of OUT_DIR/checkpoints that reads as a training checkpoint, and its contents."""
+    skipped = []
+    for path in reversed(RollingCheckpoints(out_dir, 1).all()):
+        try:
+            ckpt = read_training_checkpoint(path, out_dir)
+        except ConfigError as e:
+            skipped.append(path)
+            log.warning("--resume auto: skipping the checkpoint %s", str(e).removeprefix("--resume "))
+            continue
+        if skipped:
+            log.warning("--resume auto: resuming from %s, an older checkpoint than %s, which cannot be read; the "
+                        "steps after it are trained again", path.name, ", ".join(p.name for p in skipped))
+        return path, ckpt
+    if skipped:
+        raise ConfigError(f"--resume auto: none of the {len(skipped)} checkpoint(s) in {out_dir / 'checkpoints'} can "
+                          f"be read (see the warnings above); pass --overwrite to start afresh")
+    return None
 
 
 def _check_best_for_resume(ckpt: dict, path: Path, out_dir: Path) -> None:
@@ -119,18 +156,93 @@ def drop_earlier_log(path: Path, start: int) -> None:
     log.info("%s: dropped the earlier run's %d bytes of log", path, start)
 
 
+def read_records(text: str) -> tuple[list[str], list[int]]:
+    """metrics.jsonl's lines that hold a JSON record (each ending in a line break), and the numbers of
+    those that do not: the last one cut short by a crash or a power loss, or bytes the disk lost."""
+    good, bad = [], []
+    for n, line in enumerate(text.split("\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            record = None
+        if isinstance(record, dict):
+            good.append(line + "\n")
+        else:
+            bad.append(n)
+    return good, bad
+
+
 def truncate_metrics(path: Path, step: int) -> None:
-    """Drop the records after `step` from metrics.jsonl: a resumed run writes those steps again."""
+    """Drop the records after `step` from metrics.jsonl: a resumed run writes those steps again. A torn
+    or damaged line is dropped with a warning."""
     if not path.is_file():
         return
-    lines = path.read_text().splitlines(keepends=True)
-    keep = [x for x in lines if x.strip() and json.loads(x).get("step", 0) <= step]
-    if len(keep) != len(lines):
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text("".join(keep))
+    text = path.read_bytes().decode("utf-8", errors="replace")
+    lines, bad = read_records(text)
+    if bad:
+        log.warning("%s: dropped line(s) %s, not a whole JSON record (a write cut short by a crash?)", path,
+                    ", ".join(map(str, bad)))
+    keep = "".join(x for x in lines if json.loads(x).get("step", 0) <= step)
+    if keep == text:
+        return
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(keep)
         os.replace(tmp, path)
-        log.info("%s: dropped %d record(s) after step %d, written again by the resumed run", path,
-                 len(lines) - len(keep), step)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise write_error(e, path) from e
+    dropped = len(lines) - keep.count("\n")
+    if dropped:
+        log.info("%s: dropped %d record(s) after step %d, written again by the resumed run", path, dropped, step)
+
+
+# Temp names of this project's writers, and only of the files they write: atomic_save's
+# NAME.PID.RANDOM.tmp (NAME.RANDOM.tmp before it named the pid), write_predictions' NAME.PID.tmp,
+# truncate_metrics' metrics.jsonl.PID.tmp, save_hf's model.safetensors.tmp, and the frozen-prefix
+# cache's TASK.S[.offsets].PID.tmp.npy and meta.PID.tmp.json (in its entries' folders).
+_TEMP_NAME = re.compile(r"(?P<name>best\.pt|step-\d+\.pt|metrics\.jsonl|(?:sst|para|sts)-(?:dev|test)-output\.csv"
+                        r"|model\.safetensors)(?:\.(?P<pid>\d+))?(?:\.[a-z0-9_]{8})?\.tmp"
+                        r"|(?:(?:sst|para|sts)\.\d+(?:\.offsets)?|meta)\.(?P<cache_pid>\d+)\.tmp\.(?:npy|json)")
+
+
+def remove_stale_temp_files(dirs: list[Path], started: float) -> list[Path]:
+    """Remove the temp files that writes killed mid-way left in `dirs` (each up to a checkpoint's size):
+    names of our own writers only, last written before this run started, and whose writer, where the
+    name says which process, is no longer alive. Returns what was removed."""
+    removed, total = [], 0
+    for d in dict.fromkeys(Path(x) for x in dirs):
+        if not d.is_dir():
+            continue
+        for p in sorted(d.iterdir()):
+            match = _TEMP_NAME.fullmatch(p.name)
+            if match is None or p.is_symlink() or not p.is_file():
+                continue
+            stat, pid = p.stat(), match["pid"] or match["cache_pid"]
+            if stat.st_mtime >= started or (pid and _alive(int(pid))):
+                log.info("%s: left alone, another process may be writing it", p)
+                continue
+            p.unlink(missing_ok=True)
+            removed.append(p)
+            total += stat.st_size
+    if removed:
+        log.warning("removed %d temp file(s) of writes cut short by an earlier crash (%s): %s", len(removed),
+                    human_bytes(total), ", ".join(map(str, removed)))
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except PermissionError:  # another user's process
+        return True
+    except (OSError, OverflowError):  # ProcessLookupError, or a number no pid can be
+        return False
+    return True
 
 
 class MetricsLog:
@@ -146,8 +258,11 @@ class MetricsLog:
         """A non-finite number (e.g. PCGrad's mean cosine when nothing conflicts) becomes null, since bare
         NaN is not JSON."""
         clean = {k: None if isinstance(v, float) and not np.isfinite(v) else v for k, v in record.items()}
-        self.file.write(json.dumps(clean) + "\n")
-        self.file.flush()
+        try:
+            self.file.write(json.dumps(clean) + "\n")
+            self.file.flush()
+        except OSError as e:  # a full disk: say which file, in one line
+            raise write_error(e, self.file.name) from e
 
     def close(self) -> None:
         self.file.close()
@@ -155,13 +270,19 @@ class MetricsLog:
 
 class FileLog:
     """OUT_DIR/train.log: every log line of the run, appended (a resumed run's log goes on). `start` is
-    where this run's lines begin, so replacing an earlier run can drop that run's lines."""
+    where this run's lines begin, so replacing an earlier run can drop that run's lines. Until `keep()`
+    (the run's first step), a failure leaves train.log as it was: this run's lines are dropped again."""
 
     def __init__(self, out_dir: Path):
-        path = Path(out_dir) / "train.log"
-        self.start = path.stat().st_size if path.is_file() else 0
-        self.handler = logging.FileHandler(path)
+        self.path = Path(out_dir) / "train.log"
+        self.existed = self.path.is_file()
+        self.start = self.path.stat().st_size if self.existed else 0
+        self.kept = False
+        self.handler = _OneLineFileHandler(self.path)
         self.handler.setFormatter(logging.Formatter(LOG_FORMAT))
+
+    def keep(self) -> None:
+        self.kept = True
 
     def __enter__(self) -> "FileLog":
         root = logging.getLogger()
@@ -172,8 +293,61 @@ class FileLog:
             root.setLevel(logging.INFO)
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, *exc) -> None:
         root = logging.getLogger()
         root.removeHandler(self.handler)
         root.setLevel(self.root_level)
         self.handler.close()
+        if exc_type is not None and not self.kept:
+            self.forget()
+
+    def forget(self) -> None:
+        """train.log as this run found it."""
+        try:
+            if self.existed:
+                os.truncate(self.path, self.start)
+            else:
+                self.path.unlink(missing_ok=True)
+        except OSError as e:
+            log.warning("%s: could not drop this run's log lines: %s", self.path, e.strerror or e)
+
+
+class _OneLineFileHandler(logging.FileHandler):
+    """A log line that cannot be written (a full disk) is said once, in one line, not as a traceback per line."""
+
+    failed = False
+
+    def close(self) -> None:
+        try:
+            super().close()
+        except OSError:  # the last lines' flush, on the full disk: already said
+            pass
+
+    def handleError(self, record) -> None:
+        if not self.failed:
+            self.failed = True
+            error = sys.exc_info()[1]
+            print(f"{self.baseFilename}: cannot write the log ({getattr(error, 'strerror', None) or error}); "
+                  f"logging to the console only", file=sys.stderr)
+
+
+@contextlib.contextmanager
+def run_log(out_dir: Path):
+    """OUT_DIR, created if need be, with train.log receiving the run's log lines (a FileLog). Until the
+    run keeps it, a failure leaves the directory as it found it: the folders it created are removed
+    again when empty, and train.log's new lines are dropped."""
+    out_dir = Path(out_dir)
+    created = [p for p in (out_dir, *out_dir.parents) if not p.exists()]  # deepest first
+    out_dir.mkdir(parents=True, exist_ok=True)
+    file_log = None
+    try:
+        with FileLog(out_dir) as file_log:
+            yield file_log
+    except BaseException:
+        if file_log is None or not file_log.kept:
+            for d in created:
+                try:
+                    d.rmdir()
+                except OSError:  # not empty
+                    break
+        raise

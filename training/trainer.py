@@ -36,8 +36,9 @@ from .errors import ConfigError, TrainingInterrupted
 from .evaluate import evaluate, metrics_of, predict_sets
 from .predictions import check_predictions_dir, config_digest, write_prediction_set
 from .progress import progress
-from .rundir import (FileLog, MetricsLog, drop_earlier_log, earlier_run_to_replace, find_resume_checkpoint,
-                     remove_earlier_run)
+from .preflight import check_disk, check_model
+from .rundir import (MetricsLog, drop_earlier_log, earlier_run_to_replace, find_resume_checkpoint, remove_earlier_run,
+                     remove_stale_temp_files, run_log)
 from .signals import stop_on_signals
 from .stepper import Stepper
 
@@ -99,8 +100,11 @@ class Run:
         self.cfg, self.dist = cfg, dist
         self.out_dir = Path(cfg.out_dir)
         self.state = RunState()
+        self.started = time.time()  # temp files older than this, of dead writers, are a killed run's leftovers
         self.log_start = 0  # where this run's lines begin in train.log
-        self.metrics_log: MetricsLog | None = None
+        self.file_log = None
+        self.metrics_log: MetricsLog | None = None  # opened when the run claims OUT_DIR
+        self.earlier: list[Path] = []  # an earlier run's files, replaced at this run's first step
         self.best_dev_preds: dict | None = None  # the kept evaluation's dev predictions, task -> array
         self.stopped_early = False
 
@@ -116,16 +120,16 @@ class Run:
             logging.getLogger().setLevel(logging.WARNING)
             yield
             return
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        with FileLog(self.out_dir) as file_log:
-            self.log_start = file_log.start
+        with run_log(self.out_dir) as file_log:  # until the run claims OUT_DIR, a failure leaves it as it was
+            self.file_log, self.log_start = file_log, file_log.start
             yield
 
     # ------------------------------------------------------------------ setup
 
     def setup(self) -> "Run":
         """Everything before the first step, in an order that keeps a run's random streams fixed: the
-        checks that need no heavy work first, the earlier run's files removed only once all has loaded."""
+        checks that need no heavy work first (the model folder, memory and disk against the machine's), then
+        the model and data. An earlier run's files go only at the first step that trains (claim_out_dir)."""
         cfg, dist = self.cfg, self.dist
         if dist is not None and cfg.grad_accum_steps > 1:
             raise ConfigError("--grad-accum-steps is for one process; under torchrun the ranks already split "
@@ -135,9 +139,13 @@ class Run:
         seed_everything(cfg.seed)
         self.device = pick_device(cfg.device) if dist is None else dist.device
         self.amp_dtype = autocast_dtype(cfg.precision, self.device)
+        footprint = check_model(cfg, self.device)
         resume = find_resume_checkpoint(cfg, self.out_dir)
-        earlier = (earlier_run_to_replace(self.out_dir, cfg.overwrite, cfg.resume == "auto")
-                   if resume is None and self.main else [])
+        self.earlier = (earlier_run_to_replace(self.out_dir, cfg.overwrite, cfg.resume == "auto")
+                        if resume is None and self.main else [])
+        if self.main:
+            remove_stale_temp_files(self._written_dirs(), self.started)
+            check_disk(self.out_dir, footprint, cfg.keep_last, sum(p.stat().st_size for p in self.earlier))
         self.build()
         if resume is not None:
             self.load_state_dict(resume)
@@ -148,8 +156,8 @@ class Run:
                               "a filesystem every node sees, or pass --resume PATH readable on every node")
         self.cache = maybe_frozen_cache(cfg, self.model, self.data.train, self.tokenizer, self.device, dist,
                                         self.amp_dtype)
-        if self.main:  # only now that the model and data have loaded: a bad flag must not cost the earlier run
-            self._claim_out_dir(earlier, resume)
+        if resume is not None:  # its own directory: the records after the checkpoint's step go now
+            self.claim_out_dir(resume_step=self.state.global_step)
         self.checkpoints = RollingCheckpoints(self.out_dir, cfg.keep_last)
         return self
 
@@ -189,16 +197,28 @@ class Run:
                  cfg.model, model.encoder.num_layers, n_all / 1e6, n_train / 1e6, cfg.freeze_upto, self.device,
                  "bf16 autocast" if self.amp_dtype else "fp32")
 
-    def _claim_out_dir(self, earlier: list[Path], resume: dict | None) -> None:
-        """The run directory becomes this run's: the replaced run's files and log lines go, config.json and
-        the tokenizer are written, and metrics.jsonl opens (a resumed run's goes on from its checkpoint)."""
-        remove_earlier_run(earlier)
-        if earlier:
+    def _written_dirs(self) -> list[Path]:
+        """Where this run writes files through temp names (see rundir.remove_stale_temp_files)."""
+        dirs = [self.out_dir, self.out_dir / "checkpoints", Path(self.cfg.predictions_dir)]
+        cache = Path(self.cfg.cache_dir)  # the frozen-prefix cache writes in one folder per entry
+        dirs += sorted(p for p in cache.iterdir() if p.is_dir()) if cache.is_dir() else []
+        return dirs + ([Path(self.cfg.export_hf)] if self.cfg.export_hf else [])
+
+    def claim_out_dir(self, resume_step: int | None = None) -> None:
+        """The run directory becomes this run's (rank 0, once): the replaced run's files and log lines go,
+        config.json and the tokenizer are written, and metrics.jsonl opens (a resumed run's goes on from its
+        checkpoint). A new run claims it at its first step that trained, or its first write if earlier, so
+        that whatever is found wrong before -- a flag, the model, the data, that step -- costs nothing."""
+        if not self.main or self.metrics_log is not None:
+            return
+        remove_earlier_run(self.earlier)
+        if self.earlier:
             drop_earlier_log(self.out_dir / "train.log", self.log_start)
+        if self.file_log is not None:
+            self.file_log.keep()
         (self.out_dir / "config.json").write_text(json.dumps(self.cfg.to_dict(), indent=2) + "\n")
         copy_tokenizer_files(self.ckpt_dir, self.out_dir / "tokenizer")  # evaluate without the original
-        self.metrics_log = MetricsLog(self.out_dir / "metrics.jsonl",
-                                      self.state.global_step if resume is not None else None)
+        self.metrics_log = MetricsLog(self.out_dir / "metrics.jsonl", resume_step)
 
     # ------------------------------------------------------------------ state
 
@@ -261,6 +281,7 @@ class Run:
             self.state.epoch_seconds = time.time() - epoch_start
         obj = self.state_dict()
         if self.main:
+            self.claim_out_dir()  # a first checkpoint before any step trained (all were non-finite)
             self.checkpoints.save(obj, self.state.global_step)
 
     # ------------------------------------------------------------------ fit
@@ -340,6 +361,7 @@ class Run:
         state.global_step += 1
         if parts is None:  # skipped: non-finite
             return
+        self.claim_out_dir()  # the first step that trained: only now may an earlier run's files go
         for task, p in parts.items():
             state.losses.setdefault(task, []).append(p["loss"])
         bar.set_postfix({t: f"{np.mean(v[-50:]):.3f}" for t, v in state.losses.items() if v})
@@ -384,6 +406,7 @@ class Run:
         """Rank 0: the dev metrics into `record` and the log; best.pt when they beat the best so far.
         With a weight EMA, the raw weights are scored too (for the record) where `raw`."""
         ema, state = self.stepper.ema, self.state
+        self.claim_out_dir()  # an epoch of skipped steps still ends in an evaluation and its record
         with contextlib.ExitStack() as weights:  # inside: the weights evaluated and kept
             if ema is not None and raw:
                 raw_metrics = self.evaluate()
