@@ -39,7 +39,7 @@ def assert_same_run(out, straight):
     assert a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a)
     names = sorted(p.name for p in (straight / "pred").glob("*-output.csv"))  # manifest.json names its run
     assert len(names) == 6
-    assert sorted(p.name for p in (out / "pred").iterdir() if p.suffix != ".tmp") == names + ["manifest.json"]
+    assert sorted(p.name for p in (out / "pred").iterdir() if p.suffix != ".tmp") == sorted(names + ["manifest.json"])
     assert all((out / "pred" / n).read_bytes() == (straight / "pred" / n).read_bytes() for n in names)
 
 
@@ -135,7 +135,7 @@ def test_temp_files_of_killed_writes_are_removed_at_the_start(files, straight, t
     stale = [killed[0], out / "pred" / f"sst-dev-output.csv.{dead_pid}.tmp", out / f"metrics.jsonl.{dead_pid}.tmp",
              out / "best.pt.x1y2z3w4.tmp", cache_entry / f"sst.0.offsets.{dead_pid}.tmp.npy"]
     keep = [out / "notes.tmp", out / "checkpoints" / f"step-0000010.pt.{os.getpid()}.abcdefgh.tmp",
-            cache_entry / "sst.0.npy", out / "pred" / "para-dev-output.csv.4.tmp"]
+            cache_entry / "sst.0.npy", out / "metrics.jsonl.4.tmp"]  # (not in pred/: the run replaces it whole)
     for p in stale[1:] + keep:
         p.write_text("partial")
     future = time.time() + 3600

@@ -41,11 +41,13 @@ def read_manifest(folder: str | os.PathLike) -> dict | None:
 
 
 def check_predictions_dir(folder: str | os.PathLike, out_dir: str | os.PathLike, overwrite: bool) -> None:
-    """Before any work: a folder holding another run's files (or files no run of ours wrote) is refused
-    unless --overwrite; this run's own folder is replaced at the end."""
+    """Before any work: a folder outside OUT_DIR holding another run's files (or files no run of ours
+    wrote) is refused unless --overwrite; this run's own folder is replaced at the end."""
     folder = Path(folder)
     if not folder.is_dir() or not any(folder.iterdir()) or overwrite:
         return
+    if folder.resolve().is_relative_to(Path(out_dir).resolve()):
+        return  # the run directory's own: whose run it holds is the out-dir's business (resume, --overwrite)
     manifest = read_manifest(folder)
     if manifest is not None and manifest.get("run") == str(Path(out_dir).resolve()):
         return
