@@ -1,16 +1,28 @@
-"""Dev metrics and the course's prediction files.
+"""Dev metrics, the course's prediction files, and predictions for any file.
 
-    python -m training.evaluate --checkpoint runs/default/best.pt --data-dir data
-    python -m training.evaluate --checkpoint best.pt --score sts my-sts-dev.csv --predict sst new.csv out.csv
+    python -m training.evaluate --checkpoint runs/default --data-dir data
+    python -m training.evaluate --checkpoint runs/default/best.pt --score sts my-sts-dev.csv --predict sst new.csv out.csv
+    python -m training.evaluate --checkpoint runs/default --predict-text sst reviews.txt reviews.tsv --probabilities
 
-Prediction files follow the course's submission format: a header `id \t Predicted_Sentiment`
-(`Predicted_Is_Paraphrase`, `Predicted_Similiary` -- the course's spelling), then one
-`id , prediction` row per example.
+--checkpoint takes a run directory (its best.pt), a checkpoint file (best.pt, checkpoints/step-N.pt) or
+a folder written by python -m training.export.
+
+Course format (--data-dir, --predict): a header `id \t Predicted_Sentiment` (`Predicted_Is_Paraphrase`,
+`Predicted_Similiary` -- the course's spelling), then one `id , prediction` row per example. --data-dir
+replaces the prediction folder's earlier set as a whole and writes manifest.json beside the files
+(training/manifest.py; python -m training.submit checks it).
+
+Plain text (--predict-text TASK FILE OUT): one sentence per line for sst, one `sentence1<TAB>sentence2`
+pair per line for para and sts; blank lines skipped; ids are line numbers. Its output, and --predict's
+with --probabilities, is our TSV format, not the course's: id, the sentence(s), the label (sst 0..4,
+para 0/1) or the score (sts), and with --probabilities the class probabilities (prob_0..prob_4 for sst,
+prob_paraphrase for para) -- training/textio.py describes it.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import logging
 import os
 import sys
@@ -22,10 +34,11 @@ from scipy.stats import pearsonr
 
 from data.batching import TaskData, encode_task, eval_batches
 from data.loaders import COURSE_FILES, TASKS, DataError, load_task_file
-from heads import MultitaskBert, predict
+from heads import MultitaskBert, predict, probabilities
 
 from .config import TrainConfig
 from .progress import setup_logging
+from .textio import read_text_examples, write_tsv_predictions
 
 log = logging.getLogger(__name__)
 
@@ -142,20 +155,29 @@ def read_predictions(path: str | os.PathLike) -> tuple[str, list[tuple[str, floa
 
 
 def write_all_predictions(model, data, tokenizer, cfg, device, autocast=contextlib.nullcontext,
-                          source: str = "the best checkpoint") -> dict:
+                          source: str = "the best checkpoint", checkpoint=None, step: int | None = None) -> dict:
     """Dev metrics of the model (from `source`) printed, and {task}-{dev,test}-output.csv written to
-    cfg.predictions_dir."""
+    cfg.predictions_dir. With `checkpoint` (the file the model came from), the folder's earlier set is
+    removed first and manifest.json written last, naming the checkpoint, `step`, the config's digest and
+    the dev metrics: the folder then holds this model's predictions alone."""
+    from .manifest import clear_predictions, write_manifest
+
     out = Path(cfg.predictions_dir)
-    metrics = {}
+    if checkpoint is not None:
+        clear_predictions(out)
+    metrics, written = {}, []
     for split, sets in (("dev", data.dev), ("test", data.test)):
         for task, d in sets.items():
             preds = predict_task(model, d, tokenizer, cfg.eval_batch_size, device, autocast)
-            write_predictions(out / f"{task}-{split}-output.csv", task, [e.id for e in d.examples], preds)
+            written.append(out / f"{task}-{split}-output.csv")
+            write_predictions(written[-1], task, [e.id for e in d.examples], preds)
             if split == "dev":
                 metrics[METRIC[task]] = score(task, preds, [e.label for e in d.examples])
     if metrics:
         metrics["overall"] = overall(metrics)
         print(f"dev metrics of {source}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+    if checkpoint is not None and written:
+        write_manifest(out, written, checkpoint, cfg.to_dict(), metrics, step)
     log.info("wrote prediction files to %s", out)
     return metrics
 
@@ -172,22 +194,31 @@ def run_tokenizer_dir(checkpoint, given: str | None) -> Path:
     return found[0]
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m training.evaluate", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", required=True,
-                   help="a best.pt written by run_multitask.py, or a training checkpoint (checkpoints/step-N.pt)")
+                   help="a run directory (its best.pt), a checkpoint file (best.pt, checkpoints/step-N.pt), or a "
+                        "folder written by python -m training.export")
     p.add_argument("--raw-weights", action="store_true",
                    help="a training checkpoint of an --ema-decay run: its raw weights instead of their average, "
                         "the weights the run evaluates (default: the average)")
     p.add_argument("--data-dir", default=None, help="evaluate the course's dev files and predict its test files "
-                   "from this folder, writing PREDICTIONS_DIR/{sst,para,sts}-{dev,test}-output.csv")
+                   "from this folder, writing PREDICTIONS_DIR/{sst,para,sts}-{dev,test}-output.csv and manifest.json")
     p.add_argument("--predictions-dir", default="predictions",
-                   help="where --data-dir's prediction files go (default: %(default)s)")
+                   help="where --data-dir's prediction files go; an earlier set there is replaced as a whole "
+                        "(default: %(default)s)")
     p.add_argument("--score", nargs=2, action="append", default=[], metavar=("TASK", "FILE"),
                    help="score a labelled file in the course format (repeatable)")
     p.add_argument("--predict", nargs=3, action="append", default=[], metavar=("TASK", "FILE", "OUT"),
-                   help="predict for an unlabelled (or labelled) file in the course format (repeatable)")
+                   help="predict for an unlabelled (or labelled) file in the course format, writing OUT in the "
+                        "course format, or in the TSV format with --probabilities (repeatable)")
+    p.add_argument("--predict-text", nargs=3, action="append", default=[], metavar=("TASK", "FILE", "OUT"),
+                   help="predict for a plain-text FILE: one sentence per line (sst), one sentence1<TAB>sentence2 "
+                        "pair per line (para, sts); OUT is in the TSV format, ids are line numbers (repeatable)")
+    p.add_argument("--probabilities", action="store_true",
+                   help="--predict and --predict-text write the TSV format with the class probabilities as extra "
+                        "columns (prob_0..prob_4 for sst, prob_paraphrase for para; sts has its score)")
     p.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the run's tokenizer/)")
     p.add_argument("--batch-size", type=int, default=256, help="examples per batch (default: %(default)s)")
     p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N")
@@ -196,65 +227,70 @@ def main(argv=None) -> int:
     p.add_argument("--both-orders", action=argparse.BooleanOptionalAction, default=None,
                    help="cross encoding: predict each paraphrase/similarity pair as (a, b) and (b, a) and "
                    "average (default: the training run's --predict-both-orders)")
+    return p
+
+
+def main(argv=None) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
     setup_logging()
-    for task, *_ in args.score + args.predict:
+    for task, *_ in args.score + args.predict + args.predict_text:
         if task not in TASKS:
             p.error(f"unknown task {task!r}; one of {', '.join(TASKS)}")
-    if not (args.data_dir or args.score or args.predict):
-        p.error("nothing to do: give --data-dir, --score or --predict")
+    if not (args.data_dir or args.score or args.predict or args.predict_text):
+        p.error("nothing to do: give --data-dir, --score, --predict or --predict-text")
+    if args.probabilities and not (args.predict or args.predict_text):
+        p.error("--probabilities applies to --predict and --predict-text")
+    if args.batch_size < 1:
+        p.error(f"--batch-size must be >= 1, not {args.batch_size}")
 
-    from minbert import Tokenizer
-    from .build import Splits
-    from .checkpointing import model_from_checkpoint
-    from .device import autocast_dtype, pick_device
+    from .api import LoadError, load
 
     try:
-        model, cfg, _ = model_from_checkpoint(args.checkpoint, raw_weights=args.raw_weights)
-    except (FileNotFoundError, RuntimeError, ValueError) as e:  # missing, unreadable, not one of ours, no raw
+        model = load(args.checkpoint, device=args.device, precision=args.precision, batch_size=args.batch_size,
+                     both_orders=args.both_orders, raw_weights=args.raw_weights, tokenizer=args.tokenizer)
+    except LoadError as e:
         p.error(str(e))
-    except KeyError as e:
-        p.error(f"{args.checkpoint}: not a checkpoint written by run_multitask.py (no {e})")
-    both_orders = cfg.predict_both_orders if args.both_orders is None else args.both_orders
-    if both_orders and cfg.pair_encoding != "cross":
-        p.error(f"--both-orders is for cross-encoded pairs; this model is {cfg.pair_encoding}")
     try:
-        tokenizer = Tokenizer.from_checkpoint(run_tokenizer_dir(args.checkpoint, args.tokenizer))
-    except (FileNotFoundError, ValueError) as e:
+        run_commands(args, model)
+    except (DataError, ValueError) as e:  # a missing or unusable file, a task the model was not trained on
         p.error(str(e))
-    device = pick_device(args.device)
-    model.to(device)
-    dtype = autocast_dtype(args.precision or cfg.precision, device)
+    return 0
 
-    def autocast():
-        return torch.autocast(device.type, dtype=dtype) if dtype else contextlib.nullcontext()
+
+def run_commands(args, model) -> None:
+    cfg = model.config
 
     def encoded(task, path, labelled):
         examples = load_task_file(path, task, labelled=labelled).examples
-        return encode_task(task, examples, tokenizer, cfg.pair_encoding, cfg.max_length, both_orders)
+        return encode_task(task, examples, model.tokenizer, cfg.pair_encoding, cfg.max_length, model.both_orders)
 
-    try:
-        if args.data_dir:
-            splits = Splits({}, {}, {})
-            for task in cfg.tasks:
-                splits.dev[task] = encoded(task, Path(args.data_dir) / COURSE_FILES[task]["dev"], True)
-                test = Path(args.data_dir) / COURSE_FILES[task]["test"]
-                if test.is_file():
-                    splits.test[task] = encoded(task, test, False)
-            cfg.predictions_dir, cfg.eval_batch_size = args.predictions_dir, args.batch_size
-            write_all_predictions(model, splits, tokenizer, cfg, device, autocast, source=str(args.checkpoint))
-        for task, path in args.score:
-            d = encoded(task, path, True)
-            preds = predict_task(model, d, tokenizer, args.batch_size, device, autocast)
-            print(f"{path}: {METRIC[task]} {score(task, preds, [e.label for e in d.examples]):.4f} ({len(d)} examples)")
-        for task, path, out in args.predict:
-            d = encoded(task, path, None)
-            write_predictions(out, task, [e.id for e in d.examples],
-                              predict_task(model, d, tokenizer, args.batch_size, device, autocast))
-            print(f"{path}: wrote {len(d)} {task} predictions to {out}")
-        return 0
-    except DataError as e:  # a missing or unusable file: the message names it
-        p.error(str(e))
+    if args.data_dir:
+        from .build import Splits
+        splits = Splits({}, {}, {})
+        for task in cfg.tasks:
+            splits.dev[task] = encoded(task, Path(args.data_dir) / COURSE_FILES[task]["dev"], True)
+            test = Path(args.data_dir) / COURSE_FILES[task]["test"]
+            if test.is_file():
+                splits.test[task] = encoded(task, test, False)
+        out_cfg = dataclasses.replace(cfg, predictions_dir=args.predictions_dir, eval_batch_size=args.batch_size)
+        write_all_predictions(model.network, splits, model.tokenizer, out_cfg, model.device, model.autocast,
+                              source=str(args.checkpoint), checkpoint=model.source, step=model.step)
+    for task, path in args.score:
+        examples = load_task_file(path, task, labelled=True).examples
+        preds = predict(task, model.outputs(task, examples)).double().numpy()
+        print(f"{path}: {METRIC[task]} {score(task, preds, [e.label for e in examples]):.4f} ({len(examples)} examples)")
+    inputs = [(t, f, o, False) for t, f, o in args.predict] + [(t, f, o, True) for t, f, o in args.predict_text]
+    for task, path, out, plain in inputs:
+        examples = read_text_examples(path, task) if plain else load_task_file(path, task, labelled=None).examples
+        outputs = model.outputs(task, examples)
+        preds = predict(task, outputs).double().numpy()
+        if plain or args.probabilities:
+            probs = probabilities(task, outputs).double().numpy() if args.probabilities and task != "sts" else None
+            write_tsv_predictions(out, task, examples, preds, probs)
+        else:
+            write_predictions(out, task, [e.id for e in examples], preds)
+        print(f"{path}: wrote {len(examples)} {task} predictions to {out}")
 
 
 if __name__ == "__main__":
