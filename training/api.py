@@ -223,7 +223,8 @@ def checkpoint_metrics(path: Path, ckpt: dict, raw_weights: bool = False) -> dic
     for line in records.read_text().splitlines():
         r = json.loads(line) if line.strip() else {}
         if r.get("step") == step and f"{prefix}overall" in r:
-            return {k[len(prefix):]: v for k, v in r.items() if k.startswith(prefix)}
+            return {k[len(prefix):]: v for k, v in r.items()
+                    if k.startswith(prefix) and (prefix == "dev_raw_" or not k.startswith("dev_raw_"))}
     return {}
 
 

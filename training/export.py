@@ -91,7 +91,7 @@ def _move_into(staging: Path, out: Path) -> None:
 
 def write_export(model: Model, folder: Path, name: str) -> None:
     """The export's files into `folder`; `name` is how the model card calls the folder."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
     from minbert import save_hf
 
@@ -99,7 +99,7 @@ def write_export(model: Model, folder: Path, name: str) -> None:
     copy_tokenizer_files(model.tokenizer_dir, folder)
     heads = {f"{task}.{k}": v.detach().cpu().contiguous()
              for task in model.tasks for k, v in model.network.heads[task].state_dict().items()}
-    save_file(heads, str(folder / HEADS_WEIGHTS), metadata={"format": "pt"})
+    (folder / HEADS_WEIGHTS).write_bytes(save(heads, metadata={"format": "pt"}))  # save_file would make it 0600
     meta = heads_meta(model)
     (folder / HEADS_FILE).write_text(json.dumps(meta, indent=2) + "\n")
     (folder / CARD).write_text(model_card(model, meta, name))
