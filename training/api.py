@@ -81,13 +81,13 @@ class Model:
     """A trained multi-task model with its tokenizer, on one device. Made by `load`."""
 
     def __init__(self, network: MultitaskBert, tokenizer, config: TrainConfig, device: torch.device,
-                 dtype: torch.dtype | None, *, source: Path, metrics: dict | None = None, step: int | None = None,
-                 both_orders: bool = False, batch_size: int = 64):
+                 dtype: torch.dtype | None, *, source: Path, tokenizer_dir: Path | None = None,
+                 metrics: dict | None = None, step: int | None = None, both_orders: bool = False, batch_size: int = 64):
         self.network, self.tokenizer, self.config = network.to(device).eval(), tokenizer, config
         self.device, self.dtype, self.source = device, dtype, Path(source)
         self.metrics = dict(metrics or {})  # dev metrics recorded with the checkpoint ({} where none were)
         self.step = step  # the training step the weights are from, where known
-        self.tokenizer_dir: Path | None = None  # the folder the tokenizer was read from (set by load)
+        self.tokenizer_dir = tokenizer_dir  # the folder the tokenizer was read from (an export copies its files)
         self.both_orders, self.batch_size = both_orders, batch_size
 
     @property
@@ -122,10 +122,10 @@ class Model:
 
         if task not in self.tasks:
             raise ValueError(f"{self.source}: the model was not trained on {task} (its tasks: {', '.join(self.tasks)})")
-        data = encode_task(task, examples, self.tokenizer, self.config.pair_encoding, self.config.max_length,
-                           self.both_orders)
         if not examples:
             return torch.empty((0, 5) if task == "sst" else (0,))
+        data = encode_task(task, examples, self.tokenizer, self.config.pair_encoding, self.config.max_length,
+                           self.both_orders)
         return task_outputs(self.network, data, self.tokenizer, batch_size or self.batch_size, self.device,
                             self.autocast)
 
@@ -176,10 +176,8 @@ def load(path: str | Path, device: str = "auto", precision: str | None = None, b
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise LoadError(f"device {device!r}: CUDA is not available on this machine (use device='cpu')")
     dtype = _device.autocast_dtype(precision or cfg.precision, dev)
-    model = Model(network, tok, cfg, dev, dtype, source=path, metrics=info["metrics"], step=info["step"],
-                  both_orders=both, batch_size=batch_size)
-    model.tokenizer_dir = info["tokenizer_dir"]
-    return model
+    return Model(network, tok, cfg, dev, dtype, source=path, tokenizer_dir=info["tokenizer_dir"],
+                 metrics=info["metrics"], step=info["step"], both_orders=both, batch_size=batch_size)
 
 
 def _best_of_run(run: Path) -> Path:

@@ -1,7 +1,7 @@
 """Dev metrics, the course's prediction files, and predictions for any file.
 
     python -m training.evaluate --checkpoint runs/default --data-dir data
-    python -m training.evaluate --checkpoint runs/default/best.pt --score sts my-sts-dev.csv --predict sst new.csv out.csv
+    python -m training.evaluate --checkpoint runs/default/best.pt --score sts my-sts.csv --predict sst new.csv out.csv
     python -m training.evaluate --checkpoint runs/default --predict-text sst reviews.txt reviews.tsv --probabilities
 
 --checkpoint takes a run directory (its best.pt), a checkpoint file (best.pt, checkpoints/step-N.pt) or
@@ -279,7 +279,8 @@ def run_commands(args, model) -> None:
     for task, path in args.score:
         examples = load_task_file(path, task, labelled=True).examples
         preds = predict(task, model.outputs(task, examples)).double().numpy()
-        print(f"{path}: {METRIC[task]} {score(task, preds, [e.label for e in examples]):.4f} ({len(examples)} examples)")
+        value = score(task, preds, [e.label for e in examples])
+        print(f"{path}: {METRIC[task]} {value:.4f} ({len(examples)} examples)")
     inputs = [(t, f, o, False) for t, f, o in args.predict] + [(t, f, o, True) for t, f, o in args.predict_text]
     for task, path, out, plain in inputs:
         examples = read_text_examples(path, task) if plain else load_task_file(path, task, labelled=None).examples

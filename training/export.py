@@ -136,7 +136,8 @@ def model_card(model: Model, meta: dict, name: str) -> str:
              f"{cfg['pair_encoding']}-encoded pairs, {cfg['pooling']} pooling.", "",
              "## Data", "",
              f"The course's CSV files from `{cfg['data_dir']}`"
-             + (f", at most {cfg['max_train_examples']} training examples per task" if cfg["max_train_examples"] else "")
+             + (f", at most {cfg['max_train_examples']} training examples per task"
+                if cfg["max_train_examples"] else "")
              + (f"; files given apart: {', '.join(f'`{v}`' for v in cfg['files'].values())}" if cfg["files"] else "")
              + ". Dev metrics are on the course's dev files.", "",
              "## Recipe", "",

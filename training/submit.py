@@ -1,6 +1,6 @@
 """Zip a run's prediction files for the course's submission.
 
-    python -m training.submit runs/default                     # runs/default/cs224n_default_final_project_submission.zip
+    python -m training.submit runs/default         # writes runs/default/cs224n_default_final_project_submission.zip
     python -m training.submit runs/default --out my-submission.zip
 
 The zip is laid out as the course's own prepare_submit.py lays it out (CS224N default final project
