@@ -82,11 +82,12 @@ class Model:
 
     def __init__(self, network: MultitaskBert, tokenizer, config: TrainConfig, device: torch.device,
                  dtype: torch.dtype | None, *, source: Path, tokenizer_dir: Path | None = None,
-                 metrics: dict | None = None, step: int | None = None, both_orders: bool = False, batch_size: int = 64):
+                 metrics: dict | None = None, step: int | None = None, epoch: int | None = None,
+                 both_orders: bool = False, batch_size: int = 64):
         self.network, self.tokenizer, self.config = network.to(device).eval(), tokenizer, config
         self.device, self.dtype, self.source = device, dtype, Path(source)
         self.metrics = dict(metrics or {})  # dev metrics recorded with the checkpoint ({} where none were)
-        self.step = step  # the training step the weights are from, where known
+        self.step, self.epoch = step, epoch  # where in training the weights are from, where known
         self.tokenizer_dir = tokenizer_dir  # the folder the tokenizer was read from (an export copies its files)
         self.both_orders, self.batch_size = both_orders, batch_size
 
@@ -177,7 +178,8 @@ def load(path: str | Path, device: str = "auto", precision: str | None = None, b
         raise LoadError(f"device {device!r}: CUDA is not available on this machine (use device='cpu')")
     dtype = _device.autocast_dtype(precision or cfg.precision, dev)
     return Model(network, tok, cfg, dev, dtype, source=path, tokenizer_dir=info["tokenizer_dir"],
-                 metrics=info["metrics"], step=info["step"], both_orders=both, batch_size=batch_size)
+                 metrics=info["metrics"], step=info["step"], epoch=info["epoch"], both_orders=both,
+                 batch_size=batch_size)
 
 
 def _best_of_run(run: Path) -> Path:
@@ -202,9 +204,10 @@ def _from_checkpoint(path: Path, raw_weights: bool, tokenizer_dir) -> tuple:
         raise LoadError(str(e)) from None
     except KeyError as e:
         raise LoadError(f"{path}: not a checkpoint written by run_multitask.py (no {e})") from None
+    # best.pt records its step and epoch; a training checkpoint its step (run_state's epoch is the next one)
     step = ckpt.get("step", ckpt.get("run_state", {}).get("global_step"))
     return network, tok, cfg, {"metrics": checkpoint_metrics(path, ckpt, raw_weights), "step": step,
-                                "tokenizer_dir": Path(tokenizer_dir)}
+                                "epoch": ckpt.get("epoch"), "tokenizer_dir": Path(tokenizer_dir)}
 
 
 def checkpoint_metrics(path: Path, ckpt: dict, raw_weights: bool = False) -> dict:
@@ -251,7 +254,7 @@ def _from_export(folder: Path) -> tuple:
             raise LoadError(f"{folder / HEADS_WEIGHTS}: the {task} head does not fit: "
                             f"{' '.join(str(e).split())}") from None
     return network, tok, cfg, {"metrics": dict(meta.get("dev_metrics") or {}), "step": meta.get("step"),
-                                "tokenizer_dir": folder}
+                                "epoch": meta.get("epoch"), "tokenizer_dir": folder}
 
 
 __all__ = ["LoadError", "Model", "ParaphrasePredictions", "SENTIMENTS", "SentimentPredictions",

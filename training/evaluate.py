@@ -9,8 +9,8 @@ a folder written by python -m training.export.
 
 Course format (--data-dir, --predict): a header `id \t Predicted_Sentiment` (`Predicted_Is_Paraphrase`,
 `Predicted_Similiary` -- the course's spelling), then one `id , prediction` row per example. --data-dir
-replaces the prediction folder's earlier set as a whole and writes manifest.json beside the files
-(training/manifest.py; python -m training.submit checks it).
+writes its files with a manifest.json as one set, replacing the folder's earlier set whole
+(training/predictions.py; python -m training.submit checks it).
 
 Plain text (--predict-text TASK FILE OUT): one sentence per line for sst, one `sentence1<TAB>sentence2`
 pair per line for para and sts; blank lines skipped; ids are line numbers. Its output, and --predict's
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import logging
 import os
 import sys
@@ -154,32 +153,37 @@ def read_predictions(path: str | os.PathLike) -> tuple[str, list[tuple[str, floa
     return task, rows
 
 
-def write_all_predictions(model, data, tokenizer, cfg, device, autocast=contextlib.nullcontext,
-                          source: str = "the best checkpoint", checkpoint=None, step: int | None = None) -> dict:
-    """Dev metrics of the model (from `source`) printed, and {task}-{dev,test}-output.csv written to
-    cfg.predictions_dir. With `checkpoint` (the file the model came from), the folder's earlier set is
-    removed first and manifest.json written last, naming the checkpoint, `step`, the config's digest and
-    the dev metrics: the folder then holds this model's predictions alone."""
-    from .manifest import clear_predictions, write_manifest
+def write_all_predictions(model, splits, folder, overwrite: bool = False, source: str | None = None) -> dict:
+    """The dev metrics of `model` (a training.api.Model) printed, and the course's files of every set in
+    `splits` written to `folder` with their manifest, as one set replacing the folder's earlier one whole
+    (training/predictions.py). A folder holding another run's set is refused unless `overwrite`."""
+    from .predictions import check_predictions_dir, config_digest, write_prediction_set
 
-    out = Path(cfg.predictions_dir)
-    if checkpoint is not None:
-        clear_predictions(out)
-    metrics, written = {}, []
-    for split, sets in (("dev", data.dev), ("test", data.test)):
-        for task, d in sets.items():
-            preds = predict_task(model, d, tokenizer, cfg.eval_batch_size, device, autocast)
-            written.append(out / f"{task}-{split}-output.csv")
-            write_predictions(written[-1], task, [e.id for e in d.examples], preds)
-            if split == "dev":
-                metrics[METRIC[task]] = score(task, preds, [e.label for e in d.examples])
+    run = run_of(model.source)
+    check_predictions_dir(folder, run, overwrite)
+
+    def predict(sets):
+        return predict_sets(model.network, sets, model.tokenizer, model.batch_size, model.device, model.autocast)
+
+    dev, test = predict(splits.dev), predict(splits.test)
+    metrics = metrics_of(splits.dev, dev) if dev else {}
     if metrics:
-        metrics["overall"] = overall(metrics)
-        print(f"dev metrics of {source}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
-    if checkpoint is not None and written:
-        write_manifest(out, written, checkpoint, cfg.to_dict(), metrics, step)
-    log.info("wrote prediction files to %s", out)
+        print(f"dev metrics of {source or model.source}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+    files = {(task, split): ([e.id for e in sets[task].examples], preds[task])
+             for split, sets, preds in (("dev", splits.dev, dev), ("test", splits.test, test)) for task in preds}
+    manifest = {"run": str(run.resolve()), "checkpoint": str(model.source.resolve()), "epoch": model.epoch,
+                "step": model.step, "config_digest": config_digest(model.config.to_dict()), "dev_metrics": metrics}
+    write_prediction_set(folder, files, manifest)
     return metrics
+
+
+def run_of(source: Path) -> Path:
+    """The run directory a checkpoint belongs to: best.pt's folder, one up from checkpoints/step-N.pt; an
+    export folder is its own."""
+    source = Path(source)
+    if source.is_dir():
+        return source
+    return source.parent.parent if source.parent.name == "checkpoints" else source.parent
 
 
 def run_tokenizer_dir(checkpoint, given: str | None) -> Path:
@@ -206,8 +210,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", default=None, help="evaluate the course's dev files and predict its test files "
                    "from this folder, writing PREDICTIONS_DIR/{sst,para,sts}-{dev,test}-output.csv and manifest.json")
     p.add_argument("--predictions-dir", default="predictions",
-                   help="where --data-dir's prediction files go; an earlier set there is replaced as a whole "
-                        "(default: %(default)s)")
+                   help="where --data-dir's prediction files go, with their manifest.json; an earlier set of the same "
+                        "run there is replaced as a whole (default: %(default)s)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="let --data-dir replace a --predictions-dir holding another run's set (or files of no run)")
     p.add_argument("--score", nargs=2, action="append", default=[], metavar=("TASK", "FILE"),
                    help="score a labelled file in the course format (repeatable)")
     p.add_argument("--predict", nargs=3, action="append", default=[], metavar=("TASK", "FILE", "OUT"),
@@ -253,7 +259,7 @@ def main(argv=None) -> int:
         p.error(str(e))
     try:
         run_commands(args, model)
-    except (DataError, ValueError) as e:  # a missing or unusable file, a task the model was not trained on
+    except (DataError, ValueError) as e:  # a missing or unusable file, an untrained task, another run's folder
         p.error(str(e))
     return 0
 
@@ -273,9 +279,7 @@ def run_commands(args, model) -> None:
             test = Path(args.data_dir) / COURSE_FILES[task]["test"]
             if test.is_file():
                 splits.test[task] = encoded(task, test, False)
-        out_cfg = dataclasses.replace(cfg, predictions_dir=args.predictions_dir, eval_batch_size=args.batch_size)
-        write_all_predictions(model.network, splits, model.tokenizer, out_cfg, model.device, model.autocast,
-                              source=str(args.checkpoint), checkpoint=model.source, step=model.step)
+        write_all_predictions(model, splits, args.predictions_dir, args.overwrite, source=str(args.checkpoint))
     for task, path in args.score:
         examples = load_task_file(path, task, labelled=True).examples
         preds = predict(task, model.outputs(task, examples)).double().numpy()

@@ -121,7 +121,7 @@ def heads_meta(model: Model) -> dict:
             "pair_encoding": cfg.pair_encoding, "pooling": cfg.pooling, "max_length": cfg.max_length,
             "predict_both_orders": model.both_orders, "precision": cfg.precision,
             "labels": {"sst": list(SENTIMENTS), "para": ["not a paraphrase", "paraphrase"], "sts": "score in [0, 5]"},
-            "checkpoint": checkpoint, "step": model.step, "trained": trained,
+            "checkpoint": checkpoint, "epoch": model.epoch, "step": model.step, "trained": trained,
             "exported": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "dev_metrics": model.metrics, "training_config": cfg.to_dict()}
 

@@ -11,9 +11,10 @@ cs224n_default_final_project_submission.zip.
 
 RUN is a run directory (its predictions/ folder) or a predictions folder. The folder must hold one
 model's set: its manifest.json (written with the files by the trainer and by
-`python -m training.evaluate --data-dir`) lists every prediction file there with its sha256, and a folder
-with a file missing, a file the manifest does not list, a file changed since, or no manifest, is refused.
-So is a set short of the six files the course expects, unless --partial.
+`python -m training.evaluate --data-dir`; training/predictions.py) lists every prediction file there with
+its sha256, and a folder with a file missing, a course-named file the manifest does not list, a file
+changed since, or no manifest, is refused. So is a set short of the six files the course expects,
+unless --partial.
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from pathlib import Path
 from data.loaders import TASKS
 
 from .evaluate import read_predictions
-from .manifest import MANIFEST, ManifestError, check_folder
+from .predictions import MANIFEST, PredictionSetError, check_prediction_set
 
 PROG = "python -m training.submit"
 COURSE_ZIP = "cs224n_default_final_project_submission.zip"
@@ -53,8 +54,8 @@ def predictions_folder(arg: Path) -> Path:
 def checked_files(folder: Path, partial: bool) -> tuple[dict, list[Path]]:
     """The folder's manifest and files, refused unless they are one model's complete set."""
     try:
-        manifest, files = check_folder(folder)
-    except ManifestError as e:
+        manifest, files = check_prediction_set(folder)
+    except PredictionSetError as e:
         hint = ("; write the set again with python -m training.evaluate --checkpoint RUN --data-dir DATA "
                 f"--predictions-dir {folder}") if "no manifest" in str(e) or "not one run's set" in str(e) else ""
         raise SubmitError(f"{e}{hint}") from None
