@@ -4,7 +4,7 @@
 
     model = load("runs/default")                   # a run directory, a best.pt, a checkpoints/step-N.pt,
                                                     # or a folder written by python -m training.export
-    model.sentiment(["a great film", "dull"]).labels           # array([4, 1]): 0 negative .. 4 positive
+    model.sentiment(["a great film", "dull"]).labels           # e.g. array([4, 1]): 0 negative .. 4 positive
     model.sentiment(["a great film"]).probabilities            # (1, 5), rows sum to 1
     model.paraphrase([("How old are you?", "What is your age?")]).probabilities   # P(paraphrase), (1,)
     model.similarity([("A man is cooking.", "A man cooks.")]).scores             # in [0, 5], (1,)
