@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from data.loaders import COURSE_FILES, TASKS, load_task_file
+from data.loaders import COURSE_FILES, load_task_file
 from minbert import Bert, BertConfig, Tokenizer
 from tiny_runs import tiny_run
 from training.api import load

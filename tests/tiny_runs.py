@@ -78,7 +78,7 @@ def tiny_config(root: Path, name: str = "run", **kw) -> TrainConfig:
     data, enc = inputs(root)
     base = dict(model=str(enc), data_dir=str(data), epochs=3, batch_size=N, eval_batch_size=5, lr=1e-2,
                 warmup_ratio=0.0, head_dropout=0.0, seed=3, device="cpu", precision="fp32", log_every=1,
-                out_dir=str(root / name))  # predictions in the default place, OUT_DIR/predictions
+                out_dir=str(root / name), predictions_dir=str(root / name / "predictions"))  # the default place
     return TrainConfig(**{**base, **kw})
 
 

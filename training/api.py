@@ -119,7 +119,7 @@ class Model:
     def outputs(self, task: str, examples: list[Example], batch_size: int | None = None) -> torch.Tensor:
         """The head's outputs for `examples`, in their order, fp32 on the CPU: logits (N, 5) for sst, the
         paraphrase logit (N,), the similarity score (N,); pairs averaged over both orders where set."""
-        from .evaluate import task_outputs
+        from .inference import task_outputs
 
         if task not in self.tasks:
             raise ValueError(f"{self.source}: the model was not trained on {task} (its tasks: {', '.join(self.tasks)})")
@@ -194,7 +194,7 @@ def _from_checkpoint(path: Path, raw_weights: bool, tokenizer_dir) -> tuple:
     from minbert import Tokenizer
 
     from .checkpointing import model_from_checkpoint
-    from .evaluate import run_tokenizer_dir
+    from .inference import run_tokenizer_dir
 
     try:
         network, cfg, ckpt = model_from_checkpoint(path, raw_weights=raw_weights)

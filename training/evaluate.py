@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
-import os
 import sys
 from pathlib import Path
 
@@ -31,57 +30,24 @@ import numpy as np
 import torch
 from scipy.stats import pearsonr
 
-from data.batching import TaskData, encode_task, eval_batches
+from data.batching import TaskData, encode_task
 from data.loaders import COURSE_FILES, TASKS, DataError, load_task_file
-from heads import MultitaskBert, predict, probabilities
+from heads import predict, probabilities
 
 from .config import TrainConfig
+# The model-running and course-file functions live below this module (api.py and predictions.py use them,
+# and this module uses api.py); their names stay importable from here.
+from .inference import predict_sets, predict_task, raw_outputs, run_tokenizer_dir, task_outputs  # noqa: F401
 from .progress import setup_logging
+from .textio import HEADERS, read_predictions, write_predictions  # noqa: F401
 from .textio import read_text_examples, write_tsv_predictions
 
 log = logging.getLogger(__name__)
 
-HEADERS = {"sst": "Predicted_Sentiment", "para": "Predicted_Is_Paraphrase", "sts": "Predicted_Similiary"}
 METRIC = {"sst": "sst_acc", "para": "para_acc", "sts": "sts_pearson"}
 
 
 @torch.inference_mode()
-def raw_outputs(model: MultitaskBert, data: TaskData, tokenizer, batch_size: int, device,
-                autocast=contextlib.nullcontext) -> torch.Tensor:
-    """The heads' outputs (logits / scores) in the order of data.examples, in fp32 on the CPU;
-    batches run sorted by length."""
-    was_training = model.training
-    model.eval()
-    out = None
-    try:
-        for batch in eval_batches(data, tokenizer, batch_size):
-            batch = batch.to(device)
-            with autocast():
-                o = model(data.task, batch.inputs).float().cpu()
-            if out is None:
-                out = torch.empty((len(data), *o.shape[1:]))
-            out[torch.as_tensor(batch.indices)] = o
-    finally:
-        model.train(was_training)
-    return out if out is not None else torch.empty(0)
-
-
-def task_outputs(model: MultitaskBert, data: TaskData, tokenizer, batch_size: int, device,
-                 autocast=contextlib.nullcontext) -> torch.Tensor:
-    """raw_outputs, except that where data has a `.swapped` copy (pairs in both orders) the two
-    orders' outputs are averaged: the paraphrase logits, the similarity scores."""
-    out = raw_outputs(model, data, tokenizer, batch_size, device, autocast)
-    if data.swapped is not None:
-        out = (out + raw_outputs(model, data.swapped, tokenizer, batch_size, device, autocast)) / 2
-    return out
-
-
-def predict_task(model: MultitaskBert, data: TaskData, tokenizer, batch_size: int, device,
-                 autocast=contextlib.nullcontext) -> np.ndarray:
-    """Predictions in the order of data.examples, from task_outputs."""
-    return predict(data.task, task_outputs(model, data, tokenizer, batch_size, device, autocast)).double().numpy()
-
-
 def score(task: str, preds: np.ndarray, labels) -> float:
     labels = np.asarray(labels, dtype=np.float64)
     if task == "sts":
@@ -99,12 +65,6 @@ def overall(metrics: dict[str, float]) -> float:
     return float(np.mean(parts))
 
 
-def predict_sets(model, sets: dict[str, TaskData], tokenizer, batch_size: int, device,
-                 autocast=contextlib.nullcontext) -> dict[str, np.ndarray]:
-    """predict_task for each task's set: task -> predictions in the order of its examples."""
-    return {task: predict_task(model, data, tokenizer, batch_size, device, autocast) for task, data in sets.items()}
-
-
 def metrics_of(dev: dict[str, TaskData], preds: dict[str, np.ndarray]) -> dict[str, float]:
     """Each task's dev metric of `preds`, and the course's overall score."""
     metrics = {METRIC[task]: score(task, preds[task], [e.label for e in data.examples]) for task, data in dev.items()}
@@ -115,42 +75,6 @@ def metrics_of(dev: dict[str, TaskData], preds: dict[str, np.ndarray]) -> dict[s
 def evaluate(model, dev: dict[str, TaskData], tokenizer, batch_size: int, device,
              autocast=contextlib.nullcontext) -> dict[str, float]:
     return metrics_of(dev, predict_sets(model, dev, tokenizer, batch_size, device, autocast))
-
-
-def _format(task: str, value: float) -> str:
-    return f"{value:.4f}" if task == "sts" else str(int(value))
-
-
-def write_predictions(path: str | os.PathLike, task: str, ids: list[str], preds: np.ndarray) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # a temp name per process: two runs sharing --predictions-dir never write into each other's file
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "w") as f:
-            f.write(f"id \t {HEADERS[task]} \n")
-            for i, p in zip(ids, preds):
-                f.write(f"{i} , {_format(task, p)} \n")
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def read_predictions(path: str | os.PathLike) -> tuple[str, list[tuple[str, float]]]:
-    """Parse a file in the course's submission format -> (task, [(id, prediction)])."""
-    lines = Path(path).read_text().splitlines()
-    header = [h.strip() for h in lines[0].split("\t")]
-    task = {v: k for k, v in HEADERS.items()}.get(header[1] if len(header) == 2 else "")
-    if header[0] != "id" or task is None:
-        raise ValueError(f"{path}:1: not a course prediction header: {lines[0]!r}")
-    rows = []
-    for n, line in enumerate(lines[1:], 2):
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) != 2:
-            raise ValueError(f"{path}:{n}: expected 'id , prediction', got {line!r}")
-        rows.append((parts[0], float(parts[1])))
-    return task, rows
 
 
 def write_all_predictions(model, splits, folder, overwrite: bool = False, source: str | None = None) -> dict:
@@ -184,18 +108,6 @@ def run_of(source: Path) -> Path:
     if source.is_dir():
         return source
     return source.parent.parent if source.parent.name == "checkpoints" else source.parent
-
-
-def run_tokenizer_dir(checkpoint, given: str | None) -> Path:
-    """--tokenizer, else the run's tokenizer/ beside best.pt, or one folder up for checkpoints/step-N.pt."""
-    if given:
-        return Path(given)
-    run = Path(checkpoint).parent
-    found = [d / "tokenizer" for d in (run, run.parent) if (d / "tokenizer").is_dir()]
-    if not found:
-        raise FileNotFoundError(f"no tokenizer/ beside {checkpoint} or one folder up (where run_multitask.py "
-                                f"writes it): pass --tokenizer DIR, e.g. the pretrained model's folder")
-    return found[0]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -24,7 +24,7 @@ import numpy as np
 
 from .checkpointing import current_umask
 from .errors import ConfigError
-from .evaluate import write_predictions
+from .textio import write_predictions
 
 log = logging.getLogger(__name__)
 

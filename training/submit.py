@@ -26,7 +26,7 @@ from pathlib import Path
 
 from data.loaders import TASKS
 
-from .evaluate import read_predictions
+from .textio import read_predictions
 from .predictions import MANIFEST, PredictionSetError, check_prediction_set
 
 PROG = "python -m training.submit"

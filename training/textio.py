@@ -1,4 +1,7 @@
-"""Plain-text input and the TSV prediction format (ours, not the course's).
+"""The prediction file formats: the course's, plain-text input, and our TSV format.
+
+Course format (what the course grades): a header `id \t Predicted_Sentiment` (`Predicted_Is_Paraphrase`,
+`Predicted_Similiary` -- the course's spelling), then one `id , prediction` row per example.
 
 Plain text (`python -m training.evaluate --predict-text TASK FILE OUT`), UTF-8:
     sst        one sentence per line
@@ -26,6 +29,43 @@ import numpy as np
 from data.loaders import TEXT_COLUMNS, DataError, Example
 
 DECIMALS = 6
+HEADERS = {"sst": "Predicted_Sentiment", "para": "Predicted_Is_Paraphrase", "sts": "Predicted_Similiary"}
+
+
+def _format(task: str, value: float) -> str:
+    return f"{value:.4f}" if task == "sts" else str(int(value))
+
+
+def write_predictions(path: str | os.PathLike, task: str, ids: list[str], preds: np.ndarray) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # a temp name per process: two runs sharing --predictions-dir never write into each other's file
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w") as f:
+            f.write(f"id \t {HEADERS[task]} \n")
+            for i, p in zip(ids, preds):
+                f.write(f"{i} , {_format(task, p)} \n")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def read_predictions(path: str | os.PathLike) -> tuple[str, list[tuple[str, float]]]:
+    """Parse a file in the course's submission format -> (task, [(id, prediction)])."""
+    lines = Path(path).read_text().splitlines()
+    header = [h.strip() for h in lines[0].split("\t")]
+    task = {v: k for k, v in HEADERS.items()}.get(header[1] if len(header) == 2 else "")
+    if header[0] != "id" or task is None:
+        raise ValueError(f"{path}:1: not a course prediction header: {lines[0]!r}")
+    rows = []
+    for n, line in enumerate(lines[1:], 2):
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) != 2:
+            raise ValueError(f"{path}:{n}: expected 'id , prediction', got {line!r}")
+        rows.append((parts[0], float(parts[1])))
+    return task, rows
 
 
 def read_text_examples(path: str | os.PathLike, task: str) -> list[Example]:
