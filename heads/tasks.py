@@ -106,6 +106,17 @@ def predict(task: str, output: torch.Tensor) -> torch.Tensor:
     return output.float().clamp(0.0, MAX_SIMILARITY)
 
 
+def probabilities(task: str, output: torch.Tensor) -> torch.Tensor:
+    """What `predict` decides from, as numbers a user reads: the five class probabilities (softmax of
+    the logits, (B, 5)), P(paraphrase) (sigmoid of the logit, (B,)), or the similarity score (B,)."""
+    output = output.float()
+    if task == "sst":
+        return output.softmax(-1)
+    if task == "para":
+        return torch.sigmoid(output)
+    return output.clamp(0.0, MAX_SIMILARITY)
+
+
 class MultitaskBert(nn.Module):
     """One shared encoder, one head per task.
 

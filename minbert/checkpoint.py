@@ -403,14 +403,15 @@ def load_bert(name_or_path: str | os.PathLike, attn_impl: str = "auto") -> Bert:
 
 def save_hf(model: Bert, out_dir: str | os.PathLike, vocab_src: Path | None = None) -> Path:
     """Write `model` in the Hugging Face layout (config.json + model.safetensors + vocabulary)."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(model.config.to_hf_dict(), indent=2) + "\n")
     sd = {k: v.detach().cpu().contiguous() for k, v in minbert_to_hf(model.state_dict()).items()}
     tmp = out / "model.safetensors.tmp"
-    save_file(sd, str(tmp), metadata={"format": "pt"})
+    # serialised in memory and written by Python: safetensors' save_file creates its file 0600, whatever the umask
+    tmp.write_bytes(save(sd, metadata={"format": "pt"}))
     os.replace(tmp, out / "model.safetensors")
     if vocab_src is not None:
         copy_tokenizer_files(vocab_src, out)

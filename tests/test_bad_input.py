@@ -405,7 +405,7 @@ def test_ids_the_prediction_files_cannot_carry_are_bad_rows(tmp_path, caplog):
 def test_a_full_disk_while_writing_predictions_is_one_line(earlier, tmp_path, capsys, monkeypatch):
     import builtins
 
-    import training.evaluate as E
+    import training.textio as E  # where the course's prediction files are written
 
     case = Case(tmp_path, earlier)
     monkeypatch.setattr(E, "open", lambda path, mode: builtins.open("/dev/full", mode), raising=False)

@@ -192,7 +192,9 @@ def test_one_member_is_what_evaluate_writes(runs, tmp_path, capsys):
                                   "--device", "cpu"]) == 0
         assert evaluate_mod.main(["--checkpoint", str(dirs[name] / "best.pt"), "--data-dir", str(data),
                                   "--predictions-dir", str(ev), "--device", "cpu"]) == 0
-        for f in sorted(ev.iterdir()):
+        predictions = sorted(ev.glob("*-output.csv"))  # evaluate's set has a manifest.json beside them
+        assert len(predictions) == 6
+        for f in predictions:
             assert (ens / f.name).read_text() == f.read_text(), (name, f.name)
     capsys.readouterr()
 

@@ -88,7 +88,10 @@ def test_the_dev_files_are_the_kept_evaluations_predictions(tmp_path, inputs, mo
     assert evaluate_main(["--checkpoint", str(Path(cfg.out_dir) / "best.pt"), "--device", "cpu", "--data-dir",
                           str(data), "--predictions-dir", str(tmp_path / "again")]) == 0
     again = _files(tmp_path / "again")
-    assert {k: v for k, v in mine.items() if k != "manifest.json"} == again
+    assert {k: v for k, v in mine.items() if k != "manifest.json"} == \
+        {k: v for k, v in again.items() if k != "manifest.json"}
+    first, second = (json.loads(files["manifest.json"]) for files in (mine, again))  # the same set, said twice
+    assert second["config_digest"] == first["config_digest"] and second["sha256"] == first["sha256"]
 
 
 def test_quick_run_flags(tmp_path, inputs):

@@ -328,6 +328,10 @@ def test_evaluate_rewrites_the_same_predictions_and_scores(cross_run, tmp_path, 
     assert len(predictions) == 6
     for f in predictions:
         assert (tmp_path / "again" / f.name).read_text() == f.read_text(), f.name
+    manifests = [json.loads((d / "manifest.json").read_text()) for d in (pred_dir, tmp_path / "again")]
+    assert manifests[1]["run"] == str(run.resolve()) and manifests[1]["checkpoint"] == str((run / "best.pt").resolve())
+    for key in ("config_digest", "dev_metrics", "files", "sha256", "step", "epoch"):
+        assert manifests[1][key] == manifests[0][key], key
 
     sst_dev = data / COURSE_FILES["sst"]["dev"]
     sts_dev = data / COURSE_FILES["sts"]["dev"]

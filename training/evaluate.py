@@ -1,18 +1,28 @@
-"""Dev metrics and the course's prediction files.
+"""Dev metrics, the course's prediction files, and predictions for any file.
 
-    python -m training.evaluate --checkpoint runs/default/best.pt --data-dir data
-    python -m training.evaluate --checkpoint best.pt --score sts my-sts-dev.csv --predict sst new.csv out.csv
+    python -m training.evaluate --checkpoint runs/default --data-dir data
+    python -m training.evaluate --checkpoint runs/default/best.pt --score sts my-sts.csv --predict sst new.csv out.csv
+    python -m training.evaluate --checkpoint runs/default --predict-text sst reviews.txt reviews.tsv --probabilities
 
-Prediction files follow the course's submission format: a header `id \t Predicted_Sentiment`
-(`Predicted_Is_Paraphrase`, `Predicted_Similiary` -- the course's spelling), then one
-`id , prediction` row per example.
+--checkpoint takes a run directory (its best.pt), a checkpoint file (best.pt, checkpoints/step-N.pt) or
+a folder written by python -m training.export.
+
+Course format (--data-dir, --predict): a header `id \t Predicted_Sentiment` (`Predicted_Is_Paraphrase`,
+`Predicted_Similiary` -- the course's spelling), then one `id , prediction` row per example. --data-dir
+writes its files with a manifest.json as one set, replacing the folder's earlier set whole
+(training/predictions.py; python -m training.submit checks it).
+
+Plain text (--predict-text TASK FILE OUT): one sentence per line for sst, one `sentence1<TAB>sentence2`
+pair per line for para and sts; blank lines skipped; ids are line numbers. Its output, and --predict's
+with --probabilities, is our TSV format, not the course's: id, the sentence(s), the label (sst 0..4,
+para 0/1) or the score (sts), and with --probabilities the class probabilities (prob_0..prob_4 for sst,
+prob_paraphrase for para) -- training/textio.py describes it.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
 import logging
-import os
 import sys
 from pathlib import Path
 
@@ -20,56 +30,24 @@ import numpy as np
 import torch
 from scipy.stats import pearsonr
 
-from data.batching import TaskData, encode_task, eval_batches
+from data.batching import TaskData, encode_task
 from data.loaders import COURSE_FILES, TASKS, DataError, load_task_file
-from heads import MultitaskBert, predict
+from heads import predict, probabilities
 
 from .config import TrainConfig
+# The model-running and course-file functions live below this module (api.py and predictions.py use them,
+# and this module uses api.py); their names stay importable from here.
+from .inference import predict_sets, predict_task, raw_outputs, run_tokenizer_dir, task_outputs  # noqa: F401
 from .progress import setup_logging
+from .textio import HEADERS, read_predictions, write_predictions  # noqa: F401
+from .textio import read_text_examples, write_tsv_predictions
 
 log = logging.getLogger(__name__)
 
-HEADERS = {"sst": "Predicted_Sentiment", "para": "Predicted_Is_Paraphrase", "sts": "Predicted_Similiary"}
 METRIC = {"sst": "sst_acc", "para": "para_acc", "sts": "sts_pearson"}
 
 
 @torch.inference_mode()
-def raw_outputs(model: MultitaskBert, data: TaskData, tokenizer, batch_size: int, device,
-                autocast=contextlib.nullcontext) -> torch.Tensor:
-    """The heads' outputs (logits / scores) in the order of data.examples, in fp32 on the CPU;
-    batches run sorted by length."""
-    was_training = model.training
-    model.eval()
-    out = None
-    try:
-        for batch in eval_batches(data, tokenizer, batch_size):
-            batch = batch.to(device)
-            with autocast():
-                o = model(data.task, batch.inputs).float().cpu()
-            if out is None:
-                out = torch.empty((len(data), *o.shape[1:]))
-            out[torch.as_tensor(batch.indices)] = o
-    finally:
-        model.train(was_training)
-    return out if out is not None else torch.empty(0)
-
-
-def task_outputs(model: MultitaskBert, data: TaskData, tokenizer, batch_size: int, device,
-                 autocast=contextlib.nullcontext) -> torch.Tensor:
-    """raw_outputs, except that where data has a `.swapped` copy (pairs in both orders) the two
-    orders' outputs are averaged: the paraphrase logits, the similarity scores."""
-    out = raw_outputs(model, data, tokenizer, batch_size, device, autocast)
-    if data.swapped is not None:
-        out = (out + raw_outputs(model, data.swapped, tokenizer, batch_size, device, autocast)) / 2
-    return out
-
-
-def predict_task(model: MultitaskBert, data: TaskData, tokenizer, batch_size: int, device,
-                 autocast=contextlib.nullcontext) -> np.ndarray:
-    """Predictions in the order of data.examples, from task_outputs."""
-    return predict(data.task, task_outputs(model, data, tokenizer, batch_size, device, autocast)).double().numpy()
-
-
 def score(task: str, preds: np.ndarray, labels) -> float:
     labels = np.asarray(labels, dtype=np.float64)
     if task == "sts":
@@ -87,12 +65,6 @@ def overall(metrics: dict[str, float]) -> float:
     return float(np.mean(parts))
 
 
-def predict_sets(model, sets: dict[str, TaskData], tokenizer, batch_size: int, device,
-                 autocast=contextlib.nullcontext) -> dict[str, np.ndarray]:
-    """predict_task for each task's set: task -> predictions in the order of its examples."""
-    return {task: predict_task(model, data, tokenizer, batch_size, device, autocast) for task, data in sets.items()}
-
-
 def metrics_of(dev: dict[str, TaskData], preds: dict[str, np.ndarray]) -> dict[str, float]:
     """Each task's dev metric of `preds`, and the course's overall score."""
     metrics = {METRIC[task]: score(task, preds[task], [e.label for e in data.examples]) for task, data in dev.items()}
@@ -105,89 +77,66 @@ def evaluate(model, dev: dict[str, TaskData], tokenizer, batch_size: int, device
     return metrics_of(dev, predict_sets(model, dev, tokenizer, batch_size, device, autocast))
 
 
-def _format(task: str, value: float) -> str:
-    return f"{value:.4f}" if task == "sts" else str(int(value))
+def write_all_predictions(model, splits, folder, overwrite: bool = False, source: str | None = None) -> dict:
+    """The dev metrics of `model` (a training.api.Model) printed, and the course's files of every set in
+    `splits` written to `folder` with their manifest, as one set replacing the folder's earlier one whole
+    (training/predictions.py). A folder holding another run's set is refused unless `overwrite`."""
+    from .predictions import check_predictions_dir, config_digest, write_prediction_set
 
+    run = run_of(model.source)
+    check_predictions_dir(folder, run, overwrite)
 
-def write_predictions(path: str | os.PathLike, task: str, ids: list[str], preds: np.ndarray) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # a temp name per process: two runs sharing --predictions-dir never write into each other's file
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "w") as f:
-            f.write(f"id \t {HEADERS[task]} \n")
-            for i, p in zip(ids, preds):
-                f.write(f"{i} , {_format(task, p)} \n")
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    def predict(sets):
+        return predict_sets(model.network, sets, model.tokenizer, model.batch_size, model.device, model.autocast)
 
-
-def read_predictions(path: str | os.PathLike) -> tuple[str, list[tuple[str, float]]]:
-    """Parse a file in the course's submission format -> (task, [(id, prediction)])."""
-    lines = Path(path).read_text().splitlines()
-    header = [h.strip() for h in lines[0].split("\t")]
-    task = {v: k for k, v in HEADERS.items()}.get(header[1] if len(header) == 2 else "")
-    if header[0] != "id" or task is None:
-        raise ValueError(f"{path}:1: not a course prediction header: {lines[0]!r}")
-    rows = []
-    for n, line in enumerate(lines[1:], 2):
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) != 2:
-            raise ValueError(f"{path}:{n}: expected 'id , prediction', got {line!r}")
-        rows.append((parts[0], float(parts[1])))
-    return task, rows
-
-
-def write_all_predictions(model, data, tokenizer, cfg, device, autocast=contextlib.nullcontext,
-                          source: str = "the best checkpoint") -> dict:
-    """Dev metrics of the model (from `source`) printed, and {task}-{dev,test}-output.csv written to
-    cfg.predictions_dir."""
-    out = Path(cfg.predictions_dir)
-    metrics = {}
-    for split, sets in (("dev", data.dev), ("test", data.test)):
-        for task, d in sets.items():
-            preds = predict_task(model, d, tokenizer, cfg.eval_batch_size, device, autocast)
-            write_predictions(out / f"{task}-{split}-output.csv", task, [e.id for e in d.examples], preds)
-            if split == "dev":
-                metrics[METRIC[task]] = score(task, preds, [e.label for e in d.examples])
+    dev, test = predict(splits.dev), predict(splits.test)
+    metrics = metrics_of(splits.dev, dev) if dev else {}
     if metrics:
-        metrics["overall"] = overall(metrics)
-        print(f"dev metrics of {source}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
-    log.info("wrote prediction files to %s", out)
+        print(f"dev metrics of {source or model.source}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+    files = {(task, split): ([e.id for e in sets[task].examples], preds[task])
+             for split, sets, preds in (("dev", splits.dev, dev), ("test", splits.test, test)) for task in preds}
+    manifest = {"run": str(run.resolve()), "checkpoint": str(model.source.resolve()), "epoch": model.epoch,
+                "step": model.step, "config_digest": config_digest(model.config.to_dict()), "dev_metrics": metrics}
+    write_prediction_set(folder, files, manifest)
     return metrics
 
 
-def run_tokenizer_dir(checkpoint, given: str | None) -> Path:
-    """--tokenizer, else the run's tokenizer/ beside best.pt, or one folder up for checkpoints/step-N.pt."""
-    if given:
-        return Path(given)
-    run = Path(checkpoint).parent
-    found = [d / "tokenizer" for d in (run, run.parent) if (d / "tokenizer").is_dir()]
-    if not found:
-        raise FileNotFoundError(f"no tokenizer/ beside {checkpoint} or one folder up (where run_multitask.py "
-                                f"writes it): pass --tokenizer DIR, e.g. the pretrained model's folder")
-    return found[0]
+def run_of(source: Path) -> Path:
+    """The run directory a checkpoint belongs to: best.pt's folder, one up from checkpoints/step-N.pt; an
+    export folder is its own."""
+    source = Path(source)
+    if source.is_dir():
+        return source
+    return source.parent.parent if source.parent.name == "checkpoints" else source.parent
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m training.evaluate", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", required=True,
-                   help="a best.pt written by run_multitask.py, or a training checkpoint (checkpoints/step-N.pt)")
+                   help="a run directory (its best.pt), a checkpoint file (best.pt, checkpoints/step-N.pt), or a "
+                        "folder written by python -m training.export")
     p.add_argument("--raw-weights", action="store_true",
                    help="a training checkpoint of an --ema-decay run: its raw weights instead of their average, "
                         "the weights the run evaluates (default: the average)")
     p.add_argument("--data-dir", default=None, help="evaluate the course's dev files and predict its test files "
-                   "from this folder, writing PREDICTIONS_DIR/{sst,para,sts}-{dev,test}-output.csv")
+                   "from this folder, writing PREDICTIONS_DIR/{sst,para,sts}-{dev,test}-output.csv and manifest.json")
     p.add_argument("--predictions-dir", default="predictions",
-                   help="where --data-dir's prediction files go (default: %(default)s)")
+                   help="where --data-dir's prediction files go, with their manifest.json; an earlier set of the same "
+                        "run there is replaced as a whole (default: %(default)s)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="let --data-dir replace a --predictions-dir holding another run's set (or files of no run)")
     p.add_argument("--score", nargs=2, action="append", default=[], metavar=("TASK", "FILE"),
                    help="score a labelled file in the course format (repeatable)")
     p.add_argument("--predict", nargs=3, action="append", default=[], metavar=("TASK", "FILE", "OUT"),
-                   help="predict for an unlabelled (or labelled) file in the course format (repeatable)")
+                   help="predict for an unlabelled (or labelled) file in the course format, writing OUT in the "
+                        "course format, or in the TSV format with --probabilities (repeatable)")
+    p.add_argument("--predict-text", nargs=3, action="append", default=[], metavar=("TASK", "FILE", "OUT"),
+                   help="predict for a plain-text FILE: one sentence per line (sst), one sentence1<TAB>sentence2 "
+                        "pair per line (para, sts); OUT is in the TSV format, ids are line numbers (repeatable)")
+    p.add_argument("--probabilities", action="store_true",
+                   help="--predict and --predict-text write the TSV format with the class probabilities as extra "
+                        "columns (prob_0..prob_4 for sst, prob_paraphrase for para; sts has its score)")
     p.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the run's tokenizer/)")
     p.add_argument("--batch-size", type=int, default=256, help="examples per batch (default: %(default)s)")
     p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N")
@@ -196,65 +145,69 @@ def main(argv=None) -> int:
     p.add_argument("--both-orders", action=argparse.BooleanOptionalAction, default=None,
                    help="cross encoding: predict each paraphrase/similarity pair as (a, b) and (b, a) and "
                    "average (default: the training run's --predict-both-orders)")
+    return p
+
+
+def main(argv=None) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
     setup_logging()
-    for task, *_ in args.score + args.predict:
+    for task, *_ in args.score + args.predict + args.predict_text:
         if task not in TASKS:
             p.error(f"unknown task {task!r}; one of {', '.join(TASKS)}")
-    if not (args.data_dir or args.score or args.predict):
-        p.error("nothing to do: give --data-dir, --score or --predict")
+    if not (args.data_dir or args.score or args.predict or args.predict_text):
+        p.error("nothing to do: give --data-dir, --score, --predict or --predict-text")
+    if args.probabilities and not (args.predict or args.predict_text):
+        p.error("--probabilities applies to --predict and --predict-text")
+    if args.batch_size < 1:
+        p.error(f"--batch-size must be >= 1, not {args.batch_size}")
 
-    from minbert import Tokenizer
-    from .build import Splits
-    from .checkpointing import model_from_checkpoint
-    from .device import autocast_dtype, pick_device
+    from .api import LoadError, load
 
     try:
-        model, cfg, _ = model_from_checkpoint(args.checkpoint, raw_weights=args.raw_weights)
-    except (FileNotFoundError, RuntimeError, ValueError) as e:  # missing, unreadable, not one of ours, no raw
+        model = load(args.checkpoint, device=args.device, precision=args.precision, batch_size=args.batch_size,
+                     both_orders=args.both_orders, raw_weights=args.raw_weights, tokenizer=args.tokenizer)
+    except LoadError as e:
         p.error(str(e))
-    except KeyError as e:
-        p.error(f"{args.checkpoint}: not a checkpoint written by run_multitask.py (no {e})")
-    both_orders = cfg.predict_both_orders if args.both_orders is None else args.both_orders
-    if both_orders and cfg.pair_encoding != "cross":
-        p.error(f"--both-orders is for cross-encoded pairs; this model is {cfg.pair_encoding}")
     try:
-        tokenizer = Tokenizer.from_checkpoint(run_tokenizer_dir(args.checkpoint, args.tokenizer))
-    except (FileNotFoundError, ValueError) as e:
+        run_commands(args, model)
+    except (DataError, ValueError) as e:  # a missing or unusable file, an untrained task, another run's folder
         p.error(str(e))
-    device = pick_device(args.device)
-    model.to(device)
-    dtype = autocast_dtype(args.precision or cfg.precision, device)
+    return 0
 
-    def autocast():
-        return torch.autocast(device.type, dtype=dtype) if dtype else contextlib.nullcontext()
+
+def run_commands(args, model) -> None:
+    cfg = model.config
 
     def encoded(task, path, labelled):
         examples = load_task_file(path, task, labelled=labelled).examples
-        return encode_task(task, examples, tokenizer, cfg.pair_encoding, cfg.max_length, both_orders)
+        return encode_task(task, examples, model.tokenizer, cfg.pair_encoding, cfg.max_length, model.both_orders)
 
-    try:
-        if args.data_dir:
-            splits = Splits({}, {}, {})
-            for task in cfg.tasks:
-                splits.dev[task] = encoded(task, Path(args.data_dir) / COURSE_FILES[task]["dev"], True)
-                test = Path(args.data_dir) / COURSE_FILES[task]["test"]
-                if test.is_file():
-                    splits.test[task] = encoded(task, test, False)
-            cfg.predictions_dir, cfg.eval_batch_size = args.predictions_dir, args.batch_size
-            write_all_predictions(model, splits, tokenizer, cfg, device, autocast, source=str(args.checkpoint))
-        for task, path in args.score:
-            d = encoded(task, path, True)
-            preds = predict_task(model, d, tokenizer, args.batch_size, device, autocast)
-            print(f"{path}: {METRIC[task]} {score(task, preds, [e.label for e in d.examples]):.4f} ({len(d)} examples)")
-        for task, path, out in args.predict:
-            d = encoded(task, path, None)
-            write_predictions(out, task, [e.id for e in d.examples],
-                              predict_task(model, d, tokenizer, args.batch_size, device, autocast))
-            print(f"{path}: wrote {len(d)} {task} predictions to {out}")
-        return 0
-    except DataError as e:  # a missing or unusable file: the message names it
-        p.error(str(e))
+    if args.data_dir:
+        from .build import Splits
+        splits = Splits({}, {}, {})
+        for task in cfg.tasks:
+            splits.dev[task] = encoded(task, Path(args.data_dir) / COURSE_FILES[task]["dev"], True)
+            test = Path(args.data_dir) / COURSE_FILES[task]["test"]
+            if test.is_file():
+                splits.test[task] = encoded(task, test, False)
+        write_all_predictions(model, splits, args.predictions_dir, args.overwrite, source=str(args.checkpoint))
+    for task, path in args.score:
+        examples = load_task_file(path, task, labelled=True).examples
+        preds = predict(task, model.outputs(task, examples)).double().numpy()
+        value = score(task, preds, [e.label for e in examples])
+        print(f"{path}: {METRIC[task]} {value:.4f} ({len(examples)} examples)")
+    inputs = [(t, f, o, False) for t, f, o in args.predict] + [(t, f, o, True) for t, f, o in args.predict_text]
+    for task, path, out, plain in inputs:
+        examples = read_text_examples(path, task) if plain else load_task_file(path, task, labelled=None).examples
+        outputs = model.outputs(task, examples)
+        preds = predict(task, outputs).double().numpy()
+        if plain or args.probabilities:
+            probs = probabilities(task, outputs).double().numpy() if args.probabilities and task != "sts" else None
+            write_tsv_predictions(out, task, examples, preds, probs)
+        else:
+            write_predictions(out, task, [e.id for e in examples], preds)
+        print(f"{path}: wrote {len(examples)} {task} predictions to {out}")
 
 
 if __name__ == "__main__":

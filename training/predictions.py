@@ -3,7 +3,10 @@ which run, checkpoint and config made them. A folder is replaced as a whole, nev
 are written into a fresh folder beside it, which then takes its place.
 
     manifest.json  {"run": abs OUT_DIR, "checkpoint": abs best.pt, "epoch", "step", "config_digest",
-                    "dev_metrics", "files": [...], "written": ISO time}
+                    "dev_metrics", "files": [...], "sha256": {file: digest}, "written": ISO time}
+
+`check_prediction_set` is what `python -m training.submit` trusts: the folder holds exactly the files its
+manifest lists, each as written.
 """
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -20,11 +24,16 @@ import numpy as np
 
 from .checkpointing import current_umask
 from .errors import ConfigError
-from .evaluate import write_predictions
+from .textio import write_predictions
 
 log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
+PREDICTION_FILE = re.compile(r"^(sst|para|sts)-(dev|test)-output\.csv$")  # the course's names
+
+
+class PredictionSetError(ValueError):
+    """A folder whose files cannot be shown to be one set; one line naming the folder and files."""
 
 
 def config_digest(config: dict) -> str:
@@ -69,7 +78,8 @@ def write_prediction_set(folder: str | os.PathLike, preds: dict[tuple[str, str],
             name = f"{task}-{split}-output.csv"
             write_predictions(fresh / name, task, ids, values)
             names.append(name)
-        record = {**manifest, "files": sorted(names), "written": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        record = {**manifest, "files": sorted(names), "sha256": {n: sha256_of(fresh / n) for n in sorted(names)},
+                  "written": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
         (fresh / MANIFEST).write_text(json.dumps(record, indent=2) + "\n")
         os.chmod(fresh, 0o777 & ~current_umask())  # mkdtemp makes it owner-only
         _swap_in(fresh, folder)
@@ -89,3 +99,35 @@ def _swap_in(fresh: Path, folder: Path) -> None:
     os.replace(fresh, folder)
     if old is not None:
         shutil.rmtree(old)
+
+
+def sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def check_prediction_set(folder: str | os.PathLike) -> tuple[dict, list[Path]]:
+    """The folder's manifest and prediction files, when they are exactly the manifest's set: none missing,
+    no course-named file it does not list, none changed since (where it records sha256s)."""
+    folder = Path(folder)
+    if not (folder / MANIFEST).is_file():
+        raise PredictionSetError(f"{folder}: no {MANIFEST}, so nothing says that its files come from one run")
+    manifest = read_manifest(folder)
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), list):
+        raise PredictionSetError(f"{folder / MANIFEST}: not a prediction set's manifest (no list of files)")
+    listed = set(manifest["files"])
+    present = {p.name for p in folder.iterdir() if PREDICTION_FILE.match(p.name)}
+    missing, extra = sorted(listed - present), sorted(present - listed)
+    if missing or extra:
+        parts = ([f"missing {', '.join(missing)}"] if missing else []) + \
+                ([f"not from its manifest: {', '.join(extra)}"] if extra else [])
+        raise PredictionSetError(f"{folder}: the files are not one run's set ({'; '.join(parts)})")
+    digests = manifest.get("sha256") or {}
+    changed = [n for n in sorted(listed) if n in digests and sha256_of(folder / n) != digests[n]]
+    if changed:
+        raise PredictionSetError(f"{folder}: {', '.join(changed)} changed since {MANIFEST} was written (another "
+                                 f"run or an edit wrote over them)")
+    return manifest, [folder / n for n in sorted(listed)]

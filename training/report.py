@@ -2,6 +2,12 @@
 
     python -m training.report docs/sweep-sst --plot         # report.md, report.csv, metric_vs_depth.png
     python -m training.report --curves runs/sweep-sst-runs/sst-freezenone-n1000-seed1
+    python -m training.report --compare runs/a runs/b --csv compare.csv -o compare.png
+
+--compare prints one markdown table of the runs: the config options that differ between them (only
+those), the dev metrics of each run's kept evaluation (the best overall score, the one best.pt holds)
+and the training time (the epochs' train_seconds in metrics.jsonl: training steps only, no evaluation);
+--csv writes the table as CSV, -o draws the runs' dev curves overlaid, the kept evaluation starred.
 
 For each (task set, depth, size) and each dev metric: the number of seeds, the mean, median, sample
 standard deviation (ddof=1; empty with a single seed), min and max over the seeds, and the mean wall
@@ -23,6 +29,7 @@ from pathlib import Path
 
 from data.loaders import COURSE_FILES, load_task_file
 
+from .config import flag_of
 from .evaluate import METRIC
 from .progress import setup_logging
 from .sweep import RESULTS, read_results
@@ -293,6 +300,119 @@ def plot_curves(run_dir: Path, path: Path | None = None) -> Path:
     return path
 
 
+# --------------------------------------------------------------------------- comparing runs
+
+NOT_COMPARED = ("out_dir", "predictions_dir", "export_hf", "resume", "overwrite")  # where a run wrote, not what
+COMPARED_METRICS = ("sst_acc", "para_acc", "sts_pearson", "overall")
+COMPARE_SIZE = (5.0, 4.0)  # inches per panel of the --compare figure
+
+
+def read_run(run_dir: Path) -> dict:
+    """A run directory's config, records, kept evaluation (the first with the best dev_overall: the trainer
+    keeps an evaluation only when it beats the best so far) and training seconds."""
+    run_dir = Path(run_dir)
+    for name in ("config.json", "metrics.jsonl"):
+        if not (run_dir / name).is_file():
+            raise SystemExit(f"training.report: {run_dir / name}: no such file (is {run_dir} a run directory?)")
+    config = json.loads((run_dir / "config.json").read_text())
+    records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    evals = [r for r in records if r.get("dev_overall") is not None]
+    if not evals:
+        raise SystemExit(f"training.report: {run_dir / 'metrics.jsonl'}: no dev evaluation recorded yet")
+    kept = max(evals, key=lambda r: r["dev_overall"])  # max returns the first of equal maxima
+    return {"dir": run_dir, "config": config, "records": records, "kept": kept,
+            "train_seconds": sum(r["train_seconds"] for r in records if "train_seconds" in r)}
+
+
+def run_labels(runs: list[dict]) -> list[str]:
+    """The folders' names, or their paths where two runs share a name."""
+    names = [r["dir"].name for r in runs]
+    return names if len(set(names)) == len(names) else [str(r["dir"]) for r in runs]
+
+
+def config_differences(configs: list[dict]) -> list[str]:
+    """The options whose values are not the same in every run, in the config's order."""
+    names = list(dict.fromkeys(k for c in configs for k in c))
+    return [k for k in names if k not in NOT_COMPARED
+            and len({json.dumps(c.get(k), sort_keys=True) for c in configs}) > 1]
+
+
+def _value(v) -> str:
+    if isinstance(v, (list, tuple)):
+        return " ".join(map(str, v))
+    if isinstance(v, dict):
+        return ", ".join(f"{k}={x}" for k, x in v.items()) or "{}"
+    return "none" if v is None else str(v)
+
+
+def compare_table(runs: list[dict]) -> tuple[list[str], list[list[str]]]:
+    """(header, rows): run, the differing options, the kept evaluation's metrics and place, training time."""
+    diff = config_differences([r["config"] for r in runs])
+    metrics = [m for m in COMPARED_METRICS if any(f"dev_{m}" in r["kept"] for r in runs)]
+    header = ["run", *map(flag_of, diff), *metrics, "kept at epoch", "kept at step", "train s"]
+    rows = []
+    for label, r in zip(run_labels(runs), runs):
+        kept = r["kept"]
+        rows.append([label, *(_value(r["config"].get(k, "")) for k in diff),
+                     *(_fmt(kept.get(f"dev_{m}")) for m in metrics),
+                     f"{kept['epoch'] + kept.get('epoch_progress', 1.0):.2f}", str(kept["step"]),
+                     f"{r['train_seconds']:.1f}"])
+    return header, rows
+
+
+def compare_markdown(header: list[str], rows: list[list[str]]) -> str:
+    right = {i for i, h in enumerate(header) if i >= len(header) - 3 or h in COMPARED_METRICS}
+    lines = ["| " + " | ".join(header) + " |",
+             "|" + "|".join("---:" if i in right else "---" for i in range(len(header))) + "|"]
+    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def write_compare_csv(header: list[str], rows: list[list[str]], path: Path) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f, lineterminator="\n")
+        w.writerow(header)
+        w.writerows(rows)
+
+
+def plot_compare(runs: list[dict], path: Path) -> Path:
+    """One panel per dev metric, one line per run against epochs done; a star on each run's kept evaluation."""
+    plt = _pyplot()
+    series = [dev_series(r["records"]) for r in runs]
+    metrics = [f"dev_{m}" for m in COMPARED_METRICS if any(f"dev_{m}" in s for s in series)]
+    fig, axes = plt.subplots(1, len(metrics), figsize=(COMPARE_SIZE[0] * len(metrics), COMPARE_SIZE[1]), dpi=DPI,
+                             squeeze=False)
+    for ax, metric in zip(axes[0], metrics):
+        for j, (label, run, s) in enumerate(zip(run_labels(runs), runs, series)):
+            if metric not in s:
+                continue
+            ax.plot(*zip(*s[metric]), marker="o", markersize=3, color=f"C{j}", label=label)
+            kept = run["kept"]
+            if metric in kept:
+                ax.plot(kept["epoch"] + kept.get("epoch_progress", 1.0), kept[metric], marker="*", markersize=15,
+                        color=f"C{j}", markeredgecolor="black", linestyle="none")
+        ax.set_xlabel("epochs done")
+        ax.set_ylabel(metric)
+        ax.set_title(f"{metric} (star: the kept evaluation)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return path
+
+
+def compare(run_dirs: list[str], csv_path: str | None = None, plot_path: str | None = None) -> str:
+    runs = [read_run(Path(d)) for d in run_dirs]
+    header, rows = compare_table(runs)
+    if csv_path:
+        write_compare_csv(header, rows, Path(csv_path))
+        log.info("wrote %s", csv_path)
+    if plot_path:
+        log.info("wrote %s", plot_compare(runs, Path(plot_path)))
+    return compare_markdown(header, rows)
+
+
 # --------------------------------------------------------------------------- command line
 
 def report(out: Path, plot: bool = False, data_dir: str | None = None) -> list[dict]:
@@ -319,11 +439,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data-dir", default=None, help="course data for the majority baselines (default: the "
                    "sweep's --data-dir)")
     p.add_argument("--curves", metavar="RUN_DIR", help="draw one run's training curves from RUN_DIR/metrics.jsonl")
-    p.add_argument("-o", "--output", metavar="PNG", help="where --curves writes (default: RUN_DIR/curves.png)")
+    p.add_argument("--compare", nargs="+", metavar="RUN_DIR", help="one table of these runs: the options that differ, "
+                   "the kept evaluation's dev metrics, the training time")
+    p.add_argument("--csv", metavar="FILE", help="--compare: also write the table as CSV")
+    p.add_argument("-o", "--output", metavar="PNG", help="where --curves writes (default: RUN_DIR/curves.png); with "
+                   "--compare, draw the runs' dev curves overlaid there")
     args = p.parse_args(argv)
     setup_logging()
+    if args.compare:
+        if args.out or args.curves:
+            p.error("--compare goes alone: not with a sweep folder or --curves")
+        print(compare(args.compare, args.csv, args.output), end="")
+        return 0
+    if args.csv:
+        p.error("--csv is for --compare")
     if not args.out and not args.curves:
-        p.error("give a sweep folder (OUT) or --curves RUN_DIR")
+        p.error("give a sweep folder (OUT), --curves RUN_DIR or --compare RUN_DIR ...")
     if args.out:
         out = Path(args.out)
         if not (out / RESULTS).is_file():

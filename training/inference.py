@@ -1,0 +1,68 @@
+"""Running a trained model over encoded examples: the heads' outputs in file order, both pair orders
+averaged, predictions. What training.evaluate, the trainer and training.api share; and where a
+checkpoint's tokenizer is."""
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from data.batching import TaskData, eval_batches
+from heads import MultitaskBert, predict
+
+
+@torch.inference_mode()
+def raw_outputs(model: MultitaskBert, data: TaskData, tokenizer, batch_size: int, device,
+                autocast=contextlib.nullcontext) -> torch.Tensor:
+    """The heads' outputs (logits / scores) in the order of data.examples, in fp32 on the CPU;
+    batches run sorted by length."""
+    was_training = model.training
+    model.eval()
+    out = None
+    try:
+        for batch in eval_batches(data, tokenizer, batch_size):
+            batch = batch.to(device)
+            with autocast():
+                o = model(data.task, batch.inputs).float().cpu()
+            if out is None:
+                out = torch.empty((len(data), *o.shape[1:]))
+            out[torch.as_tensor(batch.indices)] = o
+    finally:
+        model.train(was_training)
+    return out if out is not None else torch.empty(0)
+
+
+def task_outputs(model: MultitaskBert, data: TaskData, tokenizer, batch_size: int, device,
+                 autocast=contextlib.nullcontext) -> torch.Tensor:
+    """raw_outputs, except that where data has a `.swapped` copy (pairs in both orders) the two
+    orders' outputs are averaged: the paraphrase logits, the similarity scores."""
+    out = raw_outputs(model, data, tokenizer, batch_size, device, autocast)
+    if data.swapped is not None:
+        out = (out + raw_outputs(model, data.swapped, tokenizer, batch_size, device, autocast)) / 2
+    return out
+
+
+def predict_task(model: MultitaskBert, data: TaskData, tokenizer, batch_size: int, device,
+                 autocast=contextlib.nullcontext) -> np.ndarray:
+    """Predictions in the order of data.examples, from task_outputs."""
+    return predict(data.task, task_outputs(model, data, tokenizer, batch_size, device, autocast)).double().numpy()
+
+
+def predict_sets(model, sets: dict[str, TaskData], tokenizer, batch_size: int, device,
+                 autocast=contextlib.nullcontext) -> dict[str, np.ndarray]:
+    """predict_task for each task's set: task -> predictions in the order of its examples."""
+    return {task: predict_task(model, data, tokenizer, batch_size, device, autocast) for task, data in sets.items()}
+
+
+def run_tokenizer_dir(checkpoint, given: str | None) -> Path:
+    """--tokenizer, else the run's tokenizer/ beside best.pt, or one folder up for checkpoints/step-N.pt."""
+    if given:
+        return Path(given)
+    run = Path(checkpoint).parent
+    found = [d / "tokenizer" for d in (run, run.parent) if (d / "tokenizer").is_dir()]
+    if not found:
+        raise FileNotFoundError(f"no tokenizer/ beside {checkpoint} or one folder up (where run_multitask.py "
+                                f"writes it): pass --tokenizer DIR, e.g. the pretrained model's folder")
+    return found[0]
