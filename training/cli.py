@@ -28,10 +28,12 @@ def _opt_float(s: str) -> float | None:
 
 
 # The CS224N starter code's flags (multitask_classifier.py) -> ours, for its users' first try
+# (docs/api.md, "Coming from the starter code"; 2023's --option and Spring 2024's --fine-tune-mode)
 STARTER_FLAGS = {"--use_gpu": "--device cuda", "--option": "--freeze-upto N (pretrain: N = the number of layers; "
-                 "finetune: leave it out)", "--hidden_dropout_prob": "--head-dropout", "--lr": "--lr",
-                 "--batch_size": "--batch-size", "--epochs": "--epochs", "--seed": "--seed",
-                 "--local_files_only": "--model DIR"}
+                 "finetune: leave it out)", "--fine-tune-mode": "--freeze-upto N (last-linear-layer: N = the "
+                 "number of layers; full-model: leave it out)", "--hidden_dropout_prob": "--head-dropout",
+                 "--batch_size": "--batch-size",
+                 **{f"--{t}_{s}_out": "--predictions-dir DIR" for t in ("sst", "para", "sts") for s in ("dev", "test")}}
 
 
 class _Parser(argparse.ArgumentParser):

@@ -49,7 +49,7 @@ def export(source: str | Path, out_dir: str | Path, overwrite: bool = False, raw
            tokenizer: str | Path | None = None) -> Path:
     """Write the model at `source` (anything training.api.load takes) to `out_dir`; returns out_dir."""
     out = Path(out_dir)
-    _check_out_dir(out, overwrite)
+    check_out_dir(out, overwrite)
     model = load(source, device="cpu", raw_weights=raw_weights, tokenizer=tokenizer)
     staging = out.parent / f".{out.name}.export-{os.getpid()}"  # mkdir, not mkdtemp: modes follow the umask
     if staging.exists():
@@ -65,7 +65,8 @@ def export(source: str | Path, out_dir: str | Path, overwrite: bool = False, raw
     return out
 
 
-def _check_out_dir(out: Path, overwrite: bool) -> None:
+def check_out_dir(out: Path, overwrite: bool) -> None:
+    """An export folder we may write: none yet, an empty one, or (with overwrite) an earlier export."""
     if out.exists() and not out.is_dir():
         raise ExportError(f"{out}: exists and is not a folder")
     if out.is_dir() and any(out.iterdir()) and not overwrite:

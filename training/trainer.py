@@ -136,6 +136,7 @@ class Run:
                               "each --batch-size batch between them: raise --batch-size instead")
         if self.main:
             check_predictions_dir(cfg.predictions_folder(), self.out_dir, cfg.overwrite)
+            check_export_dir(cfg.export_hf, cfg.overwrite)
         seed_everything(cfg.seed)
         self.device = pick_device(cfg.device) if dist is None else dist.device
         self.amp_dtype = autocast_dtype(cfg.precision, self.device)
@@ -438,10 +439,10 @@ class Run:
         self.metrics_log.close()
         best = load_model_state(self.model, self.out_dir / "best.pt", self.device)
         self.write_predictions(best)
-        if self.cfg.export_hf:
-            from minbert import save_hf
-            save_hf(self.model.encoder, self.cfg.export_hf, vocab_src=self.ckpt_dir)
-            log.info("exported the encoder in the Hugging Face layout to %s", self.cfg.export_hf)
+        if self.cfg.export_hf:  # the encoder in the Hugging Face layout, the heads and a model card
+            from .export import export
+            export(self.out_dir / "best.pt", self.cfg.export_hf, overwrite=True)  # checked in setup()
+            log.info("exported the model to %s", self.cfg.export_hf)
         return self.state.best_metrics if dist is None else dist.broadcast_object(self.state.best_metrics)
 
 
@@ -463,6 +464,16 @@ class Run:
                     "epoch": best.get("epoch"), "step": best.get("step"),
                     "config_digest": config_digest(self.cfg.to_dict()), "dev_metrics": metrics}
         write_prediction_set(self.cfg.predictions_folder(), files, manifest)
+
+
+def check_export_dir(folder: str | None, overwrite: bool) -> None:
+    """--export-hf DIR: found unusable before training, not after it."""
+    if folder:
+        from .export import ExportError, check_out_dir
+        try:
+            check_out_dir(Path(folder), overwrite)
+        except ExportError as e:
+            raise ConfigError(f"--export-hf {e}") from None
 
 
 def eval_points(steps: int, k: int) -> list[int]:
