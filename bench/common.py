@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import argparse
+import platform
+import statistics
 import sys
 from pathlib import Path
 
@@ -23,3 +25,23 @@ def step_bench_parser(doc: str, batch_help: str, steps: int, warmup: int,
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
     p.add_argument("--seed", type=int, default=seed, help="schedule and model seed (default: %(default)s)")
     return p
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def paired_ratios(num: list[float], den: list[float]) -> tuple[float, float, float]:
+    """Median and interquartile range of the per-round ratios num[i] / den[i] (arms timed in the same
+    round): the median of paired ratios, which background load shifts less than a ratio of medians."""
+    ratios = sorted(a / b for a, b in zip(num, den))
+    if len(ratios) < 2:
+        return ratios[0], ratios[0], ratios[0]
+    q1, _, q3 = statistics.quantiles(ratios, n=4, method="inclusive")
+    return statistics.median(ratios), q1, q3

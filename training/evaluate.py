@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from scipy.stats import pearsonr
 
-from data.batching import TaskData, encode_task, eval_batches
+from data.batching import TaskData, encode_task, eval_batches, eval_token_budget
 from data.loaders import COURSE_FILES, TASKS, DataError, load_task_file
 from heads import MultitaskBert, predict
 
@@ -35,14 +35,15 @@ METRIC = {"sst": "sst_acc", "para": "para_acc", "sts": "sts_pearson"}
 
 @torch.inference_mode()
 def raw_outputs(model: MultitaskBert, data: TaskData, tokenizer, batch_size: int, device,
-                autocast=contextlib.nullcontext) -> torch.Tensor:
+                autocast=contextlib.nullcontext, max_tokens: int | str | None = "auto") -> torch.Tensor:
     """The heads' outputs (logits / scores) in the order of data.examples, in fp32 on the CPU;
-    batches run sorted by length."""
+    batches run sorted by length, at most batch_size examples and max_tokens padded tokens each
+    (None: batch_size alone, as before the budget; "auto": the device's, see eval_token_budget)."""
     was_training = model.training
     model.eval()
     out = None
     try:
-        for batch in eval_batches(data, tokenizer, batch_size):
+        for batch in eval_batches(data, tokenizer, batch_size, eval_token_budget(max_tokens, device.type)):
             batch = batch.to(device)
             with autocast():
                 o = model(data.task, batch.inputs).float().cpu()
@@ -55,12 +56,12 @@ def raw_outputs(model: MultitaskBert, data: TaskData, tokenizer, batch_size: int
 
 
 def predict_task(model: MultitaskBert, data: TaskData, tokenizer, batch_size: int, device,
-                 autocast=contextlib.nullcontext) -> np.ndarray:
+                 autocast=contextlib.nullcontext, max_tokens: int | str | None = "auto") -> np.ndarray:
     """Predictions in the order of data.examples. Where data has a `.swapped` copy (pairs in both
     orders), the two orders' outputs are averaged first: the paraphrase logits, the similarity scores."""
-    out = raw_outputs(model, data, tokenizer, batch_size, device, autocast)
+    out = raw_outputs(model, data, tokenizer, batch_size, device, autocast, max_tokens)
     if data.swapped is not None:
-        out = (out + raw_outputs(model, data.swapped, tokenizer, batch_size, device, autocast)) / 2
+        out = (out + raw_outputs(model, data.swapped, tokenizer, batch_size, device, autocast, max_tokens)) / 2
     return predict(data.task, out).double().numpy()
 
 
@@ -82,10 +83,10 @@ def overall(metrics: dict[str, float]) -> float:
 
 
 def evaluate(model, dev: dict[str, TaskData], tokenizer, batch_size: int, device,
-             autocast=contextlib.nullcontext) -> dict[str, float]:
+             autocast=contextlib.nullcontext, max_tokens: int | str | None = "auto") -> dict[str, float]:
     metrics = {}
     for task, data in dev.items():
-        preds = predict_task(model, data, tokenizer, batch_size, device, autocast)
+        preds = predict_task(model, data, tokenizer, batch_size, device, autocast, max_tokens)
         metrics[METRIC[task]] = score(task, preds, [e.label for e in data.examples])
     metrics["overall"] = overall(metrics)
     return metrics
@@ -128,14 +129,15 @@ def read_predictions(path: str | os.PathLike) -> tuple[str, list[tuple[str, floa
 
 
 def write_all_predictions(model, data, tokenizer, cfg, device, autocast=contextlib.nullcontext,
-                          source: str = "the best checkpoint") -> dict:
+                          source: str = "the best checkpoint",
+                          max_tokens: int | str | None = "auto") -> dict:
     """Dev metrics of the model (from `source`) printed, and {task}-{dev,test}-output.csv written to
     cfg.predictions_dir."""
     out = Path(cfg.predictions_dir)
     metrics = {}
     for split, sets in (("dev", data.dev), ("test", data.test)):
         for task, d in sets.items():
-            preds = predict_task(model, d, tokenizer, cfg.eval_batch_size, device, autocast)
+            preds = predict_task(model, d, tokenizer, cfg.eval_batch_size, device, autocast, max_tokens)
             write_predictions(out / f"{task}-{split}-output.csv", task, [e.id for e in d.examples], preds)
             if split == "dev":
                 metrics[METRIC[task]] = score(task, preds, [e.label for e in d.examples])
@@ -144,6 +146,19 @@ def write_all_predictions(model, data, tokenizer, cfg, device, autocast=contextl
         print(f"dev metrics of {source}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
     log.info("wrote prediction files to %s", out)
     return metrics
+
+
+def _tokens(value: str) -> int | str:
+    """--max-tokens: "auto" or an integer >= 0."""
+    if value == "auto":
+        return value
+    try:
+        n = int(value)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"expected auto or an integer >= 0, got {value!r}")
+    return n
 
 
 def run_tokenizer_dir(checkpoint, given: str | None) -> Path:
@@ -175,7 +190,11 @@ def main(argv=None) -> int:
     p.add_argument("--predict", nargs=3, action="append", default=[], metavar=("TASK", "FILE", "OUT"),
                    help="predict for an unlabelled (or labelled) file in the course format (repeatable)")
     p.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the run's tokenizer/)")
-    p.add_argument("--batch-size", type=int, default=256, help="examples per batch (default: %(default)s)")
+    p.add_argument("--batch-size", type=int, default=256, help="at most this many examples per batch "
+                   "(default: %(default)s)")
+    p.add_argument("--max-tokens", type=_tokens, default="auto",
+                   help="at most this many padded tokens (examples x longest) per batch; 0: no budget, "
+                   "--batch-size alone; auto: 1024 on CPU, no budget elsewhere (default: %(default)s)")
     p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N")
     p.add_argument("--precision", choices=CHOICES["precision"], default=None,
                    help="autocast for inference (default: the training run's --precision)")
@@ -189,6 +208,9 @@ def main(argv=None) -> int:
             p.error(f"unknown task {task!r}; one of {', '.join(TASKS)}")
     if not (args.data_dir or args.score or args.predict):
         p.error("nothing to do: give --data-dir, --score or --predict")
+    if args.batch_size < 1:
+        p.error(f"--batch-size {args.batch_size} must be >= 1")
+    max_tokens = args.max_tokens or None  # 0: no budget
 
     from minbert import Tokenizer
     from .checkpointing import model_from_checkpoint
@@ -227,15 +249,16 @@ def main(argv=None) -> int:
                 if test.is_file():
                     splits.test[task] = encoded(task, test, False)
             cfg.predictions_dir, cfg.eval_batch_size = args.predictions_dir, args.batch_size
-            write_all_predictions(model, splits, tokenizer, cfg, device, autocast, source=str(args.checkpoint))
+            write_all_predictions(model, splits, tokenizer, cfg, device, autocast, source=str(args.checkpoint),
+                                  max_tokens=max_tokens)
         for task, path in args.score:
             d = encoded(task, path, True)
-            preds = predict_task(model, d, tokenizer, args.batch_size, device, autocast)
+            preds = predict_task(model, d, tokenizer, args.batch_size, device, autocast, max_tokens)
             print(f"{path}: {METRIC[task]} {score(task, preds, [e.label for e in d.examples]):.4f} ({len(d)} examples)")
         for task, path, out in args.predict:
             d = encoded(task, path, None)
             write_predictions(out, task, [e.id for e in d.examples],
-                              predict_task(model, d, tokenizer, args.batch_size, device, autocast))
+                              predict_task(model, d, tokenizer, args.batch_size, device, autocast, max_tokens))
             print(f"{path}: wrote {len(d)} {task} predictions to {out}")
         return 0
     except DataError as e:  # a missing or unusable file: the message names it
