@@ -36,8 +36,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from common import REPO  # noqa: F401  (puts the repository on sys.path)
-from encoder_vs_hf import checkpoint_dir, cpu_model, make_optimizer  # noqa: E402
+from common import cpu_model, paired_ratios  # noqa: E402  (puts the repository on sys.path)
+from encoder_vs_hf import checkpoint_dir, make_optimizer  # noqa: E402
 from minbert import load_bert  # noqa: E402
 
 
@@ -121,15 +121,6 @@ def time_cell(arms: dict, batch, warmup: int, repeats: int) -> dict[str, list[fl
     return times
 
 
-def paired(num: list[float], den: list[float]) -> tuple[float, float, float]:
-    """Median and interquartile range of the per-round ratios num/den."""
-    ratios = sorted(a / b for a, b in zip(num, den))
-    if len(ratios) < 2:
-        return ratios[0], ratios[0], ratios[0]
-    q1, _, q3 = statistics.quantiles(ratios, n=4, method="inclusive")
-    return statistics.median(ratios), q1, q3
-
-
 def header(args, what: str, cfg=None) -> None:
     print(f"# {what}  {datetime.datetime.now():%Y-%m-%d %H:%M}  CPU: {cpu_model()}  threads {torch.get_num_threads()}"
           f"  torch {torch.__version__}")
@@ -162,7 +153,7 @@ def run_grid(args) -> None:
                 batch = make_batch(B, T, padded, cfg.vocab_size, args.seed + 1000 * B + T)
                 times = time_cell(arms, batch, args.warmup, args.repeats)
                 ms = [f"{statistics.median(times[n]) * 1e3:.0f}" for n in arms]
-                ratios = [paired(times[o], times[r]) for r in refs for o in ours]
+                ratios = [paired_ratios(times[o], times[r]) for r in refs for o in ours]
                 print(f"| {B} | {T} | {'yes' if padded else 'no'} | {int(batch['attention_mask'].sum())} | "
                       + " | ".join(ms) + " | " + " | ".join(f"{m:.2f} [{a:.2f}-{b:.2f}]" for m, a, b in ratios)
                       + " |", flush=True)
@@ -211,7 +202,7 @@ def run_attn_core(args) -> None:
                             call(impl)
                             if r >= args.warmup:
                                 times[impl].append(time.perf_counter() - t0)
-                    cells.append(paired(times["sdpa"], times["matmul"]))
+                    cells.append(paired_ratios(times["sdpa"], times["matmul"]))
                 print(f"| {B} | {T} | {'yes' if padded else 'no'} | {B * heads * T * T} | "
                       + " | ".join(f"{m:.2f} [{a:.2f}-{b:.2f}]" for m, a, b in cells) + " |", flush=True)
 
