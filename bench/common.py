@@ -5,7 +5,9 @@ import argparse
 import platform
 import statistics
 import sys
+import time
 from pathlib import Path
+from typing import Callable
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
@@ -45,3 +47,18 @@ def paired_ratios(num: list[float], den: list[float]) -> tuple[float, float, flo
         return ratios[0], ratios[0], ratios[0]
     q1, _, q3 = statistics.quantiles(ratios, n=4, method="inclusive")
     return statistics.median(ratios), q1, q3
+
+
+def add_clock_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--clock", choices=["auto", "wall", "cpu"], default="auto",
+                   help="what a time is: wall-clock seconds, or this process's CPU seconds, which leave out "
+                        "the time other processes hold the cores (on a shared machine most of the noise); "
+                        "auto: cpu with one thread, wall otherwise (default: %(default)s)")
+
+
+def pick_clock(kind: str, threads: int | None) -> tuple[Callable[[], float], str]:
+    """The timer for --clock and its name. CPU time only means step time when one thread computes:
+    with more, it sums the threads (spin-waits included)."""
+    if kind == "cpu" or (kind == "auto" and threads == 1):
+        return time.process_time, "process CPU time"
+    return time.perf_counter, "wall-clock time"

@@ -15,6 +15,8 @@ to back, in an order that rotates from round to round, so background load hits a
 cell's ratio is the median over rounds of (ours time / reference time) within the round, with its
 interquartile range: the ratio of paired times, not of medians. Padded cells draw each sequence's
 length uniformly from [T/4, T] (one sequence is T long, as dynamic padding pads to the longest).
+With one thread (the default) steps are timed in process CPU seconds (--clock): on a machine
+shared with other jobs, wall-clock time mostly measures how long the scheduler kept us waiting.
 
     python bench/encoder_grid.py --quick                     # MiniLM-L6, one thread, 3 timed rounds
     python bench/encoder_grid.py --bert-base --batch-sizes 8 --lengths 64 128
@@ -31,12 +33,11 @@ import datetime
 import math
 import statistics
 import tempfile
-import time
 
 import torch
 import torch.nn.functional as F
 
-from common import cpu_model, paired_ratios  # noqa: E402  (puts the repository on sys.path)
+from common import add_clock_arg, cpu_model, paired_ratios, pick_clock  # noqa: E402  (puts the repository on sys.path)
 from encoder_vs_hf import checkpoint_dir, make_optimizer  # noqa: E402
 from minbert import load_bert  # noqa: E402
 
@@ -61,6 +62,7 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads, pinned (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="seed for the batches and dropout (default: %(default)s)")
     p.add_argument("--attn-core", action="store_true", help="time the attention core alone instead (see above)")
+    add_clock_arg(p)
     args = p.parse_args(argv)
     if args.quick:
         args.repeats, args.warmup = 3, 1
@@ -90,12 +92,12 @@ def pooled_cls(model, batch):  # ours as the trainer runs it with --pooling cls
     return model.pool(model.encode(h, batch["attention_mask"], first_only=True))  # (B, 1, H) -> (B, H)
 
 
-def step_seconds(model, opt, forward, batch) -> float:
-    t0 = time.perf_counter()
+def step_seconds(model, opt, forward, batch, clock) -> float:
+    t0 = clock()
     opt.zero_grad(set_to_none=True)
     forward(model, batch).pow(2).mean().backward()
     opt.step()
-    return time.perf_counter() - t0
+    return clock() - t0
 
 
 def build_arms(args, path) -> dict:
@@ -108,14 +110,14 @@ def build_arms(args, path) -> dict:
     return {name: (model, make_optimizer(model, torch.device("cpu"))[0], fwd) for name, (model, fwd) in arms.items()}
 
 
-def time_cell(arms: dict, batch, warmup: int, repeats: int) -> dict[str, list[float]]:
+def time_cell(arms: dict, batch, warmup: int, repeats: int, clock) -> dict[str, list[float]]:
     names = list(arms)
     times: dict[str, list[float]] = {n: [] for n in names}
     for r in range(warmup + repeats):
         k = r % len(names)
         for name in names[k:] + names[:k]:  # rotate the order every round
             model, opt, fwd = arms[name]
-            t = step_seconds(model, opt, fwd, batch)
+            t = step_seconds(model, opt, fwd, batch, clock)
             if r >= warmup:
                 times[name].append(t)
     return times
@@ -123,7 +125,7 @@ def time_cell(arms: dict, batch, warmup: int, repeats: int) -> dict[str, list[fl
 
 def header(args, what: str, cfg=None) -> None:
     print(f"# {what}  {datetime.datetime.now():%Y-%m-%d %H:%M}  CPU: {cpu_model()}  threads {torch.get_num_threads()}"
-          f"  torch {torch.__version__}")
+          f"  torch {torch.__version__}  timed by {pick_clock(args.clock, args.threads)[1]}")
     if cfg is not None:
         print(f"# model: {'bert-base shape, random weights' if args.bert_base else args.model} "
               f"({cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, {cfg.num_attention_heads} heads)  "
@@ -151,7 +153,7 @@ def run_grid(args) -> None:
         for B in args.batch_sizes:
             for T in args.lengths:
                 batch = make_batch(B, T, padded, cfg.vocab_size, args.seed + 1000 * B + T)
-                times = time_cell(arms, batch, args.warmup, args.repeats)
+                times = time_cell(arms, batch, args.warmup, args.repeats, pick_clock(args.clock, args.threads)[0])
                 ms = [f"{statistics.median(times[n]) * 1e3:.0f}" for n in arms]
                 ratios = [paired_ratios(times[o], times[r]) for r in refs for o in ours]
                 print(f"| {B} | {T} | {'yes' if padded else 'no'} | {int(batch['attention_mask'].sum())} | "
@@ -174,6 +176,7 @@ def run_attn_core(args) -> None:
     and dropout-free forward (evaluation, frozen layers)."""
     from minbert.model import padding_bias
     heads, hd = (12, 64) if args.bert_base else (12, 32)
+    clock = pick_clock(args.clock, args.threads)[0]
     header(args, f"attention core, sdpa / matmul, {heads} heads of {hd}")
     print(f"# {args.repeats} timed rounds after {args.warmup} warm-up, each round 3 calls per arm")
     print("| batch | length | padded | scores B x heads x T x T | train (p=0.1, fwd+bwd) median [IQR] "
@@ -198,10 +201,10 @@ def run_attn_core(args) -> None:
                     times = {"sdpa": [], "matmul": []}
                     for r in range(args.warmup + args.repeats):
                         for impl in (("sdpa", "matmul") if r % 2 else ("matmul", "sdpa")):
-                            t0 = time.perf_counter()
+                            t0 = clock()
                             call(impl)
                             if r >= args.warmup:
-                                times[impl].append(time.perf_counter() - t0)
+                                times[impl].append(clock() - t0)
                     cells.append(paired_ratios(times["sdpa"], times["matmul"]))
                 print(f"| {B} | {T} | {'yes' if padded else 'no'} | {B * heads * T * T} | "
                       + " | ".join(f"{m:.2f} [{a:.2f}-{b:.2f}]" for m, a, b in cells) + " |", flush=True)

@@ -19,7 +19,7 @@ import time
 import numpy as np
 import torch
 
-from common import cpu_model, paired_ratios, step_bench_parser  # noqa: E402  (puts the repository on sys.path)
+from common import add_clock_arg, cpu_model, paired_ratios, pick_clock, step_bench_parser  # noqa: E402  (puts the repository on sys.path)
 from data.batching import CPU_EVAL_TOKENS, _sorted_spans, encode_task  # noqa: E402
 from data.loaders import COURSE_FILES, load_task_file  # noqa: E402
 from training.config import TrainConfig  # noqa: E402
@@ -35,6 +35,7 @@ def parse_args(argv=None):
                    help="padded tokens per batch, one arm each (default: %(default)s)")
     p.add_argument("--examples", type=int, default=None,
                    help="evaluate the first N examples of each dev set only (default: all)")
+    add_clock_arg(p)
     args = p.parse_args(argv)
     if min(args.budgets + [args.batch_size, args.steps]) < 1 or args.warmup < 0:
         p.error("--budgets, --batch-size and --steps must be >= 1, --warmup >= 0")
@@ -72,20 +73,21 @@ def main(argv=None) -> None:
     dev_cpu = torch.device("cpu")
     arms = {f"batch {args.batch_size}": None, **{f"tokens {b}": b for b in args.budgets}}
     names = list(arms)
+    clock, clock_name = pick_clock(args.clock, args.threads)
     times: dict[str, list[float]] = {n: [] for n in names}
     metrics: dict[str, dict[str, float]] = {}
     for r in range(args.warmup + args.steps):
         k = r % len(names)
         for name in names[k:] + names[:k]:
-            t0 = time.perf_counter()
+            t0 = clock()
             metrics[name] = evaluate(model, dev, tokenizer, args.batch_size, dev_cpu, max_tokens=arms[name])
             if r >= args.warmup:
-                times[name].append(time.perf_counter() - t0)
+                times[name].append(clock() - t0)
 
     sizes = ", ".join(f"{t} {len(d)}" for t, d in dev.items())
     print(f"# dev evaluation: {args.model}, dev sets {sizes}, CPU: {cpu_model()}, {torch.get_num_threads()} threads, "
           f"torch {torch.__version__}, {time.strftime('%Y-%m-%d')}")
-    print(f"# {args.steps} timed rounds after {args.warmup} warm-up, arms rotated every round")
+    print(f"# {args.steps} timed rounds after {args.warmup} warm-up, arms rotated every round, timed by {clock_name}")
     print(f"{'arm':<14}{'batches':>8}{'padding eff':>12}{'median s':>10}{'x faster':>10}  IQR of the ratio  "
           f"max |metric - default|")
     base = names[0]

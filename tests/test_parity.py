@@ -232,3 +232,27 @@ def test_padded_batch_under_bf16_autocast_matches_reference_to_bf16_precision(mi
             want = ref(**batch).pooler_output
         torch.testing.assert_close(got, want, atol=0.05, rtol=0)
         assert (got - want).abs().max() > 0  # really computed in bf16
+
+
+def test_cpu_dropout_keeps_1_minus_p_scales_like_nn_dropout_and_passes_gradients_through_the_mask():
+    from minbert.model import Dropout
+    torch.manual_seed(0)
+    drop = Dropout(0.1).train()
+    assert isinstance(drop, torch.nn.Dropout)  # SMART's dropout_disabled finds it
+    x = torch.randn(2_000_000).abs().add_(0.1).requires_grad_()  # no zeros: kept <=> nonzero output
+    y = drop(x)
+    kept = y != 0
+    n = x.numel()
+    assert abs(kept.float().mean().item() - 0.9) < 5 * (0.9 * 0.1 / n) ** 0.5  # Bernoulli(0.9), 5 sigma
+    scale = torch.tensor(1 / 0.9, dtype=torch.float32)
+    assert torch.equal(y[kept], x.detach()[kept] * scale)  # nn.Dropout's 1 / (1 - p), exactly
+    g = torch.randn(n)
+    y.backward(g)
+    assert torch.equal(x.grad, torch.where(kept, g * scale, torch.zeros(())))
+    assert torch.equal(drop.eval()(x), x)
+    torch.manual_seed(1)
+    a = drop.train()(x)
+    torch.manual_seed(1)
+    assert torch.equal(drop(x), a)  # seeded by torch's generator, like nn.Dropout
+    half = drop(x.detach().bfloat16())  # other dtypes: nn.Dropout itself
+    assert half.dtype == torch.bfloat16 and abs((half != 0).float().mean().item() - 0.9) < 0.002
