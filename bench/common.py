@@ -2,8 +2,12 @@
 from __future__ import annotations
 
 import argparse
+import platform
+import statistics
 import sys
+import time
 from pathlib import Path
+from typing import Callable
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
@@ -23,3 +27,38 @@ def step_bench_parser(doc: str, batch_help: str, steps: int, warmup: int,
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
     p.add_argument("--seed", type=int, default=seed, help="schedule and model seed (default: %(default)s)")
     return p
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def paired_ratios(num: list[float], den: list[float]) -> tuple[float, float, float]:
+    """Median and interquartile range of the per-round ratios num[i] / den[i] (arms timed in the same
+    round): the median of paired ratios, which background load shifts less than a ratio of medians."""
+    ratios = sorted(a / b for a, b in zip(num, den))
+    if len(ratios) < 2:
+        return ratios[0], ratios[0], ratios[0]
+    q1, _, q3 = statistics.quantiles(ratios, n=4, method="inclusive")
+    return statistics.median(ratios), q1, q3
+
+
+def add_clock_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--clock", choices=["auto", "wall", "cpu"], default="auto",
+                   help="what a time is: wall-clock seconds, or this process's CPU seconds, which leave out "
+                        "the time other processes hold the cores (on a shared machine most of the noise); "
+                        "auto: cpu with one thread, wall otherwise (default: %(default)s)")
+
+
+def pick_clock(kind: str, threads: int | None) -> tuple[Callable[[], float], str]:
+    """The timer for --clock and its name. CPU time only means step time when one thread computes:
+    with more, it sums the threads (spin-waits included)."""
+    if kind == "cpu" or (kind == "auto" and threads == 1):
+        return time.process_time, "process CPU time"
+    return time.perf_counter, "wall-clock time"

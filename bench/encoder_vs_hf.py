@@ -2,7 +2,8 @@
 
 A step is: forward (train mode, dropout 0.1 on both), loss on the pooled output, backward, AdamW step.
 The two models are timed interleaved (A B, then B A, ...) after warm-up, so that background load
-hits both alike; the table gives the median and min seconds per step and the ratio ours/reference,
+hits both alike; the table gives the median and min seconds per step and the ratio ours/reference
+(the median over rounds of the two steps' ratio within a round, with its interquartile range),
 the achieved model TFLOP/s (6 x non-embedding parameters x tokens + 12 x layers x hidden x T per
 token for attention, the PaLM paper's count; padding counted as computed), model FLOPs utilisation
 against --peak-tflops, and on CUDA the step's peak memory above what was allocated before it.
@@ -10,12 +11,13 @@ against --peak-tflops, and on CUDA the step's peak memory above what was allocat
     python bench/encoder_vs_hf.py                                # MiniLM-L6, B=32, T=64, CPU
     python bench/encoder_vs_hf.py --ref-attn eager --padded
     python bench/encoder_vs_hf.py --bert-base --steps 5          # bert-base shape, random weights
+
+One shape per run; bench/encoder_grid.py times the batch x length grid.
 """
 from __future__ import annotations
 
 import argparse
 import datetime
-import platform
 import statistics
 import sys
 import tempfile
@@ -25,6 +27,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere without installing
+from common import cpu_model, paired_ratios  # noqa: E402
 from minbert import Bert, BertConfig, load_bert, resolve_checkpoint, save_hf  # noqa: E402
 
 
@@ -125,16 +128,6 @@ def train_step(model, opt, batch, device) -> float:
     return time.perf_counter() - t0
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def main(argv=None):
     args = parse_args(argv)
     from transformers import BertModel  # the reference; benchmark-only dependency
@@ -185,17 +178,17 @@ def main(argv=None):
           f"{' padded, ' + str(int(batch['attention_mask'].sum())) + ' real tokens' if args.padded else ''}  "
           f"steps {args.steps} (+{args.warmup} warm-up)  AdamW {runs['minbert'][2]}  "
           f"eval pooled max|diff| {diff:.1e}")
-    ref_med = statistics.median(times["transformers"])
+    ratio, q1, q3 = paired_ratios(times["minbert"], times["transformers"])
     flops, peak = train_flops(cfg, args.batch_size, args.seq_len), peak_tflops(args, dev)
-    print(f"{'implementation':<14} {'attn':<7} {'median s/step':>13} {'min':>8} {'ratio':>6} {'TFLOP/s':>8}"
+    print(f"{'implementation':<14} {'attn':<7} {'median s/step':>13} {'min':>8} {'TFLOP/s':>8}"
           f" {'MFU':>6} {'step peak MiB':>14}")
     for name, (_, _, _, attn) in runs.items():
         med = statistics.median(times[name])
         tflops = flops / med / 1e12
         mfu = f"{tflops / peak:6.1%}" if peak else f"{'-':>6}"
         mem = f"{peak_mem[name] / 2**20:14.0f}" if dev.type == "cuda" else f"{'-':>14}"
-        print(f"{name:<14} {attn:<7} {med:>13.4f} {min(times[name]):>8.4f} {med / ref_med:>5.2f}x {tflops:>8.2f}"
-              f" {mfu} {mem}")
+        print(f"{name:<14} {attn:<7} {med:>13.4f} {min(times[name]):>8.4f} {tflops:>8.2f} {mfu} {mem}")
+    print(f"ratio minbert / transformers: {ratio:.2f}x (median of {args.steps} paired steps, IQR {q1:.2f}-{q3:.2f})")
 
 
 if __name__ == "__main__":

@@ -1,29 +1,31 @@
 """Epoch time with the frozen-prefix cache against the same freezing without it and against
 full fine-tuning; and padding efficiency of length-bucketed against random batches.
 
-    python bench/frozen_cache.py --data-dir ../shared/data/cs224n --examples 1000
+    python bench/frozen_cache.py --threads 1 --examples 1000
 
 All three configurations train on the same examples in the same order (an MT-DNN epoch of
-`--examples` per task), their steps interleaved; times exclude building the cache (it is built
-once, before the first epoch), so they are what every epoch after it costs.
+`--examples` per task), their steps interleaved (the order rotating from step to step); times
+exclude building the cache (it is built once, before the first epoch), so they are what every
+epoch after it costs. The first --warmup steps of each arm run untimed (allocator, oneDNN
+primitive caches). Reported: the timed steps' total per arm, their ratio, and the median of the
+per-step ratios (the same batch in both arms) with its interquartile range.
 """
 from __future__ import annotations
 
 import argparse
 import datetime
-import platform
 import time
 
 import torch
 
-from common import REPO  # noqa: F401  (puts the repository on sys.path)
-from data.sampler import epoch_schedule, padding_efficiency  # noqa: E402
+from common import REPO, cpu_model, paired_ratios  # noqa: E402  (puts the repository on sys.path)
+from data.sampler import epoch_schedule, mixed_schedule, padding_efficiency  # noqa: E402
 from training.config import TrainConfig  # noqa: E402
 from training.frozen_cache import build_frozen_cache  # noqa: E402
 from data.batching import make_batch  # noqa: E402
 from training.build import build_model, load_data, schedule_for_epoch  # noqa: E402
 from training.device import seed_everything  # noqa: E402
-from training.stepper import Stepper, build_optimizer, linear_warmup_decay  # noqa: E402
+from training.stepper import Stepper  # noqa: E402
 
 
 def prepare(cfg: TrainConfig, cached: bool, max_steps: int | None):
@@ -32,9 +34,7 @@ def prepare(cfg: TrainConfig, cached: bool, max_steps: int | None):
     model, tok, _ = build_model(cfg)
     data = load_data(cfg, tok)
     steps = schedule_for_epoch(cfg, data.train, 0)[:max_steps]
-    opt = build_optimizer(model, cfg, torch.device("cpu"))
-    stepper = Stepper(model, cfg, opt, linear_warmup_decay(opt, len(steps), 0.1), torch.device("cpu"), None,
-                      len(steps))
+    stepper = Stepper.build(model, cfg, len(steps))
     cache = build_frozen_cache(model, data.train, tok, torch.device("cpu"), "memory") if cached else None
 
     def run_step(i: int) -> None:
@@ -52,7 +52,8 @@ def main():
                    help="folder with the course CSV files (default: %(default)s)")
     p.add_argument("--model", default="minilm-l6", help="checkpoint alias or directory (default: %(default)s)")
     p.add_argument("--examples", type=int, default=1000, help="training examples per task")
-    p.add_argument("--max-steps", type=int, default=None, help="time only the first N steps of the epoch")
+    p.add_argument("--max-steps", type=int, default=None, help="run only the first N steps of the epoch")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps first, per arm (default: %(default)s)")
     p.add_argument("--freeze-upto", type=int, default=None, help="default: the model's depth minus 3")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
     args = p.parse_args()
@@ -65,20 +66,30 @@ def main():
     runs = {"full fine-tuning": (TrainConfig(**{**base.__dict__}), False),
             f"freeze-upto {upto}, no cache": (TrainConfig(**{**base.__dict__, "freeze_upto": upto}), False),
             f"freeze-upto {upto}, cache": (TrainConfig(**{**base.__dict__, "freeze_upto": upto}), True)}
-    # Steps of the three arms interleaved (A B C A B C ...), so background load hits all alike.
+    # Steps of the three arms interleaved, the order rotating, so background load hits all alike.
     arms = {name: prepare(cfg, cached, args.max_steps) for name, (cfg, cached) in runs.items()}
-    times = dict.fromkeys(arms, 0.0)
+    names = list(arms)
+    times: dict[str, list[float]] = {name: [] for name in names}
     n = min(k for _, k in arms.values())
+    if n <= args.warmup:
+        p.error(f"--warmup {args.warmup} leaves none of the epoch's {n} steps to time")
     for i in range(n):
-        for name, (run_step, _) in arms.items():
+        for name in names[i % 3:] + names[:i % 3]:
             t0 = time.perf_counter()
-            run_step(i)
-            times[name] += time.perf_counter() - t0
+            arms[name][0](i)
+            if i >= args.warmup:
+                times[name].append(time.perf_counter() - t0)
+    print(f"# {cpu_model()}, {torch.get_num_threads()} threads, torch {torch.__version__}, {datetime.date.today()}; "
+          f"{n - args.warmup} timed steps per arm after {args.warmup} warm-up")
     for name, t in times.items():
-        print(f"{name:32s} {t:8.1f} s for {n} steps", flush=True)
-    full, uncached, cached = times.values()
-    print(f"\ncache vs uncached frozen: {uncached / cached:.2f}x faster   (target >= 2x)")
-    print(f"cache vs full fine-tuning: {full / cached:.2f}x faster   (target >= 3x)")
+        print(f"{name:32s} {sum(t):8.1f} s", flush=True)
+    full, uncached, cached = names
+    print()
+    for other, label, target in ((uncached, "cache vs uncached frozen: ", ">= 2x"),
+                                 (full, "cache vs full fine-tuning:", ">= 3x")):
+        med, q1, q3 = paired_ratios(times[other], times[cached])
+        print(f"{label} {sum(times[other]) / sum(times[cached]):.2f}x faster in total, per step median "
+              f"{med:.2f}x [IQR {q1:.2f}-{q3:.2f}]   (target {target})")
 
     # padding efficiency on the full training files, real tokenizer lengths, batches of 32
     cfg = TrainConfig(model=args.model, data_dir=args.data_dir)
@@ -92,8 +103,9 @@ def main():
         rand = padding_efficiency(epoch_schedule(one, 32, epoch=0, seed=0), {t: lengths[t]})
         buck = padding_efficiency(epoch_schedule(one, 32, epoch=0, seed=0, lengths={t: lengths[t]}), {t: lengths[t]})
         print(f"  {t:5s} random {rand:.2f}  bucketed {buck:.2f}")
-    print(f"\n{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch "
-          f"{torch.__version__}, {datetime.date.today()}")
+    mixed = [mixed_schedule(sizes, 32, epoch=0, seed=0, lengths=lens) for lens in (None, lengths)]
+    rand, buck = (padding_efficiency([b for step in m for b in step], lengths) for m in mixed)
+    print(f"  mixed batches (--task-sampling mixed) random {rand:.2f}  bucketed {buck:.2f}")
 
 
 if __name__ == "__main__":

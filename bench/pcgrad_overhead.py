@@ -25,7 +25,7 @@ from data.sampler import mixed_schedule  # noqa: E402
 from training.config import TrainConfig  # noqa: E402
 from training.pcgrad import surgery  # noqa: E402
 from training.build import build_model  # noqa: E402
-from training.stepper import Stepper, build_optimizer, linear_warmup_decay  # noqa: E402
+from training.stepper import Stepper  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -60,14 +60,11 @@ def main(argv=None) -> None:
     dev = torch.device("cpu")
     base = dict(model=args.model, data_dir=args.data_dir, batch_size=args.batch_size, task_sampling="mixed",
                 device="cpu", precision="fp32", freeze_upto=args.freeze_upto, max_grad_norm=args.max_grad_norm,
-                seed=args.seed, pcgrad_variant=args.variant)
+                seed=args.seed, pcgrad_variant=args.variant, warmup_ratio=0.0)
     cfg_plain, cfg_pc = TrainConfig(**base, pcgrad=False), TrainConfig(**base, pcgrad=True)
     model, tokenizer, _ = build_model(cfg_plain)
     batches = mixed_batches(cfg_plain, tokenizer)
-    opt = build_optimizer(model, cfg_plain, dev)
-    sched = linear_warmup_decay(opt, 10_000, 0.0)
-    arms = {"plain": Stepper(model, cfg_plain, opt, sched, dev, None, 10_000),
-            "pcgrad": Stepper(model, cfg_pc, opt, sched, dev, None, 10_000)}
+    arms = {"plain": Stepper.build(model, cfg_plain, 10_000, dev), "pcgrad": Stepper.build(model, cfg_pc, 10_000, dev)}
     P = sum(p.numel() for p in arms["pcgrad"].pcgrad.params)
 
     times: dict[str, list[float]] = {a: [] for a in arms}

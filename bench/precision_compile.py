@@ -35,7 +35,7 @@ from training.compiling import compile_layers  # noqa: E402
 from training.config import TrainConfig  # noqa: E402
 from training.build import build_model  # noqa: E402
 from training.device import pick_device  # noqa: E402
-from training.stepper import Stepper, build_optimizer, linear_warmup_decay  # noqa: E402
+from training.stepper import Stepper  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -48,15 +48,15 @@ def parse_args(argv=None):
 
 def make_arm(args, precision: str, compiled: bool) -> Stepper:
     cfg = TrainConfig(model=args.model, data_dir=args.data_dir, batch_size=args.batch_size, device=args.device,
-                      precision=precision, seed=args.seed, freeze_upto=args.freeze_upto, head_dropout=0.0)
+                      precision=precision, seed=args.seed, freeze_upto=args.freeze_upto, head_dropout=0.0,
+                      warmup_ratio=0.0)
     dev = pick_device(args.device)
     model, _, _ = build_model(cfg)  # the same seed: every arm starts from the same weights and heads
     model.to(dev)
     if compiled:
         compile_layers(model.encoder)
-    opt = build_optimizer(model, cfg, dev)
     amp = torch.bfloat16 if precision == "bf16" else None
-    return Stepper(model, cfg, opt, linear_warmup_decay(opt, 10_000, 0.0), dev, amp, 10_000)
+    return Stepper.build(model, cfg, 10_000, dev, amp)
 
 
 def main(argv=None) -> None:

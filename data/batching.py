@@ -103,7 +103,46 @@ def make_batch(data: TaskData, indices: Sequence[int], tokenizer: Tokenizer) -> 
     return Batch(data.task, inputs, batch_labels(data, indices), [data.examples[i].id for i in indices], indices)
 
 
-def eval_batches(data: TaskData, tokenizer: Tokenizer, batch_size: int) -> list[Batch]:
-    """Batches sorted by length (least padding); predictions are put back in file order by index."""
-    order = np.argsort(data.lengths, kind="stable")
-    return [make_batch(data, order[i:i + batch_size].tolist(), tokenizer) for i in range(0, len(order), batch_size)]
+# Padded tokens per evaluation batch (examples x longest) on CPU. On the course dev sets (MiniLM,
+# one thread) 512-2048 all beat a fixed 256 examples per batch, 1024 the most: small batches of a
+# length-sorted file pad least, and their activations stay in cache. bench/eval_speed.py.
+CPU_EVAL_TOKENS = 1024
+
+
+def eval_token_budget(max_tokens: int | str | None, device_type: str) -> int | None:
+    """max_tokens as given, or for "auto" the measured budget of the device: CPU_EVAL_TOKENS on
+    CPU; elsewhere none (the fixed count alone), not having been measured on a GPU, which wants
+    large batches."""
+    if max_tokens != "auto":
+        return max_tokens
+    return CPU_EVAL_TOKENS if device_type == "cpu" else None
+
+
+def eval_batches(data: TaskData, tokenizer: Tokenizer, batch_size: int, max_tokens: int | None = None) -> list[Batch]:
+    """Batches sorted by length (least padding); predictions are put back in file order by index.
+
+    batch_size caps the examples per batch; max_tokens (None: no cap) caps its padded size,
+    examples x longest, so short sentences go in large batches and long ones in small ones: the
+    tail of a length-sorted file no longer pads a full batch_size batch to its longest member,
+    and every batch's activations stay about the same size. A batch holds at least one example."""
+    lengths = data.lengths
+    order = np.argsort(lengths, kind="stable")
+    return [make_batch(data, order[a:b].tolist(), tokenizer)
+            for a, b in _sorted_spans(lengths[order], batch_size, max_tokens)]
+
+
+def _sorted_spans(sorted_lengths: np.ndarray, batch_size: int, max_tokens: int | None) -> list[tuple[int, int]]:
+    """[start, end) of consecutive batches over ascending lengths, each within both caps."""
+    if batch_size < 1 or (max_tokens is not None and max_tokens < 1):
+        raise ValueError(f"batch_size and max_tokens must be >= 1, got {batch_size} and {max_tokens}")
+    spans, start, n = [], 0, len(sorted_lengths)
+    while start < n:
+        end = min(start + batch_size, n)
+        if max_tokens is not None:
+            # ascending: the first m examples pad to the m-th length, so the padded size
+            # m * sorted_lengths[start + m - 1] grows with m; keep the longest run within budget
+            padded = np.arange(1, end - start + 1) * sorted_lengths[start:end]
+            end = start + max(1, int(np.searchsorted(padded, max_tokens, side="right")))
+        spans.append((start, end))
+        start = end
+    return spans

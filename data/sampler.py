@@ -16,6 +16,9 @@ takes batches e*b .. e*b+b-1 of that stream, so
     batches per task and epoch; each epoch reads on from where that task's earlier epochs
     stopped (recomputed from (seed, epoch) like everything else), so no batch is skipped or
     replayed and a task drawn more often than a pass's worth runs on into a fresh permutation.
+
+Mixed steps (mixed_schedule, for PCGrad) hold several tasks' groups; given lengths, their task
+mix is stratified and each group length-bucketed (docs/sampling.md).
 """
 from __future__ import annotations
 
@@ -36,7 +39,7 @@ DEFAULT_BUCKET_BATCHES = 50
 
 # Purpose tags for the seed keys. Every key has the same length (4) because SeedSequence
 # zero-pads short keys, so [s, e, t] and [s, e, t, 0] would give the same stream.
-_PASS, _POOL, _CHOICE, _MIXED_PASS, _MIXED_POOL, _BUCKET_ORDER = 1, 2, 3, 4, 5, 6
+_PASS, _POOL, _CHOICE, _MIXED_PASS, _MIXED_POOL, _BUCKET_ORDER, _MIXED_STEPS, _MIXED_BUCKET = range(1, 9)
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,16 @@ def _check_common(sizes: dict[str, int], batch_size: int, epoch: int, seed: int)
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if epoch < 0 or seed < 0:  # SeedSequence only takes non-negative entropy
         raise ValueError(f"epoch and seed must be >= 0, got epoch={epoch}, seed={seed}")
+
+
+def _check_lengths(sizes: dict[str, int], lengths: dict[str, Sequence[int]] | None) -> None:
+    if lengths is None:
+        return
+    for task, n in sizes.items():
+        if task not in lengths:
+            raise ValueError(f"lengths has no entry for task {task!r}")
+        if len(lengths[task]) != n:
+            raise ValueError(f"lengths[{task!r}] has {len(lengths[task])} entries but sizes says {n}")
 
 
 def _pass_batches(n: int, batch_size: int, seed: int, task_id: int, p: int,
@@ -127,12 +140,7 @@ def epoch_schedule(sizes: dict[str, int], batch_size: int, *, epoch: int, seed: 
         raise ValueError(f"max_batches_per_task must be >= 1 or None, got {max_batches_per_task}")
     if bucket_batches < 1:
         raise ValueError(f"bucket_batches must be >= 1, got {bucket_batches}")
-    if lengths is not None:
-        for task, n in sizes.items():
-            if task not in lengths:
-                raise ValueError(f"lengths has no entry for task {task!r}")
-            if len(lengths[task]) != n:
-                raise ValueError(f"lengths[{task!r}] has {len(lengths[task])} entries but sizes says {n}")
+    _check_lengths(sizes, lengths)
     if sampling == "annealed":
         annealing_alpha(epoch, num_epochs)  # checks epoch < num_epochs
 
@@ -182,29 +190,35 @@ def padding_efficiency(schedule: list[TaskBatch], lengths: dict[str, Sequence[in
 
 
 def mixed_schedule(sizes: dict[str, int], batch_size: int, *, epoch: int, seed: int,
-                   max_examples_per_task: int | None = None) -> list[list[TaskBatch]]:
+                   max_examples_per_task: int | None = None,
+                   lengths: dict[str, Sequence[int]] | None = None,
+                   bucket_batches: int = DEFAULT_BUCKET_BATCHES) -> list[list[TaskBatch]]:
     """PCGrad-style steps: batches drawn from all tasks' examples pooled together.
 
     Each step is one TaskBatch per task present in it, in the order of `sizes`, so the caller
     can compute one loss (and one gradient) per task. Uncapped, every example appears exactly
     once per epoch; with a cap, each task contributes its next max_examples_per_task examples
     of a per-pass permutation, rotating across epochs like epoch_schedule's cap.
+
+    Without `lengths`: the pooled examples in a random order, cut into steps of batch_size (each
+    step's task mix multinomial). With `lengths`: stratified and length-bucketed steps (see
+    _bucketed_steps): every step holds each task's share of the pool (a task with at least as many
+    examples as the epoch has steps is in every step), and each task's group is length-homogeneous.
     """
     _check_common(sizes, batch_size, epoch, seed)
     if max_examples_per_task is not None and max_examples_per_task < 1:
         raise ValueError(f"max_examples_per_task must be >= 1 or None, got {max_examples_per_task}")
+    if bucket_batches < 1:
+        raise ValueError(f"bucket_batches must be >= 1, got {bucket_batches}")
+    _check_lengths(sizes, lengths)
     tasks = list(sizes)
-    task_ids: list[np.ndarray] = []
-    example_ids: list[np.ndarray] = []
-    for i, t in enumerate(tasks):
-        n = sizes[t]
-        k = n if max_examples_per_task is None else min(n, max_examples_per_task)
-        start = epoch * k
-        first, last = start // n, (start + k - 1) // n  # an epoch spans at most two passes
-        stream = np.concatenate([_rng(seed, p, _MIXED_PASS, i).permutation(n) for p in range(first, last + 1)])
-        chosen = stream[start - first * n:start - first * n + k]
-        task_ids.append(np.full(k, i))
-        example_ids.append(chosen)
+    example_ids = [_mixed_epoch_examples(sizes[t], i, epoch, seed, max_examples_per_task)
+                   for i, t in enumerate(tasks)]
+    if lengths is not None:
+        groups = _bucketed_steps(example_ids, [np.asarray(lengths[t]) for t in tasks], batch_size, epoch, seed,
+                                 bucket_batches)
+        return [[TaskBatch(t, tuple(g[i].tolist())) for i, t in enumerate(tasks) if len(g[i])] for g in groups]
+    task_ids = [np.full(len(x), i) for i, x in enumerate(example_ids)]
     order = _rng(seed, epoch, _MIXED_POOL).permutation(sum(len(x) for x in example_ids))
     tid, eid = np.concatenate(task_ids)[order], np.concatenate(example_ids)[order]
     steps: list[list[TaskBatch]] = []
@@ -212,6 +226,56 @@ def mixed_schedule(sizes: dict[str, int], batch_size: int, *, epoch: int, seed: 
         bt, be = tid[s:s + batch_size], eid[s:s + batch_size]
         steps.append([TaskBatch(t, tuple(be[bt == i].tolist())) for i, t in enumerate(tasks) if (bt == i).any()])
     return steps
+
+
+def _mixed_epoch_examples(n: int, task_id: int, epoch: int, seed: int, cap: int | None) -> np.ndarray:
+    """A task's examples for the epoch, in random order: all n, or its next `cap` of the passes' stream."""
+    k = n if cap is None else min(n, cap)
+    start = epoch * k
+    first, last = start // n, (start + k - 1) // n  # an epoch spans at most two passes
+    stream = np.concatenate([_rng(seed, p, _MIXED_PASS, task_id).permutation(n) for p in range(first, last + 1)])
+    return stream[start - first * n:start - first * n + k]
+
+
+def _step_counts(k: np.ndarray, steps: int) -> np.ndarray:
+    """(tasks, steps): how many of each task's k_t examples each step takes. Every step gets k_t // steps;
+    the k_t % steps left over go one per step, all tasks' leftovers laid end to end around the steps,
+    so step sizes differ by at most one and none exceeds ceil(sum(k) / steps)."""
+    counts = np.repeat((k // steps)[:, None], steps, axis=1)
+    start = 0
+    for t, r in enumerate(k % steps):
+        counts[t, (start + np.arange(r)) % steps] += 1
+        start += int(r)
+    return counts
+
+
+def _bucketed_steps(example_ids: list[np.ndarray], lengths: list[np.ndarray], batch_size: int, epoch: int,
+                    seed: int, bucket_batches: int) -> list[list[np.ndarray]]:
+    """Per step, each task's group of example indices (possibly empty).
+
+    The epoch keeps the unbucketed mode's number of steps, ceil(pooled / batch_size). Each task's
+    examples are split evenly over them (_step_counts; which steps take one more is shuffled), so
+    a step's task mix is the pool's to within one example. Then, per task: its steps are visited
+    in a random order, and the task's examples (already in random order) are cut into chunks of
+    bucket_batches steps' worth, each chunk sorted by length and dealt out in that order, as
+    epoch_schedule buckets one task's batches. An example's step is uniform over the epoch's
+    steps: which run of the sorted chunk it falls in depends on its length, but the step that run
+    goes to is drawn at random."""
+    k = np.array([len(x) for x in example_ids])
+    steps = math.ceil(int(k.sum()) / batch_size)
+    counts = _step_counts(k, steps)[:, _rng(seed, epoch, _MIXED_STEPS).permutation(steps)]
+    groups = [[np.empty(0, dtype=np.int64)] * len(k) for _ in range(steps)]
+    for t, (ids, lens) in enumerate(zip(example_ids, lengths)):
+        visit = _rng(seed, epoch, _MIXED_BUCKET, t).permutation(steps)
+        visit = visit[counts[t, visit] > 0]
+        bounds = np.concatenate([[0], np.cumsum(counts[t, visit])])
+        for c in range(0, len(visit), bucket_batches):
+            hi = min(c + bucket_batches, len(visit))
+            part = ids[bounds[c]:bounds[hi]]
+            part = part[np.argsort(lens[part], kind="stable")]  # ties keep their random order
+            for j in range(c, hi):
+                groups[visit[j]][t] = part[bounds[j] - bounds[c]:bounds[j + 1] - bounds[c]]
+    return groups
 
 
 def shard(batch: TaskBatch, rank: int, world_size: int) -> TaskBatch:

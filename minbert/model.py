@@ -122,6 +122,19 @@ _ACTIVATIONS = {
 }
 
 
+class Dropout(nn.Dropout):
+    """nn.Dropout with the keep mask drawn as uniform >= p on CPU in float32: the same Bernoulli(1 - p)
+    mask (to float32's 2**-24), scaled by 1 / (1 - p) as nn.Dropout does, in 0.6x of F.dropout's time
+    forward and backward (its CPU Bernoulli sampler is the slow part). Elsewhere, in other dtypes,
+    and for p = 1, nn.Dropout itself. Still an nn.Dropout: code that finds dropout modules finds it."""
+
+    def forward(self, x):
+        if not self.training or self.p == 0.0 or self.p == 1.0 or x.device.type != "cpu" or x.dtype != torch.float32:
+            return super().forward(x)
+        keep = torch.rand_like(x).ge_(self.p).mul_(1.0 / (1.0 - self.p))  # 0 or 1 / (1 - p), same shape as x
+        return x * keep
+
+
 class Embeddings(nn.Module):
     def __init__(self, cfg: BertConfig):
         super().__init__()
@@ -129,7 +142,7 @@ class Embeddings(nn.Module):
         self.position = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
         self.token_type = nn.Embedding(cfg.type_vocab_size, cfg.hidden_size)
         self.norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
-        self.drop = nn.Dropout(cfg.hidden_dropout_prob)
+        self.drop = Dropout(cfg.hidden_dropout_prob)
 
     def forward(self, input_ids, token_type_ids=None):  # (B, T) -> (B, T, H)
         T = input_ids.shape[1]
@@ -154,14 +167,14 @@ class Layer(nn.Module):
         self.qkv = nn.Linear(H, 3 * H)
         self.attn_out = nn.Linear(H, H)
         self.attn_norm = nn.LayerNorm(H, eps=cfg.layer_norm_eps)
-        self.attn_drop = nn.Dropout(cfg.attention_probs_dropout_prob)
+        self.attn_drop = Dropout(cfg.attention_probs_dropout_prob)
         self.ffn_in = nn.Linear(H, cfg.intermediate_size)
         self.ffn_out = nn.Linear(cfg.intermediate_size, H)
         self.ffn_norm = nn.LayerNorm(H, eps=cfg.layer_norm_eps)
-        self.drop = nn.Dropout(cfg.hidden_dropout_prob)
+        self.drop = Dropout(cfg.hidden_dropout_prob)
         self.act = _ACTIVATIONS[cfg.hidden_act]
 
-    def attention(self, x, mask, n_out=None):  # x (B, T, H), mask (B, 1, 1, T) bool, True = attend
+    def attention(self, x, bias, n_out=None):  # x (B, T, H), bias (B, 1, 1, T) additive or None
         B, T, H = x.shape
         nh, hd = self.n_head, H // self.n_head
         if n_out is None:
@@ -171,25 +184,54 @@ class Layer(nn.Module):
             q = F.linear(x[:, :n_out], w[:H], b[:H]).view(B, n_out, nh, hd).transpose(1, 2)  # (B, nh, n_out, hd)
             k, v = F.linear(x, w[H:], b[H:]).view(B, T, 2, nh, hd).permute(2, 0, 3, 1, 4)  # 2 x (B, nh, T, hd)
         p = self.attn_drop.p if self.attn_drop.training else 0.0
-        if _use_sdpa(self.attn_impl, x.device):
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
-        else:  # plain matmul path: measured faster than sdpa on some CPUs
-            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))  # (B, nh, T, T)
-            att = att.masked_fill(~mask, torch.finfo(att.dtype).min).softmax(dim=-1)
-            y = self.attn_drop(att) @ v
+        if _use_sdpa(self.attn_impl, x.device, p, B * nh * q.shape[2] * T):
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=p)
+        else:  # plain matmul path: faster than sdpa on CPU for small scores and under dropout
+            # Scale and mask in place: matmul's backward does not read its output, so neither
+            # needs a copy of the scores (an out-of-place scale and masked_fill copied them
+            # forward and backward). Same rounding as the reference's (q @ k^T) * scale + mask;
+            # scaling q first measured no faster and moved padded positions' outputs by 2e-5.
+            att = (q @ k.transpose(-2, -1)).mul_(1.0 / math.sqrt(hd))  # (B, nh, n_out or T, T)
+            if bias is not None:
+                att += bias
+            y = self.attn_drop(att.softmax(dim=-1)) @ v
         return y.transpose(1, 2).reshape(B, -1, H)  # (B, n_out or T, H)
 
-    def forward(self, x, mask, n_out=None):  # (B, T, H) -> (B, n_out or T, H)
-        a = self.attention(x, mask, n_out)
+    def forward(self, x, bias, n_out=None):  # (B, T, H) -> (B, n_out or T, H)
+        a = self.attention(x, bias, n_out)
         x = x if n_out is None else x[:, :n_out]
         x = self.attn_norm(x + self.drop(self.attn_out(a)))
         return self.ffn_norm(x + self.drop(self.ffn_out(self.act(self.ffn_in(x)))))
 
 
-def _use_sdpa(impl: str, device: torch.device) -> bool:
-    # "auto": the fused kernels win on CUDA; on CPU the matmul path measured faster in
-    # bench/encoder_vs_hf.py (see README), so that is the CPU default.
-    return impl == "sdpa" or (impl == "auto" and device.type != "cpu")
+# On CPU, sdpa's tiled (flash) kernel beats the matmul path once a layer's scores (B x heads x
+# queries x keys) outgrow the caches: 0.3-0.8x of its time from 1.5M scores (MiniLM at B=8, T=128),
+# about even near 0.4M, slower below. Under dropout sdpa falls back to unfused math like ours, and
+# measured 1.05-1.25x slower at every shape. `python bench/encoder_grid.py --attn-core`.
+SDPA_MIN_SCORES_CPU = 2 ** 18
+
+
+def _use_sdpa(impl: str, device: torch.device, dropout: float, scores: int) -> bool:
+    if impl != "auto":
+        return impl == "sdpa"
+    return device.type != "cpu" or (dropout == 0.0 and scores >= SDPA_MIN_SCORES_CPU)
+
+
+def padding_bias(attention_mask, dtype: torch.dtype):
+    """(B, T) 1 = token, 0 = padding -> (B, 1, 1, T) additive bias: 0 for tokens, dtype's most
+    negative value for padding (exp underflows to 0 in the softmax); None when nothing is padded,
+    so that unpadded batches do no mask work (and sdpa may take its mask-free kernels). Checking
+    costs one host sync per forward on CUDA, next to the loss's .item() every step."""
+    if attention_mask is None or bool(attention_mask.all()):
+        return None
+    pad = (attention_mask == 0)[:, None, None, :]  # (B, 1, 1, T)
+    return torch.zeros(pad.shape, dtype=dtype, device=pad.device).masked_fill_(pad, torch.finfo(dtype).min)
+
+
+def compute_dtype(h: torch.Tensor) -> torch.dtype:
+    """The dtype the attention scores come out in: autocast's, when it is on for h's device."""
+    dev = h.device.type
+    return torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else h.dtype
 
 
 class BertOutput(NamedTuple):
@@ -238,12 +280,10 @@ class Bert(nn.Module):
             raise ValueError(f"layers {start}..{end} out of range: the model has {self.num_layers} layers")
         if first_only and output_hidden_states:
             raise ValueError("first_only and output_hidden_states exclude each other")
-        if attention_mask is None:
-            attention_mask = torch.ones(h.shape[:2], dtype=torch.bool, device=h.device)
-        mask = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T)
+        bias = padding_bias(attention_mask, compute_dtype(h)) if start < end else None  # once for all layers
         states = [h]
         for i in range(start, end):
-            h = self.layers[i](h, mask, 1 if first_only and i == end - 1 else None)
+            h = self.layers[i](h, bias, 1 if first_only and i == end - 1 else None)
             states.append(h)
         if first_only:
             return h[:, :1]  # also when no layer ran (start == end)

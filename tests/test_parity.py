@@ -171,3 +171,88 @@ def test_config_rejects_what_we_do_not_implement(tmp_path):
     (tmp_path / "config.json").write_text('{"position_embedding_type": "relative_key"}')
     with pytest.raises(ValueError, match="relative_key"):
         BertConfig.from_json(tmp_path / "config.json")
+
+
+def test_padding_bias_is_zero_for_tokens_most_negative_for_padding_and_absent_without_padding():
+    from minbert.model import padding_bias
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    for dtype in (torch.float32, torch.bfloat16):
+        bias = padding_bias(mask, dtype)
+        assert bias.shape == (2, 1, 1, 3) and bias.dtype == dtype
+        expected = torch.tensor([[0.0, 0.0, torch.finfo(dtype).min], [0.0, 0.0, 0.0]], dtype=dtype)
+        assert torch.equal(bias[:, 0, 0], expected)
+    assert padding_bias(torch.ones(2, 3, dtype=torch.long), torch.float32) is None
+    assert padding_bias(None, torch.float32) is None
+
+
+def test_auto_attention_picks_sdpa_on_cpu_only_for_large_scores_without_dropout():
+    from minbert.model import SDPA_MIN_SCORES_CPU, _use_sdpa
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert not _use_sdpa("auto", cpu, 0.0, SDPA_MIN_SCORES_CPU - 1)
+    assert _use_sdpa("auto", cpu, 0.0, SDPA_MIN_SCORES_CPU)
+    assert not _use_sdpa("auto", cpu, 0.1, 10 * SDPA_MIN_SCORES_CPU)  # dropout: sdpa has no faster kernel
+    assert _use_sdpa("auto", cuda, 0.1, 1)
+    assert _use_sdpa("sdpa", cpu, 0.1, 1) and not _use_sdpa("matmul", cuda, 0.0, 10 * SDPA_MIN_SCORES_CPU)
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_auto_attention_matches_reference_above_the_sdpa_threshold(minilm_dir, padded):
+    """Eval-mode batches large enough for auto to take sdpa on CPU (2 x 12 heads x 128 x 128 scores),
+    padded and not (no bias at all): the same outputs as the reference's eager attention."""
+    ours = load_bert(minilm_dir, attn_impl="auto")
+    ref = BertModel.from_pretrained(str(minilm_dir), attn_implementation="eager")
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(1000, 30000, (2, 128), generator=g)
+    mask = torch.ones_like(ids)
+    if padded:
+        mask[1, 40:] = 0
+    calls = []
+    real = torch.nn.functional.scaled_dot_product_attention
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch.nn.functional, "scaled_dot_product_attention", lambda *a, **k: calls.append(k) or real(*a, **k))
+        _compare(ours, ref, {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)})
+    assert len(calls) == ours.num_layers
+    assert all((k["attn_mask"] is None) != padded for k in calls)  # no mask work without padding
+
+
+def test_padded_batch_under_bf16_autocast_matches_reference_to_bf16_precision(minilm_dir):
+    """The bias is built in autocast's dtype: float32's most negative value would round to -inf in
+    bf16, and a row with no token at all (here the last) would turn to NaN instead of the
+    reference's uniform attention."""
+    ours = load_bert(minilm_dir, attn_impl="sdpa").eval()
+    ref = BertModel.from_pretrained(str(minilm_dir), attn_implementation="eager").eval()
+    batch = load_tokenizer(minilm_dir)(SENTS, PAIRS)
+    batch["attention_mask"][-1] = 0
+    for impl in ("sdpa", "matmul"):
+        for layer in ours.layers:
+            layer.attn_impl = impl
+        with torch.no_grad():
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                got = ours(**batch).pooler_output.float()
+            want = ref(**batch).pooler_output
+        torch.testing.assert_close(got, want, atol=0.05, rtol=0)
+        assert (got - want).abs().max() > 0  # really computed in bf16
+
+
+def test_cpu_dropout_keeps_1_minus_p_scales_like_nn_dropout_and_passes_gradients_through_the_mask():
+    from minbert.model import Dropout
+    torch.manual_seed(0)
+    drop = Dropout(0.1).train()
+    assert isinstance(drop, torch.nn.Dropout)  # SMART's dropout_disabled finds it
+    x = torch.randn(2_000_000).abs().add_(0.1).requires_grad_()  # no zeros: kept <=> nonzero output
+    y = drop(x)
+    kept = y != 0
+    n = x.numel()
+    assert abs(kept.float().mean().item() - 0.9) < 5 * (0.9 * 0.1 / n) ** 0.5  # Bernoulli(0.9), 5 sigma
+    scale = torch.tensor(1 / 0.9, dtype=torch.float32)
+    assert torch.equal(y[kept], x.detach()[kept] * scale)  # nn.Dropout's 1 / (1 - p), exactly
+    g = torch.randn(n)
+    y.backward(g)
+    assert torch.equal(x.grad, torch.where(kept, g * scale, torch.zeros(())))
+    assert torch.equal(drop.eval()(x), x)
+    torch.manual_seed(1)
+    a = drop.train()(x)
+    torch.manual_seed(1)
+    assert torch.equal(drop(x), a)  # seeded by torch's generator, like nn.Dropout
+    half = drop(x.detach().bfloat16())  # other dtypes: nn.Dropout itself
+    assert half.dtype == torch.bfloat16 and abs((half != 0).float().mean().item() - 0.9) < 0.002

@@ -283,6 +283,99 @@ def test_mixed_cap_rotates():
     assert sorted(seen) == list(range(500))
 
 
+# ---------------------------------------------------------------- mixed_schedule, length-bucketed
+
+@FEW
+@given(sizes_st, bs_st, st.integers(0, 4), st.integers(0, 2**31), st.integers(1, 4), st.data())
+def test_bucketed_mixed_covers_once_and_stratifies_the_task_mix(sizes, bs, epoch, seed, bucket_batches, data):
+    lengths = {t: data.draw(st.lists(st.integers(3, 60), min_size=n, max_size=n)) for t, n in sizes.items()}
+    steps = mixed_schedule(sizes, bs, epoch=epoch, seed=seed, lengths=lengths, bucket_batches=bucket_batches)
+    order = list(sizes)
+    n_steps = math.ceil(sum(sizes.values()) / bs)
+    assert len(steps) == n_steps  # as many steps as the unbucketed mode
+    for step in steps:
+        tasks = [b.task for b in step]
+        assert tasks == sorted(tasks, key=order.index) and len(set(tasks)) == len(tasks)
+        assert all(b.indices for b in step) and sum(len(b.indices) for b in step) <= bs
+        got = {b.task: len(b.indices) for b in step}
+        for t, n in sizes.items():  # each task's share of the pool, to within one example
+            assert abs(got.get(t, 0) - n / n_steps) < 1
+            if n >= n_steps:
+                assert t in got  # in every step
+    seen = by_task([b for step in steps for b in step])
+    assert {t: sorted(v) for t, v in seen.items()} == {t: list(range(n)) for t, n in sizes.items()}
+
+
+def test_bucketed_mixed_is_deterministic_and_its_steps_are_not_in_length_order():
+    rng = np.random.default_rng(0)
+    lengths = {t: rng.integers(5, 80, n).tolist() for t, n in SIZES.items()}
+    steps = mixed_schedule(SIZES, 16, epoch=0, seed=4, lengths=lengths)
+    assert steps == mixed_schedule(SIZES, 16, epoch=0, seed=4, lengths=lengths)
+    assert steps != mixed_schedule(SIZES, 16, epoch=1, seed=4, lengths=lengths)
+    assert steps != mixed_schedule(SIZES, 16, epoch=0, seed=5, lengths=lengths)
+    assert steps != mixed_schedule(SIZES, 16, epoch=0, seed=4)  # lengths change the grouping
+    longest = [max(lengths["para"][i] for i in step[1].indices) for step in steps]
+    assert longest != sorted(longest) and longest != sorted(longest, reverse=True)
+
+
+def test_bucketed_mixed_cap_rotates():
+    sizes = {"sst": 30, "para": 500}
+    rng = np.random.default_rng(2)
+    lengths = {t: rng.integers(3, 50, n).tolist() for t, n in sizes.items()}
+    seen = []
+    for e in range(5):
+        idx = by_task([b for s in mixed_schedule(sizes, 8, epoch=e, seed=2, max_examples_per_task=100,
+                                                 lengths=lengths) for b in s])
+        assert len(idx["para"]) == 100 and sorted(idx["sst"]) == list(range(30))
+        seen += idx["para"]
+    assert sorted(seen) == list(range(500))
+
+
+def test_bucketed_mixed_places_every_example_uniformly_over_the_steps():
+    """What PCGrad's pooled sampling needs in expectation: over many seeds, every example lands in
+    each of the S steps with frequency 1/S. Bound: 5 binomial standard deviations,
+    5 * sqrt(p (1 - p) / seeds) with p = 1/S; 648 (example, step) cells, so a 5-sigma miss by
+    chance is unlikely (~4e-4). Long and short examples alike: the length sort does not decide the step."""
+    sizes, bs, seeds = {"a": 40, "b": 25, "c": 7}, 8, 2000
+    rng = np.random.default_rng(3)
+    lengths = {t: rng.integers(3, 60, n).tolist() for t, n in sizes.items()}
+    S = math.ceil(sum(sizes.values()) / bs)
+    hits = {t: np.zeros((n, S)) for t, n in sizes.items()}
+    for seed in range(seeds):
+        for s, step in enumerate(mixed_schedule(sizes, bs, epoch=0, seed=seed, lengths=lengths, bucket_batches=2)):
+            for b in step:
+                hits[b.task][list(b.indices), s] += 1
+    p = 1 / S
+    bound = 5 * math.sqrt(p * (1 - p) / seeds)
+    for t, h in hits.items():
+        assert (h.sum(1) == seeds).all()  # once per epoch
+        assert np.abs(h / seeds - p).max() < bound, (t, np.abs(h / seeds - p).max(), bound)
+
+
+@pytest.fixture(scope="module")
+def course_token_lengths(course_data_dir):
+    """Tokens per example of the three real training sets, with the MiniLM tokenizer."""
+    from data.batching import encode_task
+    from data.loaders import COURSE_FILES, load_task_file
+    from minbert import load_tokenizer, resolve_checkpoint
+    tok = load_tokenizer(resolve_checkpoint("minilm-l6"))
+    return {t: encode_task(t, load_task_file(course_data_dir / COURSE_FILES[t]["train"], t, labelled=True).examples,
+                           tok).lengths for t in ("sst", "para", "sts")}
+
+
+@pytest.mark.parametrize("bs", [16, 32, 64])
+def test_bucketed_mixed_padding_efficiency_on_the_course_training_sets(course_token_lengths, bs):
+    lengths = course_token_lengths
+    sizes = {t: len(v) for t, v in lengths.items()}
+    for epoch in range(2):
+        bucketed = mixed_schedule(sizes, bs, epoch=epoch, seed=0, lengths=lengths)
+        assert all(len(step) == 3 for step in bucketed)  # every task in every step
+        eff = padding_efficiency([b for step in bucketed for b in step], lengths)
+        assert eff >= 0.9, (bs, eff)
+    plain = mixed_schedule(sizes, bs, epoch=0, seed=0)
+    assert padding_efficiency([b for step in plain for b in step], lengths) < 0.65
+
+
 # ---------------------------------------------------------------- shard
 
 @FEW
@@ -304,6 +397,8 @@ def test_validation_errors_are_clear():
         epoch_schedule(SIZES, 0, epoch=0, seed=0)
     with pytest.raises(ValueError, match="batch_size"):
         mixed_schedule(SIZES, 0, epoch=0, seed=0)
+    with pytest.raises(ValueError, match="sts"):
+        mixed_schedule(SIZES, 8, epoch=0, seed=0, lengths={"sst": [5] * 400, "para": [5] * 700, "sts": [5] * 274})
     bad = {"sst": [5] * 400, "para": [5] * 700, "sts": [5] * 274}
     with pytest.raises(ValueError, match="sts"):
         epoch_schedule(SIZES, 8, epoch=0, seed=0, lengths=bad)

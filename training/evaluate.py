@@ -73,8 +73,9 @@ def metrics_of(dev: dict[str, TaskData], preds: dict[str, np.ndarray]) -> dict[s
 
 
 def evaluate(model, dev: dict[str, TaskData], tokenizer, batch_size: int, device,
-             autocast=contextlib.nullcontext) -> dict[str, float]:
-    return metrics_of(dev, predict_sets(model, dev, tokenizer, batch_size, device, autocast))
+             autocast=contextlib.nullcontext, max_tokens: int | str | None = "auto") -> dict[str, float]:
+    """Dev metrics; max_tokens: see inference.raw_outputs."""
+    return metrics_of(dev, predict_sets(model, dev, tokenizer, batch_size, device, autocast, max_tokens))
 
 
 def write_all_predictions(model, splits, folder, overwrite: bool = False, source: str | None = None) -> dict:

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from data.batching import Batch, TaskData, batch_labels, eval_batches
+from data.batching import Batch, TaskData, batch_labels, eval_batches, eval_token_budget
 from heads import MultitaskBert
 
 from .progress import progress
@@ -92,7 +92,7 @@ def _offsets(seq) -> np.ndarray:
 @torch.inference_mode()
 def _fill(model: MultitaskBert, data: TaskData, s: int, out: np.ndarray, offsets: np.ndarray, tokenizer,
           layer: int, device, batch_size: int, compute_dtype: torch.dtype | None) -> None:
-    batches = eval_batches(data, tokenizer, batch_size)
+    batches = eval_batches(data, tokenizer, batch_size, eval_token_budget("auto", device.type))  # as evaluation
     name = f"frozen cache: {data.task}" + (f" sentence {s + 1}" if len(data.sequences) > 1 else "")
     for batch in progress(batches, desc=name, total=len(batches)):
         with torch.autocast(device.type, dtype=compute_dtype, enabled=compute_dtype is not None):

@@ -9,20 +9,21 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from data.batching import TaskData, eval_batches
+from data.batching import TaskData, eval_batches, eval_token_budget
 from heads import MultitaskBert, predict
 
 
 @torch.inference_mode()
 def raw_outputs(model: MultitaskBert, data: TaskData, tokenizer, batch_size: int, device,
-                autocast=contextlib.nullcontext) -> torch.Tensor:
+                autocast=contextlib.nullcontext, max_tokens: int | str | None = "auto") -> torch.Tensor:
     """The heads' outputs (logits / scores) in the order of data.examples, in fp32 on the CPU;
-    batches run sorted by length."""
+    batches run sorted by length, at most batch_size examples and max_tokens padded tokens each
+    (None: batch_size alone; "auto": the device's budget, data.batching.eval_token_budget)."""
     was_training = model.training
     model.eval()
     out = None
     try:
-        for batch in eval_batches(data, tokenizer, batch_size):
+        for batch in eval_batches(data, tokenizer, batch_size, eval_token_budget(max_tokens, device.type)):
             batch = batch.to(device)
             with autocast():
                 o = model(data.task, batch.inputs).float().cpu()
@@ -35,25 +36,27 @@ def raw_outputs(model: MultitaskBert, data: TaskData, tokenizer, batch_size: int
 
 
 def task_outputs(model: MultitaskBert, data: TaskData, tokenizer, batch_size: int, device,
-                 autocast=contextlib.nullcontext) -> torch.Tensor:
+                 autocast=contextlib.nullcontext, max_tokens: int | str | None = "auto") -> torch.Tensor:
     """raw_outputs, except that where data has a `.swapped` copy (pairs in both orders) the two
     orders' outputs are averaged: the paraphrase logits, the similarity scores."""
-    out = raw_outputs(model, data, tokenizer, batch_size, device, autocast)
+    out = raw_outputs(model, data, tokenizer, batch_size, device, autocast, max_tokens)
     if data.swapped is not None:
-        out = (out + raw_outputs(model, data.swapped, tokenizer, batch_size, device, autocast)) / 2
+        out = (out + raw_outputs(model, data.swapped, tokenizer, batch_size, device, autocast, max_tokens)) / 2
     return out
 
 
 def predict_task(model: MultitaskBert, data: TaskData, tokenizer, batch_size: int, device,
-                 autocast=contextlib.nullcontext) -> np.ndarray:
+                 autocast=contextlib.nullcontext, max_tokens: int | str | None = "auto") -> np.ndarray:
     """Predictions in the order of data.examples, from task_outputs."""
-    return predict(data.task, task_outputs(model, data, tokenizer, batch_size, device, autocast)).double().numpy()
+    out = task_outputs(model, data, tokenizer, batch_size, device, autocast, max_tokens)
+    return predict(data.task, out).double().numpy()
 
 
 def predict_sets(model, sets: dict[str, TaskData], tokenizer, batch_size: int, device,
-                 autocast=contextlib.nullcontext) -> dict[str, np.ndarray]:
+                 autocast=contextlib.nullcontext, max_tokens: int | str | None = "auto") -> dict[str, np.ndarray]:
     """predict_task for each task's set: task -> predictions in the order of its examples."""
-    return {task: predict_task(model, data, tokenizer, batch_size, device, autocast) for task, data in sets.items()}
+    return {task: predict_task(model, data, tokenizer, batch_size, device, autocast, max_tokens)
+            for task, data in sets.items()}
 
 
 def run_tokenizer_dir(checkpoint, given: str | None) -> Path:

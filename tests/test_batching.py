@@ -1,0 +1,95 @@
+"""data/batching.py's evaluation batches: length-sorted, capped by count and by padded tokens."""
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from data.batching import _sorted_spans, encode_task, eval_batches
+from data.loaders import COURSE_FILES, load_task_file
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_spans_hand_computed():
+    lengths = np.array([2, 3, 3, 5, 8, 8, 9])
+    # budget 10: 3 x 3 = 9 fits, 4 x 5 = 20 does not; then 5, 8, 8 (2 x 8 = 16 > 10) and 9 alone
+    assert _sorted_spans(lengths, 4, 10) == [(0, 3), (3, 4), (4, 5), (5, 6), (6, 7)]
+    assert _sorted_spans(lengths, 4, None) == [(0, 4), (4, 7)]  # the count alone, as before the budget
+    assert _sorted_spans(lengths, 2, 1000) == [(0, 2), (2, 4), (4, 6), (6, 7)]  # the count still caps
+    assert _sorted_spans(np.array([50, 60]), 8, 10) == [(0, 1), (1, 2)]  # over budget alone: one per batch
+    with pytest.raises(ValueError, match="max_tokens"):
+        _sorted_spans(lengths, 4, 0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 130), min_size=1, max_size=300), st.integers(1, 64), st.integers(1, 3000))
+def test_spans_cover_in_order_respect_both_caps_and_are_as_large_as_the_caps_allow(lengths, batch_size, budget):
+    lengths = np.sort(np.array(lengths))
+    spans = _sorted_spans(lengths, batch_size, budget)
+    assert [a for a, _ in spans] == [0] + [b for _, b in spans[:-1]] and spans[-1][1] == len(lengths)
+    for a, b in spans:
+        assert 1 <= b - a <= batch_size
+        assert (b - a) * lengths[b - 1] <= budget or b - a == 1
+        if b < len(lengths):  # one more example would break a cap
+            assert b - a == batch_size or (b - a + 1) * lengths[b] > budget
+
+
+@pytest.fixture(scope="module")
+def dev_subset(course_data_dir):
+    """60 examples of each real dev file, encoded for MiniLM, and a model with seeded heads."""
+    from heads import MultitaskBert
+    from minbert import load_bert, load_tokenizer, resolve_checkpoint
+    path = resolve_checkpoint("minilm-l6")
+    tok = load_tokenizer(path)
+    torch.manual_seed(0)
+    model = MultitaskBert(load_bert(path), "cross").eval()
+    dev = {}
+    for task in ("sst", "para", "sts"):
+        examples = load_task_file(course_data_dir / COURSE_FILES[task]["dev"], task, labelled=True).examples
+        dev[task] = encode_task(task, examples[:60], tok, "cross", 128)
+    return model, tok, dev
+
+
+def test_token_budget_batches_are_smaller_for_long_examples_and_cover_every_example(dev_subset):
+    _, tok, dev = dev_subset
+    data = dev["para"]
+    batches = eval_batches(data, tok, 256, max_tokens=600)
+    assert sorted(i for b in batches for i in b.indices) == list(range(len(data)))
+    widths = [b.inputs[0]["input_ids"].shape[1] for b in batches]
+    assert widths == sorted(widths) and all(b.size * w <= 600 for b, w in zip(batches, widths))
+    assert batches[0].size > batches[-1].size  # short examples in large batches, long ones in small
+
+
+def test_outputs_per_example_do_not_depend_on_the_batching(dev_subset):
+    """Each example's output under the token budget equals its output computed alone (batch of one,
+    no padding: the reference), to float noise; the metrics equal the fixed-count batching's to 1e-6."""
+    from training.evaluate import evaluate, raw_outputs
+    model, tok, dev = dev_subset
+    cpu = torch.device("cpu")
+    for task, data in dev.items():
+        alone = raw_outputs(model, data, tok, 1, cpu, max_tokens=None)
+        budget = raw_outputs(model, data, tok, 256, cpu, max_tokens=500)
+        assert len(eval_batches(data, tok, 256, max_tokens=500)) > 3  # really several batch compositions
+        torch.testing.assert_close(budget, alone, atol=2e-5, rtol=0)
+    fixed = evaluate(model, dev, tok, 256, cpu, max_tokens=None)
+    budgeted = evaluate(model, dev, tok, 256, cpu, max_tokens=500)
+    assert fixed.keys() == budgeted.keys()
+    for k in fixed:
+        assert abs(fixed[k] - budgeted[k]) <= 1e-6, (k, fixed[k], budgeted[k])
+
+
+def test_auto_budget_is_the_cpu_measurement_on_cpu_and_none_elsewhere():
+    from data.batching import CPU_EVAL_TOKENS, eval_token_budget
+    assert eval_token_budget("auto", "cpu") == CPU_EVAL_TOKENS
+    assert eval_token_budget("auto", "cuda") is None
+    assert eval_token_budget(777, "cuda") == 777 and eval_token_budget(None, "cpu") is None
+
+
+@pytest.mark.parametrize("value", ["-1", "many"])
+def test_evaluate_cli_rejects_a_bad_token_budget_in_one_line(value, capsys):
+    from training.evaluate import main
+    with pytest.raises(SystemExit) as e:
+        main(["--checkpoint", "x.pt", "--score", "sst", "f.csv", "--max-tokens", value])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "--max-tokens" in err and value in err
