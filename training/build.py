@@ -63,11 +63,10 @@ def load_data(cfg: TrainConfig, tokenizer: Tokenizer) -> Splits:
                 log.warning("%s: not found; no %s test predictions will be written", path, task)
                 continue
             examples = load_task_file(path, task, labelled=split != "test", strict=cfg.strict).examples
-            if split == "train" and cfg.max_train_examples and len(examples) > cfg.max_train_examples:
-                keep = np.random.default_rng([cfg.seed, 7]).permutation(len(examples))[: cfg.max_train_examples]
-                examples = [examples[i] for i in sorted(keep)]
-            if split == "dev" and cfg.max_eval_examples:
-                examples = examples[: cfg.max_eval_examples]
+            limit = {"train": cfg.max_train_examples, "dev": cfg.max_eval_examples}.get(split)
+            if limit and len(examples) > limit:  # a seeded random subset: the files are not in random order
+                keep = np.random.default_rng([cfg.seed, 7 if split == "train" else 8]).permutation(len(examples))
+                examples = [examples[i] for i in sorted(keep[:limit])]
             if split == "train" and cfg.pair_swap and task != "sst" and cfg.pair_encoding == "cross":
                 examples = with_swapped_pairs(examples)
             target[task] = encode_task(task, examples, tokenizer, cfg.pair_encoding, cfg.max_length,

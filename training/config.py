@@ -117,8 +117,9 @@ class TrainConfig:
                                           "overall score (predictions then use best.pt as usual)", "schedule",
                                           metavar="P", range=_at_least(1), resume_may_differ=True,
                                           default_text="train every epoch")
-    max_eval_examples: int | None = opt(None, "score at most the first N examples of each dev set (quick runs; the "
-                                        "dev prediction files then hold those N)", "schedule", metavar="N",
+    max_eval_examples: int | None = opt(None, "score at most N examples of each dev set, a seeded random subset "
+                                        "(quick runs; the dev prediction files then hold those N)", "schedule",
+                                        metavar="N",
                                         range=_at_least(1), resume_may_differ=True, default_text="all")
     test_predictions: bool = opt(True, "write no test-set prediction files (quick runs)", "run",
                                  resume_may_differ=True)
