@@ -11,7 +11,7 @@ import torch
 from data.batching import encode_task, make_batch
 from data.loaders import Example
 from minbert import Tokenizer
-from tests.test_training import config, make_checkpoint, write_data
+from test_training import config, make_checkpoint, write_data
 from training.build import build_model
 from training.cli import main as cli_main
 from training.stepper import Stepper

@@ -21,7 +21,7 @@ import torch
 
 from data.loaders import COURSE_FILES, load_task_file
 from heads import MultitaskBert, predict
-from minbert import Bert, BertConfig, Tokenizer, load_bert, save_hf
+from minbert import Bert, BertConfig, Tokenizer, load_bert
 from training import evaluate as evaluate_mod
 from training.checkpointing import model_from_checkpoint, read_checkpoint
 from training.cli import main as cli_main
@@ -29,9 +29,9 @@ from training.config import TrainConfig
 from training.evaluate import HEADERS, read_predictions
 from training.trainer import train
 
-WORDS = ("apple river stone cloud lamp tiger honey piano garden silver rocket paper window forest candle "
-         "mirror ocean pepper violin desert").split()
-VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]
+from tiny_runs import VOCAB, sent
+from tiny_runs import make_encoder as make_checkpoint  # the 2-layer, hidden-32 encoder of every tiny run
+
 N = 8  # examples per task
 EPOCHS = 40
 SEED = 3
@@ -41,25 +41,6 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # ----------------------------------------------------------------------------- fixtures: model and data
-
-def make_checkpoint(d):
-    torch.manual_seed(0)
-    cfg = BertConfig(vocab_size=len(VOCAB), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                     intermediate_size=64, max_position_embeddings=128, hidden_dropout_prob=0.0,
-                     attention_probs_dropout_prob=0.0)
-    bert = Bert(cfg)
-    with torch.no_grad():
-        for p in bert.parameters():
-            if p.ndim == 2:
-                p.normal_(0.0, 0.5)
-    save_hf(bert, d)
-    (d / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
-    return d
-
-
-def sent(i: int, k: int = 3) -> str:
-    return " ".join(WORDS[(i * 7 + j * 3) % len(WORDS)] for j in range(k))
-
 
 def write_data(d):
     """Course-format files; dev = train (the test is memorisation). Sentences vary in length so that
