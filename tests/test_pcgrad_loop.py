@@ -221,3 +221,21 @@ def test_without_pcgrad_mixed_step_is_plain_sum(tiny_ckpt):
     stepper.step(batches, 0)
     _check_shared(seen, names, _flat(ref, names).sum(0))
     _check_heads(seen, ref, model)
+
+
+def test_the_trainers_mixed_steps_are_length_bucketed(course_data_dir):
+    """--pcgrad's mixed steps, as the trainer builds them from the course files: every task in every
+    step, and little padding (0.53 of the tokens were real before the steps were bucketed)."""
+    from data.sampler import padding_efficiency
+    from minbert import Tokenizer, resolve_checkpoint
+    from training.build import load_data
+
+    cfg = TrainConfig(data_dir=str(course_data_dir), pcgrad=True, max_train_examples=2000, seed=3)
+    assert cfg.task_sampling == "mixed"
+    train = load_data(cfg, Tokenizer.from_checkpoint(resolve_checkpoint(cfg.model))).train
+    lengths = {t: d.lengths for t, d in train.items()}
+    bucketed = schedule_for_epoch(cfg, train, 0)
+    assert all([tb.task for tb in step] == ["sst", "para", "sts"] for step in bucketed)
+    assert padding_efficiency([tb for step in bucketed for tb in step], lengths) >= 0.9
+    unbucketed = schedule_for_epoch(TrainConfig(**{**cfg.to_dict(), "bucket": False}), train, 0)
+    assert padding_efficiency([tb for step in unbucketed for tb in step], lengths) < 0.7

@@ -77,9 +77,9 @@ def load_data(cfg: TrainConfig, tokenizer: Tokenizer) -> Splits:
 def schedule_for_epoch(cfg: TrainConfig, train: dict[str, TaskData], epoch: int) -> list[list[TaskBatch]]:
     """The epoch's steps; each step is a list of TaskBatch (one, or one per task in a mixed batch)."""
     sizes = {t: len(d) for t, d in train.items()}
-    if cfg.task_sampling == "mixed":
-        return mixed_schedule(sizes, cfg.batch_size, epoch=epoch, seed=cfg.seed)
     lengths = {t: d.lengths for t, d in train.items()} if cfg.bucket else None
+    if cfg.task_sampling == "mixed":  # length-bucketed too, keeping every task in every step (docs/sampling.md)
+        return mixed_schedule(sizes, cfg.batch_size, epoch=epoch, seed=cfg.seed, lengths=lengths)
     steps = epoch_schedule(sizes, cfg.batch_size, epoch=epoch, seed=cfg.seed, sampling=cfg.task_sampling,
                            num_epochs=cfg.epochs, max_batches_per_task=cfg.max_batches_per_task, lengths=lengths)
     return [[s] for s in steps]

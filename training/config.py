@@ -135,7 +135,8 @@ class TrainConfig:
     max_batches_per_task: int | None = opt(None, "cap each task's batches per epoch (e.g. for the full Quora "
                                            "set); successive epochs continue through the data", "schedule",
                                            metavar="N", range=_at_least(1), default_text="no cap")
-    bucket: bool = opt(True, "random batches instead of length-bucketed ones (more padding, slower)", "schedule")
+    bucket: bool = opt(True, "random batches instead of length-bucketed ones (more padding, slower; under "
+                       "--task-sampling mixed, random mixed steps)", "schedule")
     # ------------------------------------------------------------------ optimisation
     lr: float = opt(1e-4, "peak learning rate of AdamW", "optimisation", range=Range(low=0, low_open=True))
     weight_decay: float = opt(0.01, "AdamW's decoupled weight decay (not applied to biases and LayerNorm "
@@ -381,8 +382,6 @@ def _combination_errors(cfg: TrainConfig) -> list[str]:
                       "gradient of a step at once): raise --batch-size instead")
     if cfg.pcgrad and len(cfg.tasks) < 2:
         errors.append("--pcgrad needs at least two --tasks")
-    if not cfg.bucket and cfg.task_sampling == "mixed":
-        errors.append("--no-bucket applies to the per-task samplers, not --task-sampling mixed (never bucketed)")
     if cfg.smart:
         if cfg.smart_lambda < 0 or cfg.smart_mu < 0 or math.isnan(cfg.smart_lambda) or math.isnan(cfg.smart_mu):
             errors.append(f"--smart-lambda and --smart-mu must be >= 0, not {cfg.smart_lambda} and {cfg.smart_mu}")
