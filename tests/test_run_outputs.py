@@ -200,3 +200,22 @@ def test_an_unknown_flag_is_one_line_with_the_nearest_real_one(argv, hint, capsy
         cli_main(argv)
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2 and len(err) == 1 and hint in err[0], err
+
+
+def test_evaluation_and_prediction_show_progress(tmp_path, inputs, caplog):
+    """A dev or test set's prediction logs its progress off a terminal (tqdm on one); a handful of
+    sentences (an API call) does not."""
+    from training.inference import SHOW_PROGRESS_FROM, raw_outputs
+
+    data, ckpt = inputs
+    cfg = config(tmp_path, data, ckpt)
+    model, tok, _ = build_model(cfg)
+    n = SHOW_PROGRESS_FROM + 5
+    sst = encode_task("sst", [Example(f"s{i}", "apple river " * (1 + i % 3), None, i % 5) for i in range(n)], tok)
+    with caplog.at_level("INFO", logger="progress"):
+        raw_outputs(model, sst, tok, 1, torch.device("cpu"))
+    assert f"predicting sst ({n} examples): {n}/{n} (100%)" in caplog.text
+    caplog.clear()
+    with caplog.at_level("INFO", logger="progress"):
+        raw_outputs(model, sst, tok, 2 * n, torch.device("cpu"))
+    assert "predicting" not in caplog.text

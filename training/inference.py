@@ -12,6 +12,10 @@ import torch
 from data.batching import TaskData, eval_batches, eval_token_budget
 from heads import MultitaskBert, predict
 
+from .progress import progress
+
+SHOW_PROGRESS_FROM = 20  # batches: below that a call is quick, and a line for each would be noise
+
 
 @torch.inference_mode()
 def raw_outputs(model: MultitaskBert, data: TaskData, tokenizer, batch_size: int, device,
@@ -23,7 +27,10 @@ def raw_outputs(model: MultitaskBert, data: TaskData, tokenizer, batch_size: int
     model.eval()
     out = None
     try:
-        for batch in eval_batches(data, tokenizer, batch_size, eval_token_budget(max_tokens, device.type)):
+        batches = eval_batches(data, tokenizer, batch_size, eval_token_budget(max_tokens, device.type))
+        if len(batches) >= SHOW_PROGRESS_FROM:  # a dev or test set, not an API call on a few sentences
+            batches = progress(batches, desc=f"predicting {data.task} ({len(data)} examples)", total=len(batches))
+        for batch in batches:
             batch = batch.to(device)
             with autocast():
                 o = model(data.task, batch.inputs).float().cpu()
