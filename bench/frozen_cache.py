@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import time
 
 import torch
 
-from common import REPO, cpu_model, paired_ratios  # noqa: E402  (puts the repository on sys.path)
+from common import REPO, add_clock_arg, cpu_model, paired_ratios, pick_clock  # noqa: E402  (repo on sys.path)
 from data.sampler import epoch_schedule, mixed_schedule, padding_efficiency  # noqa: E402
 from training.config import TrainConfig  # noqa: E402
 from training.frozen_cache import build_frozen_cache  # noqa: E402
@@ -56,6 +55,7 @@ def main():
     p.add_argument("--warmup", type=int, default=2, help="untimed steps first, per arm (default: %(default)s)")
     p.add_argument("--freeze-upto", type=int, default=None, help="default: the model's depth minus 3")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
+    add_clock_arg(p)
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -69,18 +69,19 @@ def main():
     # Steps of the three arms interleaved, the order rotating, so background load hits all alike.
     arms = {name: prepare(cfg, cached, args.max_steps) for name, (cfg, cached) in runs.items()}
     names = list(arms)
+    clock, clock_name = pick_clock(args.clock, args.threads)
     times: dict[str, list[float]] = {name: [] for name in names}
     n = min(k for _, k in arms.values())
     if n <= args.warmup:
         p.error(f"--warmup {args.warmup} leaves none of the epoch's {n} steps to time")
     for i in range(n):
         for name in names[i % 3:] + names[:i % 3]:
-            t0 = time.perf_counter()
+            t0 = clock()
             arms[name][0](i)
             if i >= args.warmup:
-                times[name].append(time.perf_counter() - t0)
+                times[name].append(clock() - t0)
     print(f"# {cpu_model()}, {torch.get_num_threads()} threads, torch {torch.__version__}, {datetime.date.today()}; "
-          f"{n - args.warmup} timed steps per arm after {args.warmup} warm-up")
+          f"{n - args.warmup} timed steps per arm after {args.warmup} warm-up, {clock_name}")
     for name, t in times.items():
         print(f"{name:32s} {sum(t):8.1f} s", flush=True)
     full, uncached, cached = names

@@ -27,11 +27,11 @@ Target with K=1: SMART <= 3-3.5x plain; well under that with deep freezing + fir
 from __future__ import annotations
 
 import statistics
-import time
 
 import torch
 
-from common import cpu_model, paired_ratios, step_bench_parser  # noqa: E402  (puts the repository on sys.path)
+from common import (add_clock_arg, cpu_model, paired_ratios, pick_clock,  # noqa: E402  (puts the repo on sys.path)
+                    step_bench_parser)
 from data.batching import TaskData, encode_task, make_batch  # noqa: E402
 from data.loaders import load_task_file  # noqa: E402
 from training.config import TrainConfig  # noqa: E402
@@ -48,6 +48,7 @@ def parse_args(argv=None):
     p.add_argument("--smart-steps", type=int, default=1, help="K, SMART's ascent steps (default: %(default)s)")
     p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
                    help="the steps' autocast; SMART's R_s runs in fp32 under either (default: %(default)s)")
+    add_clock_arg(p)
     return p.parse_args(argv)
 
 
@@ -101,23 +102,24 @@ def main(argv=None) -> None:
         add_arms(arms, base, freeze, batches, tokenizer, dev, amp)
 
     keys = list(arms)
+    clock, clock_name = pick_clock(args.clock, args.threads)
     times: dict[tuple, list[float]] = {k: [] for k in keys}
     for i in range(args.warmup + args.steps):
         for k in (keys if i % 2 == 0 else keys[::-1]):
             stepper, arm_batches = arms[k]
-            t0 = time.perf_counter()
+            t0 = clock()
             for b in arm_batches:
                 stepper.step([b], i)
             if i >= args.warmup:
-                times[k].append((time.perf_counter() - t0) / len(arm_batches))
+                times[k].append((clock() - t0) / len(arm_batches))
 
     L = arms[keys[0]][0].model.encoder.num_layers
     shapes = ", ".join(f"{d.task} {len(d)}x{int(d.lengths.max())}" for d in batches)
     print(f"# SMART cost: {args.model} ({L} layers), one batch per task ({shapes}), K={args.smart_steps}, "
           f"{args.precision}, torch {torch.__version__}, {torch.get_num_threads()} threads, {cpu_model()}")
-    print(f"# {args.steps} timed rounds per arm after {args.warmup} warm-up, interleaved; seconds per step "
-          f"(mean of the three task steps in a round), median and min over rounds; x plain: median of the "
-          f"per-round ratios [IQR]")
+    print(f"# {args.steps} timed rounds per arm after {args.warmup} warm-up, interleaved, {clock_name}; seconds "
+          f"per step (mean of the three task steps in a round), median and min over rounds; x plain: median of "
+          f"the per-round ratios [IQR]")
     print(f"{'freeze-upto':<13}{'arm':<24}{'cache':<7}{'median':>9}{'min':>9}{'x plain':>9}  {'IQR':<12} target")
     for k in keys:
         freeze, arm = k

@@ -129,7 +129,7 @@ class Dropout(nn.Dropout):
     and for p = 1, nn.Dropout itself. Still an nn.Dropout: code that finds dropout modules finds it."""
 
     def forward(self, x):
-        if not self.training or self.p == 0.0 or self.p == 1.0 or x.device.type != "cpu" or x.dtype != torch.float32:
+        if not self.training or self.p in (0.0, 1.0) or x.device.type != "cpu" or x.dtype != torch.float32:
             return super().forward(x)
         keep = torch.rand_like(x).ge_(self.p).mul_(1.0 / (1.0 - self.p))  # 0 or 1 / (1 - p), same shape as x
         return x * keep
@@ -205,9 +205,9 @@ class Layer(nn.Module):
 
 
 # On CPU, sdpa's tiled (flash) kernel beats the matmul path once a layer's scores (B x heads x
-# queries x keys) outgrow the caches: 0.3-0.8x of its time from 1.5M scores (MiniLM at B=8, T=128),
-# about even near 0.4M, slower below. Under dropout sdpa falls back to unfused math like ours, and
-# measured 1.05-1.25x slower at every shape. `python bench/encoder_grid.py --attn-core`.
+# queries x keys) outgrow the caches: 0.3-0.85x of its time from 1.5M scores, 0.82-1.04x between
+# 0.1M and 0.8M. Under dropout sdpa falls back to unfused math like ours: 0.98-1.24x, never a gain.
+# `python bench/encoder_grid.py --attn-core` (docs/benchmarks-grid.md).
 SDPA_MIN_SCORES_CPU = 2 ** 18
 
 

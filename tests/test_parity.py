@@ -209,7 +209,8 @@ def test_auto_attention_matches_reference_above_the_sdpa_threshold(minilm_dir, p
     calls = []
     real = torch.nn.functional.scaled_dot_product_attention
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(torch.nn.functional, "scaled_dot_product_attention", lambda *a, **k: calls.append(k) or real(*a, **k))
+        mp.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                   lambda *a, **k: calls.append(k) or real(*a, **k))
         _compare(ours, ref, {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)})
     assert len(calls) == ours.num_layers
     assert all((k["attn_mask"] is None) != padded for k in calls)  # no mask work without padding
