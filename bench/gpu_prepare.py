@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import hashlib
 import json
 import logging
 import os
@@ -35,6 +34,7 @@ from common import REPO  # noqa: E402  (puts the repository on sys.path)
 from data.loaders import COURSE_FILES, TASKS  # noqa: E402
 from minbert import Bert, Tokenizer, load_bert, resolve_checkpoint  # noqa: E402
 from minbert.checkpoint import ALIASES, copy_tokenizer_files  # noqa: E402
+from training.predictions import sha256_of  # noqa: E402
 
 log = logging.getLogger("gpu_prepare")
 
@@ -179,16 +179,8 @@ def repo_bytes() -> int | None:
     return sum((REPO / n).stat().st_size for n in names.decode().split("\0") if n and (REPO / n).is_file())
 
 
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def write_manifest(out: Path, source: Path, data_dir: Path, errors: dict[str, float]) -> None:
-    files = {str(f.relative_to(out)): {"bytes": f.stat().st_size, "sha256": sha256(f)}
+    files = {str(f.relative_to(out)): {"bytes": f.stat().st_size, "sha256": sha256_of(f)}
              for f in sorted(out.rglob("*")) if f.is_file() and "__pycache__" not in f.parts}
     manifest = {"written": datetime.datetime.now().isoformat(timespec="seconds"), "torch": torch.__version__,
                 "model_source": str(source), "data_source": str(data_dir), "weights": "fp16",

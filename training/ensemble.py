@@ -27,8 +27,7 @@ from data.batching import encode_task
 from data.loaders import COURSE_FILES, DataError, load_task_file
 from heads.tasks import MAX_SIMILARITY
 
-from .config import TrainConfig
-from .evaluate import METRIC, overall, run_tokenizer_dir, score, task_outputs, write_predictions
+from .evaluate import METRIC, add_inference_flags, overall, run_tokenizer_dir, score, task_outputs, write_predictions
 from .progress import setup_logging
 
 log = logging.getLogger(__name__)
@@ -174,13 +173,8 @@ def main(argv=None) -> int:
     p.add_argument("--predictions-dir", default="predictions",
                    help="where the ensemble's prediction files go (default: %(default)s)")
     p.add_argument("--json", default=None, metavar="FILE", help="also write every dev metric to FILE as JSON")
-    p.add_argument("--batch-size", type=int, default=256, help="examples per batch (default: %(default)s)")
-    p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N")
-    p.add_argument("--precision", choices=TrainConfig.__dataclass_fields__["precision"].metadata["choices"], default=None,
-                   help="autocast for inference (default: each member's training --precision)")
-    p.add_argument("--both-orders", action=argparse.BooleanOptionalAction, default=None,
-                   help="cross-encoded members: predict each pair in both orders and average (default: each "
-                   "member's --predict-both-orders); siamese members ignore it")
+    add_inference_flags(p, "each member's", "cross-encoded members: predict each pair in both orders and average; "
+                        "siamese members ignore it")
     args = p.parse_args(argv)
     setup_logging()
     if args.batch_size < 1:

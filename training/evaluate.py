@@ -139,14 +139,21 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--predict and --predict-text write the TSV format with the class probabilities as extra "
                         "columns (prob_0..prob_4 for sst, prob_paraphrase for para; sts has its score)")
     p.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the run's tokenizer/)")
+    add_inference_flags(p, "the training run's", "cross encoding: predict each paraphrase/similarity pair as "
+                        "(a, b) and (b, a) and average")
+    return p
+
+
+def add_inference_flags(p: argparse.ArgumentParser, whose: str, both_orders_help: str) -> None:
+    """--batch-size, --device, --precision, --both-orders of the commands that run trained models; `whose`
+    says where the last two default from (e.g. "the training run's")."""
     p.add_argument("--batch-size", type=int, default=256, help="examples per batch (default: %(default)s)")
     p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N")
-    p.add_argument("--precision", choices=TrainConfig.__dataclass_fields__["precision"].metadata["choices"], default=None,
-                   help="autocast for inference (default: the training run's --precision)")
+    precisions = TrainConfig.__dataclass_fields__["precision"].metadata["choices"]
+    p.add_argument("--precision", choices=precisions, default=None,
+                   help=f"autocast for inference (default: {whose} --precision)")
     p.add_argument("--both-orders", action=argparse.BooleanOptionalAction, default=None,
-                   help="cross encoding: predict each paraphrase/similarity pair as (a, b) and (b, a) and "
-                   "average (default: the training run's --predict-both-orders)")
-    return p
+                   help=f"{both_orders_help} (default: {whose} --predict-both-orders)")
 
 
 def main(argv=None) -> int:
