@@ -13,13 +13,15 @@ from scipy import special
 
 from data.batching import encode_task, make_batch
 from data.loaders import COURSE_FILES, load_task_file
-from minbert import Bert, BertConfig, Tokenizer, save_hf
+from minbert import Tokenizer
 from training import ensemble as ensemble_mod
 from training import evaluate as evaluate_mod
 from training.checkpointing import model_from_checkpoint, save_checkpoint
 from training.config import TrainConfig
 from training.evaluate import read_predictions
 from training.trainer import train
+
+from tiny_runs import make_encoder
 
 WORDS = "apple river stone cloud lamp tiger honey piano garden silver rocket paper window forest candle".split()
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]
@@ -52,18 +54,7 @@ def write_data(d: Path) -> Path:
 
 
 def make_checkpoint(d: Path) -> Path:
-    torch.manual_seed(0)
-    cfg = BertConfig(vocab_size=len(VOCAB), hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                     intermediate_size=32, max_position_embeddings=128, hidden_dropout_prob=0.0,
-                     attention_probs_dropout_prob=0.0)
-    bert = Bert(cfg)
-    with torch.no_grad():
-        for p in bert.parameters():
-            if p.ndim == 2:
-                p.normal_(0.0, 0.5)
-    save_hf(bert, d)
-    (d / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
-    return d
+    return make_encoder(d, VOCAB, hidden=16, layers=1)
 
 
 MEMBERS = {  # name -> settings; different seeds, encodings and prediction orders

@@ -28,10 +28,11 @@ def sent(i: int, k: int = 3) -> str:
     return " ".join(WORDS[(i * 7 + j * 3) % len(WORDS)] for j in range(k))
 
 
-def make_encoder(d: Path) -> Path:
+def make_encoder(d: Path, vocab: list[str] = VOCAB, hidden: int = 32, layers: int = 2) -> Path:
+    """A random BERT without dropout, its matrices std 0.5, saved with `vocab` in the Hugging Face layout."""
     torch.manual_seed(0)
-    cfg = BertConfig(vocab_size=len(VOCAB), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                     intermediate_size=64, max_position_embeddings=128, hidden_dropout_prob=0.0,
+    cfg = BertConfig(vocab_size=len(vocab), hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=2,
+                     intermediate_size=2 * hidden, max_position_embeddings=128, hidden_dropout_prob=0.0,
                      attention_probs_dropout_prob=0.0)
     bert = Bert(cfg)
     with torch.no_grad():
@@ -39,7 +40,7 @@ def make_encoder(d: Path) -> Path:
             if p.ndim == 2:
                 p.normal_(0.0, 0.5)
     save_hf(bert, d)
-    (d / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
+    (d / "vocab.txt").write_text("\n".join(vocab) + "\n")
     return d
 
 
