@@ -7,12 +7,13 @@ schedule of the course training data) is stepped through `training.stepper.Stepp
     plain                       no SMART
     smart@embeddings            SMART perturbing the embedding output (layer 0's input)
     smart@first-trainable       SMART perturbing the input of the first trainable layer
+    reference@embeddings        SMART with --smart-perturbation reference (the MT-DNN code's step)
     bregman-only                --smart --smart-lambda 0: the Bregman term alone, no adversarial pass
 
 each without freezing and with --freeze-upto (default 3 = L-3 for MiniLM-L6). Frozen, every arm
 runs as the trainer runs it: from the frozen-prefix cache (the states entering the first trainable
 layer, built once, untimed) wherever the trainer keeps the cache on, that is everywhere but
-smart@embeddings (its perturbation needs the frozen layers' graph every step); bregman-only
+smart@embeddings and reference@embeddings (their perturbation needs the frozen layers' graph every step); bregman-only
 perturbs nothing, so it keeps the cache (TrainConfig.perturbs_embeddings).
 
 Unfrozen, the two perturbation points are the same layer (0) and should time alike. Rounds are
@@ -81,6 +82,7 @@ def add_arms(arms: dict, base: dict, freeze: int | None, batches: list[TaskData]
     configs = {"plain": ({}, cached),
                "smart@embeddings": ({"smart": True, "smart_perturb_at": "embeddings"}, plain),
                "smart@first-trainable": ({"smart": True, "smart_perturb_at": "first-trainable"}, cached),
+               "reference@embeddings": ({"smart": True, "smart_perturbation": "reference"}, plain),
                "bregman-only": ({"smart": True, "smart_lambda": 0.0}, cached)}  # perturbs nothing: cache kept
     for arm, (extra, arm_batches) in configs.items():
         stepper = Stepper.build(model, TrainConfig(**base, freeze_upto=freeze, **extra), 10_000, dev, amp)

@@ -219,3 +219,26 @@ def test_evaluation_and_prediction_show_progress(tmp_path, inputs, caplog):
     with caplog.at_level("INFO", logger="progress"):
         raw_outputs(model, sst, tok, 2 * n, torch.device("cpu"))
     assert "predicting" not in caplog.text
+
+
+def test_eval_tokens_sets_the_evaluation_batches_and_not_the_metrics(tmp_path, monkeypatch):
+    """--eval-tokens caps each evaluation batch's padded size (0: --eval-batch-size alone); the dev
+    metrics and prediction files do not depend on it."""
+    import training.inference as inference
+    from tiny_runs import tiny_run
+    sizes: dict[str, list[int]] = {}
+    real = inference.eval_batches
+
+    def spy(data, tokenizer, batch_size, max_tokens=None):
+        batches = real(data, tokenizer, batch_size, max_tokens)
+        sizes.setdefault(run, []).extend(b.inputs[0]["input_ids"].numel() for b in batches)
+        return batches
+
+    monkeypatch.setattr(inference, "eval_batches", spy)
+    runs = {}
+    for run, tokens in (("budget", 16), ("none", 0)):
+        runs[run] = tiny_run(tmp_path, run, epochs=1, eval_batch_size=12, eval_tokens=tokens)[1]
+    assert max(sizes["budget"]) <= 16 < max(sizes["none"])  # one example per batch against whole sets
+    assert runs["budget"] == pytest.approx(runs["none"], abs=1e-6)
+    for csv in (tmp_path / "none" / "predictions").glob("*-output.csv"):
+        assert csv.read_bytes() == (tmp_path / "budget" / "predictions" / csv.name).read_bytes()

@@ -110,6 +110,10 @@ class TrainConfig:
                           "whole mixed batch (the global batch under torchrun)", "schedule", range=_at_least(1))
     eval_batch_size: int = opt(256, "examples per batch in dev evaluation and prediction", "schedule",
                                range=_at_least(1), resume_may_differ=True)
+    eval_tokens: int | None = opt(None, "padded tokens (examples x longest) at most per evaluation and prediction batch, "
+                                  "which --eval-batch-size also caps; 0: no budget, --eval-batch-size alone", "schedule",
+                                  metavar="N", range=_at_least(0), resume_may_differ=True,
+                                  default_text="1024 on CPU, the fastest measured (bench/eval_speed.py); none on CUDA")
     grad_accum_steps: int = opt(1, "accumulate the gradients of K batches of --batch-size before each update (an "
                                 "update of K x batch-size examples in the memory of one batch); steps, --save-every "
                                 "and --log-every count updates", "schedule", metavar="K", range=_at_least(1))
@@ -244,6 +248,10 @@ class TrainConfig:
         """SMART's adversarial term perturbs the embedding output: the frozen layers then need a graph
         every step (Bregman-only SMART, --smart-lambda 0, perturbs nothing)."""
         return self.smart and self.smart_lambda > 0 and self.smart_perturb_at == "embeddings"
+
+    def eval_token_budget(self) -> int | str | None:
+        """--eval-tokens as inference.raw_outputs takes it: "auto" (the device's measured budget), None or N."""
+        return "auto" if self.eval_tokens is None else (self.eval_tokens or None)
 
     def predictions_folder(self) -> str:
         return self.predictions_dir or os.path.join(self.out_dir, "predictions")

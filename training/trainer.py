@@ -401,7 +401,7 @@ class Run:
     def evaluate(self) -> dict[str, float]:
         """Dev metrics of the model's weights as they are now."""
         return evaluate(self.model, self.data.dev, self.tokenizer, self.cfg.eval_batch_size, self.device,
-                        self.stepper.autocast)
+                        self.stepper.autocast, self.cfg.eval_token_budget())
 
     def evaluate_and_keep(self, epoch: int, record: dict, when: str, note: str = "", raw: bool = True) -> None:
         """Rank 0: the dev metrics into `record` and the log; best.pt when they beat the best so far.
@@ -416,7 +416,7 @@ class Run:
             if ema is not None:
                 weights.enter_context(ema.applied(self.model))
             preds = predict_sets(self.model, self.data.dev, self.tokenizer, self.cfg.eval_batch_size, self.device,
-                                 self.stepper.autocast)
+                                 self.stepper.autocast, self.cfg.eval_token_budget())
             metrics = metrics_of(self.data.dev, preds)
             record.update({f"dev_{k}": v for k, v in metrics.items()})
             self.metrics_log.write(record)
@@ -451,7 +451,7 @@ class Run:
         those of the evaluation that kept best.pt (predicted again only when that was before a resume)."""
         def predict(sets):
             return predict_sets(self.model, sets, self.tokenizer, self.cfg.eval_batch_size, self.device,
-                                self.stepper.autocast)
+                                self.stepper.autocast, self.cfg.eval_token_budget())
 
         dev = self.best_dev_preds if self.best_dev_preds is not None else predict(self.data.dev)
         metrics = metrics_of(self.data.dev, dev)
