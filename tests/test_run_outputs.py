@@ -242,3 +242,56 @@ def test_eval_tokens_sets_the_evaluation_batches_and_not_the_metrics(tmp_path, m
     assert runs["budget"] == pytest.approx(runs["none"], abs=1e-6)
     for csv in (tmp_path / "none" / "predictions").glob("*-output.csv"):
         assert csv.read_bytes() == (tmp_path / "budget" / "predictions" / csv.name).read_bytes()
+
+
+def _board_scalars(folder: Path) -> dict[str, dict[int, float]]:
+    """tag -> step -> value, as TensorBoard itself reads the folder (orphaned events purged)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    acc = EventAccumulator(str(folder), purge_orphaned_data=True)
+    acc.Reload()
+    return {tag: {e.step: e.value for e in acc.Scalars(tag)} for tag in acc.Tags()["scalars"]}
+
+
+def test_report_to_tensorboard_mirrors_metrics_jsonl(tmp_path):
+    from tiny_runs import tiny_run
+    cfg, _ = tiny_run(tmp_path, epochs=2, report_to="tensorboard", ema_decay=0.5)
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    board = _board_scalars(tmp_path / "run" / "tensorboard")
+    expected: dict[str, dict[int, float]] = {}
+    for r in records:
+        for key, value in r.items():
+            if key in ("step", "epoch") or not isinstance(value, (int, float)):
+                continue
+            tag = ("dev_raw/" + key[8:] if key.startswith("dev_raw_") else "dev/" + key[4:] if key.startswith("dev_")
+                   else "train/" + key)
+            expected.setdefault(tag, {})[r["step"]] = value
+    assert {"train/loss_sst", "train/lr", "dev/overall", "dev_raw/overall"} <= set(expected)
+    assert board.keys() == expected.keys()
+    for tag, by_step in expected.items():
+        assert board[tag] == pytest.approx(by_step, rel=1e-6), tag  # float32 in the event file
+
+
+def test_a_resumed_tensorboard_log_shows_each_step_once_with_its_new_value(tmp_path):
+    from training.rundir import MetricsLog
+    log = MetricsLog(tmp_path / "metrics.jsonl", tensorboard=True)
+    for step in (1, 2, 3, 4):
+        log.write({"step": step, "epoch": 0, "loss_sst": float(step)})
+    log.close()
+    log = MetricsLog(tmp_path / "metrics.jsonl", resume_step=2, tensorboard=True)  # steps 3, 4 again
+    for step in (3, 4):
+        log.write({"step": step, "epoch": 0, "loss_sst": 10.0 * step})
+    log.close()
+    assert _board_scalars(tmp_path / "tensorboard")["train/loss_sst"] == {1: 1.0, 2: 2.0, 3: 30.0, 4: 40.0}
+
+
+def test_report_to_tensorboard_without_the_package_is_one_line(tmp_path, monkeypatch, capsys):
+    import importlib.util
+    from tiny_runs import tiny_config
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tensorboard" else real(name, *a))
+    cfg = tiny_config(tmp_path)
+    assert cli_main(["--model", cfg.model, "--data-dir", cfg.data_dir, "--out-dir", str(tmp_path / "run"),
+                     "--report-to", "tensorboard"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--report-to tensorboard needs the tensorboard package" in err[0]
+    assert not (tmp_path / "run").exists()

@@ -225,6 +225,9 @@ class TrainConfig:
     export_hf: str | None = opt(None, "also write the trained encoder in the Hugging Face layout to DIR", "run",
                                 metavar="DIR", resume_may_differ=True, default_text="no export")
     log_every: int = opt(50, "log running losses every N steps", "run", range=_at_least(1), resume_may_differ=True)
+    report_to: str = opt("none", "also log every metrics.jsonl record to TensorBoard, in OUT_DIR/tensorboard (the "
+                         "optional extra: pip install -e '.[tensorboard]'); metrics.jsonl is written either way", "run",
+                         choices=("none", "tensorboard"), resume_may_differ=True)
     save_every: int = opt(500, "write a training checkpoint (model, optimiser, scheduler, RNG, sampler position) "
                           "every N steps and at each epoch end (0: epoch ends only)", "run", metavar="N",
                           range=_at_least(0), resume_may_differ=True)
@@ -311,7 +314,8 @@ def validate(cfg: TrainConfig) -> list[str]:
     """Problems found without loading anything heavy; each is one line for the user."""
     errors = field_errors(cfg)
     if not errors:  # the rules between fields assume each field is of its type and in range
-        errors += _feature_errors(cfg) + _combination_errors(cfg) + _device_errors(cfg.device)
+        errors += (_feature_errors(cfg) + _combination_errors(cfg) + _device_errors(cfg.device)
+                   + _missing_packages(cfg))
     if all(_type_error(TrainConfig.__dataclass_fields__[n], getattr(cfg, n)) is None
            for n in ("tasks", "files", "data_dir")):
         errors += _missing_files(cfg)
@@ -396,6 +400,15 @@ def _combination_errors(cfg: TrainConfig) -> list[str]:
         elif cfg.smart_lambda == 0 and cfg.smart_mu == 0:
             errors.append("--smart-lambda 0 and --smart-mu 0 leave nothing of SMART: drop --smart")
     return errors
+
+
+def _missing_packages(cfg: TrainConfig) -> list[str]:
+    """Optional extras a flag needs, looked up without importing them."""
+    import importlib.util
+    if cfg.report_to == "tensorboard" and importlib.util.find_spec("tensorboard") is None:
+        return ["--report-to tensorboard needs the tensorboard package: pip install -e '.[tensorboard]' "
+                "(or pip install tensorboard)"]
+    return []
 
 
 def _device_errors(name: str) -> list[str]:

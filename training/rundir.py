@@ -112,7 +112,7 @@ def earlier_run_files(out_dir: Path) -> list[Path]:
     metrics.jsonl."""
     out_dir = Path(out_dir)
     found = [p for p in (out_dir / "best.pt", out_dir / "metrics.jsonl") if p.is_file() and p.stat().st_size]
-    return found + RollingCheckpoints(out_dir, 1).all()
+    return found + RollingCheckpoints(out_dir, 1).all() + sorted((out_dir / TENSORBOARD).glob(TENSORBOARD_EVENTS))
 
 
 def earlier_run_to_replace(out_dir: Path, overwrite: bool, resume_auto: bool) -> list[Path]:
@@ -245,14 +245,20 @@ def _alive(pid: int) -> bool:
     return True
 
 
+TENSORBOARD = "tensorboard"  # OUT_DIR/tensorboard under --report-to tensorboard
+TENSORBOARD_EVENTS = "events.out.tfevents.*"
+
+
 class MetricsLog:
     """OUT_DIR/metrics.jsonl: one JSON record per line, flushed as written. A resumed run first drops
-    the records after its checkpoint's step (it writes those steps again)."""
+    the records after its checkpoint's step (it writes those steps again). With `tensorboard`, each
+    record also goes to OUT_DIR/tensorboard."""
 
-    def __init__(self, path: Path, resume_step: int | None = None):
+    def __init__(self, path: Path, resume_step: int | None = None, tensorboard: bool = False):
         if resume_step is not None:
             truncate_metrics(path, resume_step)
         self.file = open(path, "a" if resume_step is not None else "w")
+        self.board = TensorBoardLog(Path(path).parent / TENSORBOARD, resume_step) if tensorboard else None
 
     def write(self, record: dict) -> None:
         """A non-finite number (e.g. PCGrad's mean cosine when nothing conflicts) becomes null, since bare
@@ -263,9 +269,37 @@ class MetricsLog:
             self.file.flush()
         except OSError as e:  # a full disk: say which file, in one line
             raise write_error(e, self.file.name) from e
+        if self.board is not None:
+            self.board.write(clean)
 
     def close(self) -> None:
         self.file.close()
+        if self.board is not None:
+            self.board.close()
+
+
+class TensorBoardLog:
+    """The records as TensorBoard scalars at their step: dev metrics under dev/ (dev_raw_* under
+    dev_raw/), everything else (losses, lr, SMART's and PCGrad's terms) under train/. A resumed run
+    purges the events after its checkpoint's step, as metrics.jsonl drops those records."""
+
+    def __init__(self, folder: Path, resume_step: int | None = None):
+        from torch.utils.tensorboard import SummaryWriter  # the optional extra; checked by config.validate
+        purge = None if resume_step is None else resume_step + 1
+        self.writer = SummaryWriter(str(folder), purge_step=purge)
+
+    def write(self, record: dict) -> None:
+        step = record.get("step", 0)
+        for key, value in record.items():
+            if key in ("step", "epoch") or isinstance(value, bool) or not isinstance(value, (int, float)):
+                continue
+            group, name = next(((g, key[len(g) + 1:]) for g in ("dev_raw", "dev") if key.startswith(g + "_")),
+                               ("train", key))
+            self.writer.add_scalar(f"{group}/{name}", value, step)
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
 
 
 class FileLog:

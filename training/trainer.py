@@ -219,7 +219,8 @@ class Run:
             self.file_log.keep()
         (self.out_dir / "config.json").write_text(json.dumps(self.cfg.to_dict(), indent=2) + "\n")
         copy_tokenizer_files(self.ckpt_dir, self.out_dir / "tokenizer")  # evaluate without the original
-        self.metrics_log = MetricsLog(self.out_dir / "metrics.jsonl", resume_step)
+        self.metrics_log = MetricsLog(self.out_dir / "metrics.jsonl", resume_step,
+                                      tensorboard=self.cfg.report_to == "tensorboard")
 
     # ------------------------------------------------------------------ state
 
