@@ -242,3 +242,29 @@ def test_bad_input_is_one_line_exit_2(runs, tmp_path, capsys):
     junk = tmp_path / "junk.pt"
     junk.write_text("not a checkpoint")
     assert str(junk) in _error(capsys, junk, "--data-dir", data)
+
+
+def test_the_ensembles_set_has_a_manifest_and_zips(runs, tmp_path, capsys):
+    """The ensemble writes its set with a manifest naming its members, which training.submit accepts;
+    the same members replace it again, other predictions are refused before any work unless --overwrite."""
+    from training import submit as submit_mod
+    data, dirs = runs
+    out, js = tmp_path / "ens", tmp_path / "m.json"
+    args = [str(dirs["cross"]), str(dirs["both"]), "--data-dir", str(data), "--predictions-dir", str(out),
+            "--device", "cpu", "--json", str(js)]
+    assert ensemble_mod.main(args) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["ensemble"] == [str(dirs["cross"] / "best.pt"), str(dirs["both"] / "best.pt")]
+    assert manifest["dev_metrics"] == json.loads(js.read_text())["ensemble"]
+    assert sorted(manifest["files"]) == sorted(p.name for p in out.glob("*-output.csv")) and len(manifest["files"]) == 6
+    assert submit_mod.main([str(out), "--no-code", "--out", str(tmp_path / "ens.zip")]) == 0
+    assert "6 prediction files of the ensemble of 2 checkpoints" in capsys.readouterr().out
+    assert ensemble_mod.main(args) == 0  # the same members: replaced
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    other = [str(dirs["cross"]), str(dirs["siamese"]), *args[2:]]
+    assert "--predictions-dir " + str(out) + " holds the predictions of the ensemble of 2 checkpoints" in _error(
+        capsys, *other)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # untouched
+    assert ensemble_mod.main([*other, "--overwrite"]) == 0
+    assert json.loads((out / "manifest.json").read_text())["ensemble"][1] == str(dirs["siamese"] / "best.pt")
+    capsys.readouterr()

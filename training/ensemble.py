@@ -9,7 +9,9 @@ STS, the similarity scores, then clamped to [0, 5]. Every member reads the data 
 run's tokenizer/, pair encoding, max length and --predict-both-orders), so members trained with
 different settings mix; they must have been trained on the same tasks. Prints each member's dev
 metrics and the ensemble's, and writes PREDICTIONS_DIR/{sst,para,sts}-{dev,test}-output.csv for the
-ensemble (the test files where the data folder has them).
+ensemble (the test files where the data folder has them) with a manifest.json naming its members and
+dev metrics, so that `python -m training.submit PREDICTIONS_DIR` zips it. The folder is replaced as a
+whole; one holding anything but an earlier set of the same members is refused unless --overwrite.
 """
 from __future__ import annotations
 
@@ -27,7 +29,8 @@ from data.batching import encode_task
 from data.loaders import COURSE_FILES, DataError, load_task_file
 from heads.tasks import MAX_SIMILARITY
 
-from .evaluate import METRIC, add_inference_flags, overall, run_tokenizer_dir, score, task_outputs, write_predictions
+from .evaluate import METRIC, add_inference_flags, overall, run_tokenizer_dir, score, task_outputs
+from .predictions import read_manifest, write_prediction_set
 from .progress import setup_logging
 
 log = logging.getLogger(__name__)
@@ -137,6 +140,8 @@ def run(args) -> dict:
     from .device import pick_device
 
     ckpts = [member_checkpoint(m) for m in args.members]
+    out = Path(args.predictions_dir)
+    check_ensemble_folder(out, ckpts, args.overwrite)
     device = pick_device(args.device)
     tasks, examples, total, members = None, None, {}, []
     for ckpt in ckpts:  # one member in memory at a time
@@ -156,12 +161,25 @@ def run(args) -> dict:
     mean = {key: p / len(ckpts) for key, p in total.items()}
     ensemble = dev_metrics(mean, examples, tasks)
     print(_line(f"the ensemble of {len(ckpts)}", ensemble))
-    out = Path(args.predictions_dir)
-    for (split, task), p in mean.items():
-        write_predictions(out / f"{task}-{split}-output.csv", task, [e.id for e in examples[split, task]],
-                          predictions(task, p))
-    log.info("wrote the ensemble's prediction files to %s", out)
+    files = {(task, split): ([e.id for e in examples[split, task]], predictions(task, p))
+             for (split, task), p in mean.items()}
+    write_prediction_set(out, files, {"checkpoint": f"the ensemble of {len(ckpts)} checkpoints",
+                                      "ensemble": [str(c) for c in ckpts], "dev_metrics": ensemble,
+                                      "members": members})
     return {"members": members, "ensemble": ensemble}
+
+
+def check_ensemble_folder(folder: Path, ckpts: list[Path], overwrite: bool) -> None:
+    """Before any work: the folder is free, or holds an earlier set of these very members, or --overwrite."""
+    if overwrite or not folder.is_dir() or not any(folder.iterdir()):
+        return
+    manifest = read_manifest(folder)
+    if manifest is not None and manifest.get("ensemble") == [str(c) for c in ckpts]:
+        return
+    held = (f"the predictions of {manifest.get('checkpoint') or manifest.get('run')}" if manifest
+            else "files no ensemble or run wrote")
+    raise EnsembleError(f"--predictions-dir {folder} holds {held}: the ensemble would replace them as a whole; "
+                        f"pass --overwrite, or another --predictions-dir")
 
 
 def main(argv=None) -> int:
@@ -173,6 +191,8 @@ def main(argv=None) -> int:
     p.add_argument("--predictions-dir", default="predictions",
                    help="where the ensemble's prediction files go (default: %(default)s)")
     p.add_argument("--json", default=None, metavar="FILE", help="also write every dev metric to FILE as JSON")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace a --predictions-dir holding other predictions (another run's, or other members')")
     add_inference_flags(p, "each member's", "cross-encoded members: predict each pair in both orders and average; "
                         "siamese members ignore it")
     args = p.parse_args(argv)
