@@ -58,3 +58,25 @@ def test_a_folder_that_is_not_a_run_is_named(runs, tmp_path, capsys):
         main(["--compare", str(runs[0]), "--curves", str(runs[0])])
     assert e.value.code == 2
     assert "--compare goes alone" in capsys.readouterr().err
+
+
+def test_a_torn_metrics_line_is_skipped_with_its_line_named(runs, tmp_path, capsys, caplog):
+    """A run killed mid-write (or still writing) leaves a partial last line: the readers of metrics.jsonl
+    (--compare, --curves, training.stats, the API) skip it and say which, rather than crash."""
+    import shutil
+    from training.api import load
+    from training.stats import main as stats_main
+    torn = tmp_path / "torn"
+    shutil.copytree(runs[0], torn)
+    lines = (torn / "metrics.jsonl").read_text().splitlines()
+    (torn / "metrics.jsonl").write_text("\n".join(lines) + '\n{"step": 99, "dev_ove')
+    assert main(["--compare", str(runs[0]), str(torn), "--csv", str(tmp_path / "c.csv"), "-o",
+                 str(tmp_path / "c.png")]) == 0
+    rows = list(csv.reader(open(tmp_path / "c.csv", newline="")))
+    assert rows[1][5:] == rows[2][5:]  # the same run: the torn line changed nothing
+    assert main(["--curves", str(torn), "-o", str(tmp_path / "curves.png")]) == 0
+    assert stats_main([str(runs[0]), "--vs", str(torn)]) == 0
+    last = sorted((torn / "checkpoints").glob("step-*.pt"))[-1].name  # its metrics come from metrics.jsonl
+    assert load(torn / "checkpoints" / last).metrics == load(runs[0] / "checkpoints" / last).metrics != {}
+    assert f"{torn / 'metrics.jsonl'}: skipped line(s) {len(lines) + 1}" in caplog.text
+    capsys.readouterr()

@@ -136,15 +136,23 @@ def test_temp_files_of_killed_writes_are_removed_at_the_start(files, straight, t
              out / "best.pt.x1y2z3w4.tmp", cache_entry / f"sst.0.offsets.{dead_pid}.tmp.npy"]
     keep = [out / "notes.tmp", out / "checkpoints" / f"step-0000010.pt.{os.getpid()}.abcdefgh.tmp",
             cache_entry / "sst.0.npy", out / "metrics.jsonl.4.tmp"]  # (not in pred/: the run replaces it whole)
-    for p in stale[1:] + keep:
+    # a prediction set's folder killed before it took its place, and the replaced one killed before removal
+    stale += [out / f".pred.{dead_pid}.q1w2e3r4.tmp", out / f".pred.old-{dead_pid}"]
+    keep += [out / f".pred.{os.getpid()}.abcdefgh.tmp", out / f".pred.{dead_pid}.zzzzzzzz.tmp"]  # live; not only ours
+    for folder in stale[-2:] + keep[-2:]:
+        folder.mkdir()
+        for name in ("sst-dev-output.csv", "manifest.json"):
+            (folder / name).write_text("partial")
+    (keep[-1] / "notes.txt").write_text("someone's")
+    for p in stale[1:-2] + keep[:-2]:
         p.write_text("partial")
     future = time.time() + 3600
-    os.utime(keep[-1], (future, future))
+    os.utime(keep[3], (future, future))
     with caplog.at_level(logging.INFO):
         assert cli_main(_args(ckpt, data, out, "--keep-last", "100", "--resume", "auto", "--cache-dir",
                               str(tmp_path / "cache"))) == 0
     assert not any(p.exists() for p in stale)
     assert all(p.exists() for p in keep)
     said = " ".join(r.getMessage() for r in caplog.records)
-    assert "removed 5 temp file(s) of writes cut short by an earlier crash" in said, said
+    assert "removed 7 temp file(s) or folder(s) of writes cut short by an earlier crash" in said, said
     assert_same_run(out, straight)

@@ -31,6 +31,7 @@ from heads import TASKS, MultitaskBert, predict, probabilities
 
 from . import device as _device
 from .config import TrainConfig
+from .rundir import read_metrics
 
 log = logging.getLogger(__name__)
 
@@ -221,8 +222,7 @@ def checkpoint_metrics(path: Path, ckpt: dict, raw_weights: bool = False) -> dic
     if step is None or not records.is_file():
         return {}
     prefix = "dev_raw_" if raw_weights and "ema" in ckpt else "dev_"
-    for line in records.read_text().splitlines():
-        r = json.loads(line) if line.strip() else {}
+    for r in read_metrics(records):
         if r.get("step") == step and f"{prefix}overall" in r:
             return {k[len(prefix):]: v for k, v in r.items()
                     if k.startswith(prefix) and (prefix == "dev_raw_" or not k.startswith("dev_raw_"))}

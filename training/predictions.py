@@ -71,7 +71,7 @@ def write_prediction_set(folder: str | os.PathLike, preds: dict[tuple[str, str],
     a new folder, then put it in place of `folder` (whose old files go in one piece)."""
     folder = Path(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
-    fresh = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".tmp", dir=folder.parent))
+    fresh = Path(tempfile.mkdtemp(prefix=f".{folder.name}.{os.getpid()}.", suffix=".tmp", dir=folder.parent))
     try:
         names = []
         for (task, split), (ids, values) in preds.items():

@@ -32,6 +32,7 @@ from data.loaders import COURSE_FILES, load_task_file
 from .config import flag_of
 from .evaluate import METRIC
 from .progress import setup_logging
+from .rundir import read_metrics
 from .sweep import RESULTS, read_results
 
 log = logging.getLogger(__name__)
@@ -265,7 +266,7 @@ def plot_curves(run_dir: Path, path: Path | None = None) -> Path:
     src = run_dir / "metrics.jsonl"
     if not src.is_file():
         raise SystemExit(f"training.report: {src}: no such file (is {run_dir} a run directory?)")
-    records = [json.loads(x) for x in src.read_text().splitlines() if x.strip()]
+    records = read_metrics(src)
     steps = [r for r in records if "train_seconds" not in r and "dev_overall" not in r]
     epochs = [r for r in records if "train_seconds" in r]
     path = Path(path) if path else run_dir / "curves.png"
@@ -315,7 +316,7 @@ def read_run(run_dir: Path) -> dict:
         if not (run_dir / name).is_file():
             raise SystemExit(f"training.report: {run_dir / name}: no such file (is {run_dir} a run directory?)")
     config = json.loads((run_dir / "config.json").read_text())
-    records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    records = read_metrics(run_dir / "metrics.jsonl")
     evals = [r for r in records if r.get("dev_overall") is not None]
     if not evals:
         raise SystemExit(f"training.report: {run_dir / 'metrics.jsonl'}: no dev evaluation recorded yet")

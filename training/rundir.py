@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -174,6 +175,16 @@ def read_records(text: str) -> tuple[list[str], list[int]]:
     return good, bad
 
 
+def read_metrics(path: str | os.PathLike) -> list[dict]:
+    """A run's metrics.jsonl records. A torn or damaged line (a write cut short by a crash, a file still
+    being written) is skipped with a warning naming the file and line, not an error: the rest is good."""
+    lines, bad = read_records(Path(path).read_bytes().decode("utf-8", errors="replace"))
+    if bad:
+        log.warning("%s: skipped line(s) %s, not a whole JSON record (a write cut short by a crash?)", path,
+                    ", ".join(map(str, bad)))
+    return [json.loads(x) for x in lines]
+
+
 def truncate_metrics(path: Path, step: int) -> None:
     """Drop the records after `step` from metrics.jsonl: a resumed run writes those steps again. A torn
     or damaged line is dropped with a warning."""
@@ -206,31 +217,57 @@ def truncate_metrics(path: Path, step: int) -> None:
 _TEMP_NAME = re.compile(r"(?P<name>best\.pt|step-\d+\.pt|metrics\.jsonl|(?:sst|para|sts)-(?:dev|test)-output\.csv"
                         r"|model\.safetensors)(?:\.(?P<pid>\d+))?(?:\.[a-z0-9_]{8})?\.tmp"
                         r"|(?:(?:sst|para|sts)\.\d+(?:\.offsets)?|meta)\.(?P<cache_pid>\d+)\.tmp\.(?:npy|json)")
+# Folders of predictions.write_prediction_set: the new set .FOLDER.PID.RANDOM.tmp and the replaced one
+# .FOLDER.old-PID, removed only when they hold nothing but a prediction set's files.
+_TEMP_DIR = re.compile(r"\.[^/]+?\.(?:(?P<pid>\d+)\.[a-z0-9_]{8}\.tmp|old-(?P<old_pid>\d+))")
+_SET_FILE = re.compile(r"(?:sst|para|sts)-(?:dev|test)-output\.csv(?:\.\d+\.tmp)?|manifest\.json")
 
 
 def remove_stale_temp_files(dirs: list[Path], started: float) -> list[Path]:
-    """Remove the temp files that writes killed mid-way left in `dirs` (each up to a checkpoint's size):
-    names of our own writers only, last written before this run started, and whose writer, where the
-    name says which process, is no longer alive. Returns what was removed."""
+    """Remove the temp files (and prediction-set folders) that writes killed mid-way left in `dirs`, each
+    up to a checkpoint's size: names of our own writers only, last written before this run started, and
+    whose writer, where the name says which process, is no longer alive. Returns what was removed."""
     removed, total = [], 0
     for d in dict.fromkeys(Path(x) for x in dirs):
         if not d.is_dir():
             continue
         for p in sorted(d.iterdir()):
-            match = _TEMP_NAME.fullmatch(p.name)
-            if match is None or p.is_symlink() or not p.is_file():
+            pid = _temp_writer(p)
+            if pid is False:
                 continue
-            stat, pid = p.stat(), match["pid"] or match["cache_pid"]
-            if stat.st_mtime >= started or (pid and _alive(int(pid))):
+            if p.stat().st_mtime >= started or (pid and _alive(int(pid))):
                 log.info("%s: left alone, another process may be writing it", p)
                 continue
-            p.unlink(missing_ok=True)
+            total += _remove(p)
             removed.append(p)
-            total += stat.st_size
     if removed:
-        log.warning("removed %d temp file(s) of writes cut short by an earlier crash (%s): %s", len(removed),
-                    human_bytes(total), ", ".join(map(str, removed)))
+        log.warning("removed %d temp file(s) or folder(s) of writes cut short by an earlier crash (%s): %s",
+                    len(removed), human_bytes(total), ", ".join(map(str, removed)))
     return removed
+
+
+def _temp_writer(p: Path) -> str | None | bool:
+    """False: not one of our writers' temp files or folders; else the writer's pid where the name says it."""
+    if p.is_symlink():
+        return False
+    if p.is_file() and (match := _TEMP_NAME.fullmatch(p.name)):
+        return match["pid"] or match["cache_pid"]
+    if p.is_dir() and (match := _TEMP_DIR.fullmatch(p.name)):
+        inside = list(p.iterdir())
+        if all(q.is_file() and not q.is_symlink() and _SET_FILE.fullmatch(q.name) for q in inside):
+            return match["pid"] or match["old_pid"]
+    return False
+
+
+def _remove(p: Path) -> int:
+    """Bytes freed by removing a temp file or a prediction-set folder of files."""
+    if p.is_dir():
+        size = sum(q.stat().st_size for q in p.iterdir())
+        shutil.rmtree(p, ignore_errors=True)
+        return size
+    size = p.stat().st_size
+    p.unlink(missing_ok=True)
+    return size
 
 
 def _alive(pid: int) -> bool:

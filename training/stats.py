@@ -41,6 +41,7 @@ from data.loaders import COURSE_FILES, DataError, load_task_file
 
 from .evaluate import METRIC, read_predictions, score
 from .progress import setup_logging
+from .rundir import read_metrics
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +83,7 @@ def read_run(path: str | Path) -> Run:
     if not src.is_file():
         raise StatsError(f"{path}: no metrics.jsonl (not a run directory of run_multitask.py?)")
     try:
-        records = [json.loads(x) for x in src.read_text().splitlines() if x.strip()]
+        records = read_metrics(src)
         best = best_record(records)
     except ValueError as e:  # bad JSON, or no evaluation yet
         raise StatsError(f"{src}: {str(e).splitlines()[0]}") from e

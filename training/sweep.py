@@ -421,7 +421,8 @@ def sweep_run(args, base: TrainConfig, key: RunKey, subsets: dict, run_dir: Path
 def result_record(args, base: TrainConfig, key: RunKey, subsets: dict, run_dir: Path, m: dict,
                   settings: dict) -> dict:
     """The line results.jsonl keeps of a finished run."""
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    from .rundir import read_metrics
+    rows = read_metrics(run_dir / "metrics.jsonl")
     epochs = [r for r in rows if "train_seconds" in r]
     evals = [r for r in rows if r.get("dev_overall") is not None]
     best_epoch = max(evals, key=lambda r: r["dev_overall"])["epoch"] if evals else None

@@ -200,7 +200,8 @@ class Run:
 
     def _written_dirs(self) -> list[Path]:
         """Where this run writes files through temp names (see rundir.remove_stale_temp_files)."""
-        dirs = [self.out_dir, self.out_dir / "checkpoints", Path(self.cfg.predictions_folder())]
+        predictions = Path(self.cfg.predictions_folder())  # its new set is written beside it, then swapped in
+        dirs = [self.out_dir, self.out_dir / "checkpoints", predictions, predictions.parent]
         cache = Path(self.cfg.cache_dir)  # the frozen-prefix cache writes in one folder per entry
         dirs += sorted(p for p in cache.iterdir() if p.is_dir()) if cache.is_dir() else []
         return dirs + ([Path(self.cfg.export_hf)] if self.cfg.export_hf else [])
