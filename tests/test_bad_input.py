@@ -411,5 +411,29 @@ def test_a_full_disk_while_writing_predictions_is_one_line(earlier, tmp_path, ca
     monkeypatch.setattr(E, "open", lambda path, mode: builtins.open("/dev/full", mode), raising=False)
     assert main(_argv(case.model, case.data, tmp_path / "new")) == 1
     out, err = capsys.readouterr()
-    assert err.strip() == f"{PROG}No space left on device" and "Traceback" not in out + err
+    first = tmp_path / "new" / "pred" / "sst-dev-output.csv"  # the set's first file, named
+    assert err.strip() == f"{PROG}{first}: No space left on device (the file is unchanged)"
+    assert "Traceback" not in out + err
     assert (tmp_path / "new" / "best.pt").is_file()  # what the run wrote before stays
+
+
+def test_a_full_disk_while_writing_predictions_names_the_file_and_keeps_the_earlier_set(tmp_path, monkeypatch):
+    import numpy as np
+
+    import training.predictions as P
+    from training.errors import WriteError
+
+    folder = tmp_path / "predictions"
+    P.write_prediction_set(folder, {("sst", "dev"): (["a", "b"], np.array([1, 2]))}, {"run": "earlier"})
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+
+    def onto_a_full_disk(path, task, ids, values):
+        with open("/dev/full", "w") as f:  # the kernel's ENOSPC, at the flush
+            f.write("x" * 100_000)
+
+    monkeypatch.setattr(P, "write_predictions", onto_a_full_disk)
+    with pytest.raises(WriteError) as e:
+        P.write_prediction_set(folder, {("sst", "dev"): (["a", "b"], np.array([3, 4]))}, {"run": "new"})
+    assert str(e.value) == f"{folder / 'sst-dev-output.csv'}: No space left on device (the file is unchanged)"
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+    assert [p.name for p in tmp_path.iterdir()] == ["predictions"]  # no temp folder left

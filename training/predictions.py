@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from .checkpointing import current_umask
-from .errors import ConfigError
+from .errors import ConfigError, write_error
 from .textio import write_predictions
 
 log = logging.getLogger(__name__)
@@ -71,20 +71,28 @@ def write_prediction_set(folder: str | os.PathLike, preds: dict[tuple[str, str],
     a new folder, then put it in place of `folder` (whose old files go in one piece)."""
     folder = Path(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
-    fresh = Path(tempfile.mkdtemp(prefix=f".{folder.name}.{os.getpid()}.", suffix=".tmp", dir=folder.parent))
+    try:
+        fresh = Path(tempfile.mkdtemp(prefix=f".{folder.name}.{os.getpid()}.", suffix=".tmp", dir=folder.parent))
+    except OSError as e:
+        raise write_error(e, folder) from e
+    name = MANIFEST  # the file being written, for the message of a failed write
     try:
         names = []
         for (task, split), (ids, values) in preds.items():
             name = f"{task}-{split}-output.csv"
             write_predictions(fresh / name, task, ids, values)
             names.append(name)
+        name = MANIFEST
         record = {**manifest, "files": sorted(names), "sha256": {n: sha256_of(fresh / n) for n in sorted(names)},
                   "written": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
         (fresh / MANIFEST).write_text(json.dumps(record, indent=2) + "\n")
         os.chmod(fresh, 0o777 & ~current_umask())  # mkdtemp makes it owner-only
         _swap_in(fresh, folder)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(fresh, ignore_errors=True)
+        error = write_error(e, folder / name) if isinstance(e, OSError) else None
+        if error is not None:  # a full disk: one line naming the file; the folder keeps its earlier set
+            raise error from e
         raise
     log.info("wrote %d prediction files and %s to %s", len(names), MANIFEST, folder)
     return folder
