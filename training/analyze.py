@@ -31,6 +31,7 @@ from data.loaders import COURSE_FILES, DataError, load_task_file
 from heads import predict, probabilities
 
 from .api import SENTIMENTS, LoadError, Model, load
+from .evaluate import add_inference_flags
 from .progress import setup_logging
 from .textio import write_tsv_predictions
 
@@ -264,14 +265,16 @@ def main(argv: list[str] | None = None) -> int:
                    "trained with)")
     p.add_argument("--out", default=None, help="where to write (default: analysis/ in the run directory, or beside "
                    "the checkpoint)")
-    p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N")
-    p.add_argument("--batch-size", type=int, default=256, help="examples per batch (default: %(default)s)")
+    add_inference_flags(p, "the run's", "cross-encoded pairs: predict each pair in both orders and average")
     args = p.parse_args(argv)
     setup_logging()
+    if args.batch_size < 1:
+        p.error(f"--batch-size must be >= 1, not {args.batch_size}")
     source = Path(args.source)
     out = Path(args.out) if args.out else (source if source.is_dir() else source.parent) / "analysis"
     try:
-        model = load(source, device=args.device, batch_size=args.batch_size)
+        model = load(source, device=args.device, precision=args.precision, batch_size=args.batch_size,
+                     both_orders=args.both_orders)
         results = analyze(model, dev_files(model, args.data_dir), out)
     except (LoadError, DataError) as e:
         p.exit(2, f"{PROG}: error: {e}\n")
