@@ -111,6 +111,22 @@ def test_a_recipe_file_of_some_options_and_pcgrad_given_over_it(tmp_path):
     assert (cfg.lr, cfg.pcgrad, cfg.task_sampling) == (5e-5, True, "mixed")  # mtdnn was only the default
 
 
+def test_a_smart_config_from_before_smart_perturbation_warns(tmp_path, caplog):
+    """Such a run ran paper mode; the default is now reference: rerunning it says so instead of silently
+    running another recipe. A recipe file (some options, no smart_perturb_at) and a current config do not warn."""
+    old = {k: v for k, v in TrainConfig(smart=True).to_dict().items() if k != "smart_perturbation"}
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    (tmp_path / "recipe.json").write_text(json.dumps({"smart": True, "lr": 5e-5}))
+    (tmp_path / "new.json").write_text(json.dumps(TrainConfig(smart=True).to_dict()))
+    for name, warns in (("old", True), ("recipe", False), ("new", False)):
+        caplog.clear()
+        assert parse(["--config", str(tmp_path / f"{name}.json")])[1].smart_perturbation == "reference"
+        said = "that run used 'paper' (add --smart-perturbation paper to repeat it)" in caplog.text
+        assert said == warns, name
+    assert parse(["--config", str(tmp_path / "old.json"), "--smart-perturbation", "paper"])[1].smart_perturbation \
+        == "paper"
+
+
 def test_a_runs_own_config_json_reruns_it(tmp_path):
     """config.json as the trainer writes it (TrainConfig.to_dict) reads back to the same config."""
     cfg = config_from_args(build_parser().parse_args(["--pcgrad", "--freeze-upto", "2", "--max-train-examples", "9"]))

@@ -218,12 +218,12 @@ def test_zero_ball_gives_zero_rs_with_dropout_on(tiny_ckpt):
 
 @pytest.mark.parametrize("task_index", [0, 1, 2])
 def test_rs_under_bf16_autocast_is_the_fp32_value(tiny_ckpt, task_index):
-    """SMART's default ball (noise 1e-5, step 1e-3) is far below bf16's resolution: under bf16 autocast
+    """The paper mode's ball (noise 1e-5, step 1e-3) is far below bf16's resolution: under bf16 autocast
     R_s must still be computed in fp32, or it measures rounding flips (1e-6 where fp32 gives 1e-12)."""
     rs = {}
     for dtype in (None, torch.bfloat16):
         torch.manual_seed(0)
-        _, model, stepper, batches = _setup(tiny_ckpt, smart=True)
+        _, model, stepper, batches = _setup(tiny_ckpt, smart=True, smart_perturbation="paper")
         stepper.amp_dtype = dtype
         with stepper.autocast():
             _, parts = stepper.task_loss(batches[task_index])

@@ -61,7 +61,8 @@ class SmartConfig:
     # padding untouched, symmetric KL against a detached target). "reference": the adversarial step
     # of the MT-DNN code (mt_dnn/perturbation.py): noise plus step normalised per token, no
     # projection, so the perturbation's per-token norm is about 1. docs/smart-perturbation.md lists
-    # every difference.
+    # every difference. This dataclass keeps the paper's algorithm as its default; the trainer's
+    # default is "reference" (TrainConfig.smart_perturbation says why).
     perturbation: str = "paper"
     # reference mode only: the guard in (noise + step_size * g) / (||.||_token + norm_eps), MT-DNN's
     # adv_epsilon (default 1e-6 in its train.py). It, not eps, sets how close to 1 the norm gets.
