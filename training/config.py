@@ -208,7 +208,7 @@ class TrainConfig:
                                   "regulariser behind the published SMART results; paper: normalised ascent step, "
                                   "then projection onto the eps ball (Algorithm 1 as written, |delta| <= eps). The "
                                   "default because on MiniLM paper mode's R_s is about 1e-8 and changes nothing "
-                                  "measurable (a run scores what --smart-lambda 0 does, at 3x its cost), reference "
+                                  "measurable (a run scores what --smart-lambda 0 does, at 2.6x its step cost), reference "
                                   "mode's about 3e-3; docs/smart-perturbation.md", "SMART (Jiang et al. 2020)",
                                   choices=("paper", "reference"), feature="smart")
     # ------------------------------------------------------------------ run
