@@ -291,3 +291,27 @@ def test_bad_input_is_one_line_exit_2(recipes, capsys):
     (b[2] / "predictions" / "sts-dev-output.csv").unlink()
     assert "no sts-dev-output.csv in" in _error(capsys, *a, "--vs", b[0], b[2], groups["b"][2][0].parent / "c-s2",
                                                 "--pair-by-order", "--data-dir", root / "data")
+
+
+def test_an_ensembles_prediction_set_is_compared_by_its_files(recipes, capsys):
+    """A folder of dev prediction files with a manifest (training.ensemble's) stands for a run of no seed:
+    paired by order, its metrics the manifest's, checked against its files."""
+    from training.predictions import write_prediction_set
+    root, groups = recipes
+    labels, ids = write_dev(root / "data2")  # the same seeded labels and ids as the fixture's data/
+    preds = fake_predictions(labels, 7, 0.1, 0.3)
+    folder = root / "ens"
+    write_prediction_set(folder, {(t, "dev"): (ids[t], preds[t]) for t in N},
+                         {"ensemble": ["x", "y"], "dev_metrics": hand_metrics(preds, labels)})
+    member = groups["a"][1]
+    _run_stats(capsys, member[0], "--vs", folder, "--pair-by-order", "--data-dir", root / "data",
+               "--json", root / "ens.json")
+    rows = {r["metric"]: r for r in json.loads((root / "ens.json").read_text())}
+    for m, v in hand_metrics(preds, labels).items():
+        assert rows[m]["mean_b"] == pytest.approx(v, rel=1e-12)
+        assert rows[m]["boot_lo"] < v - member[1][m] < rows[m]["boot_hi"]
+    assert rows["sst_acc"]["boot_lo"] > 0  # 10% wrong against 42%: the interval says so
+    bad = root / "bad"
+    bad.mkdir()
+    (bad / "manifest.json").write_text("{}")
+    assert f"{bad / 'manifest.json'}: no dev_metrics" in _error(capsys, member[0], "--vs", bad, "--pair-by-order")

@@ -6,7 +6,11 @@
 Each argument is a run directory of run_multitask.py: its metrics.jsonl gives the dev metrics of
 its best evaluation (the one best.pt holds), its config.json its seed, and its dev prediction files
 ({task}-dev-output.csv, in RUN/predictions or else the run's --predictions-dir) the per-example
-predictions the bootstrap needs. The runs of the two groups are paired by seed.
+predictions the bootstrap needs. The runs of the two groups are paired by seed. An argument may also
+be a prediction set with its manifest.json (an ensemble's --predictions-dir from training.ensemble):
+its dev metrics are the manifest's, it has no seed, so it is paired by order (--pair-by-order), e.g.
+`python -m training.stats runs/s5 --vs ens --pair-by-order --data-dir data` for an ensemble against
+its best member (one pair: no t-test, the bootstrap alone).
 
 For each dev metric (sst_acc, para_acc, sts_pearson, overall):
 - mean +- sd over the seeds of each group (sample sd, ddof 1);
@@ -40,6 +44,7 @@ from scipy import stats as sps
 from data.loaders import COURSE_FILES, DataError, load_task_file
 
 from .evaluate import METRIC, read_predictions, score
+from .predictions import MANIFEST, read_manifest
 from .progress import setup_logging
 from .rundir import read_metrics
 
@@ -80,6 +85,8 @@ def best_record(records: list[dict]) -> dict:
 def read_run(path: str | Path) -> Run:
     path = Path(path)
     src = path / "metrics.jsonl"
+    if not src.is_file() and (path / MANIFEST).is_file():
+        return read_prediction_set(path)
     if not src.is_file():
         raise StatsError(f"{path}: no metrics.jsonl (not a run directory of run_multitask.py?)")
     try:
@@ -95,6 +102,15 @@ def read_run(path: str | Path) -> Run:
             raise StatsError(f"{path / 'config.json'}: not JSON ({e})") from e
     dev = {k[len("dev_"):]: float(v) for k, v in best.items() if k.startswith("dev_") and not k.startswith("dev_raw_")}
     return Run(path, config.get("seed"), dev, config)
+
+
+def read_prediction_set(path: Path) -> Run:
+    """A folder of dev prediction files with their manifest (an ensemble's, from training.ensemble) as a
+    run of no seed: its dev metrics are the manifest's, its predictions the folder's files."""
+    manifest = read_manifest(path)
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("dev_metrics"), dict):
+        raise StatsError(f"{path / MANIFEST}: no dev_metrics (not a prediction set's manifest?)")
+    return Run(path, None, {k: float(v) for k, v in manifest["dev_metrics"].items()}, {"predictions_dir": str(path)})
 
 
 def pair_runs(a: list[Run], b: list[Run], by_order: bool = False) -> list[tuple[Run, Run]]:
