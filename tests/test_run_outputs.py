@@ -80,8 +80,8 @@ def test_the_dev_files_are_the_kept_evaluations_predictions(tmp_path, inputs, mo
     real = T.predict_sets
     monkeypatch.setattr(T, "predict_sets", lambda m, sets, *a: seen.append(sorted(sets)) or real(m, sets, *a))
     train(cfg)
-    n_evals = 2  # one per epoch (the weight average's; the raw weights are scored through evaluate())
-    assert len(seen) == n_evals + 1  # + the test sets
+    n_evals = 2 * 2  # per epoch, the raw weights' and the weight average's (Run.predict serves both)
+    assert len(seen) == n_evals + 1  # + the test sets: no second dev pass
     assert seen[-1] == sorted(["sst", "para", "sts"]) and all(s == seen[-1] for s in seen)
     mine = _files(Path(cfg.out_dir) / "predictions")
     data, _ = inputs

@@ -33,7 +33,7 @@ from .checkpointing import RollingCheckpoints, load_model_state, save_checkpoint
 from .config import TrainConfig, validate
 from .device import GlobalRng, autocast_dtype, pick_device, seed_everything
 from .errors import ConfigError, TrainingInterrupted
-from .evaluate import evaluate, metrics_of, predict_sets
+from .evaluate import metrics_of, predict_sets
 from .predictions import check_predictions_dir, config_digest, write_prediction_set
 from .progress import progress
 from .preflight import check_disk, check_model
@@ -400,10 +400,14 @@ class Run:
         if self.dist is not None:
             self.dist.barrier()
 
+    def predict(self, sets: dict) -> dict:
+        """Predictions of the model's weights as they are now, batched as --eval-batch-size/--eval-tokens say."""
+        return predict_sets(self.model, sets, self.tokenizer, self.cfg.eval_batch_size, self.device,
+                            self.stepper.autocast, self.cfg.eval_token_budget())
+
     def evaluate(self) -> dict[str, float]:
         """Dev metrics of the model's weights as they are now."""
-        return evaluate(self.model, self.data.dev, self.tokenizer, self.cfg.eval_batch_size, self.device,
-                        self.stepper.autocast, self.cfg.eval_token_budget())
+        return metrics_of(self.data.dev, self.predict(self.data.dev))
 
     def evaluate_and_keep(self, epoch: int, record: dict, when: str, note: str = "", raw: bool = True) -> None:
         """Rank 0: the dev metrics into `record` and the log; best.pt when they beat the best so far.
@@ -417,8 +421,7 @@ class Run:
                 log.info("%s: dev, raw weights %s", when, _fmt(raw_metrics))
             if ema is not None:
                 weights.enter_context(ema.applied(self.model))
-            preds = predict_sets(self.model, self.data.dev, self.tokenizer, self.cfg.eval_batch_size, self.device,
-                                 self.stepper.autocast, self.cfg.eval_token_budget())
+            preds = self.predict(self.data.dev)
             metrics = metrics_of(self.data.dev, preds)
             record.update({f"dev_{k}": v for k, v in metrics.items()})
             self.metrics_log.write(record)
@@ -451,14 +454,10 @@ class Run:
     def write_predictions(self, best: dict) -> None:
         """The best model's dev and test prediction files with their manifest. The dev predictions are
         those of the evaluation that kept best.pt (predicted again only when that was before a resume)."""
-        def predict(sets):
-            return predict_sets(self.model, sets, self.tokenizer, self.cfg.eval_batch_size, self.device,
-                                self.stepper.autocast, self.cfg.eval_token_budget())
-
-        dev = self.best_dev_preds if self.best_dev_preds is not None else predict(self.data.dev)
+        dev = self.best_dev_preds if self.best_dev_preds is not None else self.predict(self.data.dev)
         metrics = metrics_of(self.data.dev, dev)
         print("dev metrics of the best checkpoint: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
-        test = predict(self.data.test)
+        test = self.predict(self.data.test)
         files = {(task, split): ([e.id for e in sets[task].examples], preds[task])
                  for split, sets, preds in (("dev", self.data.dev, dev), ("test", self.data.test, test))
                  for task in preds}
