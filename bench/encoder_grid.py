@@ -38,16 +38,13 @@ import torch
 import torch.nn.functional as F
 
 from common import add_clock_arg, cpu_model, paired_ratios, pick_clock  # noqa: E402  (puts the repository on sys.path)
-from encoder_vs_hf import checkpoint_dir, make_optimizer  # noqa: E402
+from encoder_vs_hf import add_model_flags, checkpoint_dir, make_optimizer  # noqa: E402
 from minbert import load_bert  # noqa: E402
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="minilm-l6", help="checkpoint alias or directory (default: %(default)s); "
-                   "ignored with --bert-base")
-    p.add_argument("--bert-base", action="store_true", help="bert-base shape (12 layers, hidden 768) with random "
-                   "weights, written once in the HF layout to a temp dir and loaded by every arm")
+    add_model_flags(p)
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[8, 32, 64], help="(default: %(default)s)")
     p.add_argument("--lengths", type=int, nargs="+", default=[32, 64, 128, 256], help="(default: %(default)s)")
     p.add_argument("--padding", choices=["both", "padded", "unpadded"], default="both",

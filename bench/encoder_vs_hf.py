@@ -33,10 +33,7 @@ from minbert import Bert, BertConfig, load_bert, resolve_checkpoint, save_hf  # 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="minilm-l6", help="checkpoint: alias, local HF-layout dir or hub id "
-                   "(default: %(default)s); ignored with --bert-base")
-    p.add_argument("--bert-base", action="store_true", help="bert-base shape (12 layers, hidden 768, 12 heads, "
-                   "FFN 3072) with random weights, written once in the HF layout to a temp dir, loaded by both")
+    add_model_flags(p)
     p.add_argument("--batch-size", type=int, default=32, help="sequences per batch (default: %(default)s)")
     p.add_argument("--seq-len", type=int, default=64, help="tokens per sequence (default: %(default)s)")
     p.add_argument("--padded", action="store_true", help="realistic padding: each sequence's length is uniform "
@@ -59,6 +56,14 @@ def parse_args(argv=None):
     if min(args.batch_size, args.seq_len, args.steps) < 1 or args.warmup < 0:
         p.error("--batch-size, --seq-len and --steps must be >= 1, --warmup >= 0")
     return args
+
+
+def add_model_flags(p: argparse.ArgumentParser) -> None:
+    """--model and --bert-base, which checkpoint_dir reads."""
+    p.add_argument("--model", default="minilm-l6", help="checkpoint: alias, local HF-layout dir or hub id "
+                   "(default: %(default)s); ignored with --bert-base")
+    p.add_argument("--bert-base", action="store_true", help="bert-base shape (12 layers, hidden 768, 12 heads, "
+                   "FFN 3072) with random weights, written once in the HF layout to a temp dir, loaded by every arm")
 
 
 def checkpoint_dir(args, tmp: str) -> Path:
