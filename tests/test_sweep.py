@@ -174,7 +174,10 @@ def test_bad_arguments_fail_before_training(inputs, tmp_path, capsys):
     data, ckpt = inputs
     with pytest.raises(SystemExit):
         S.main(sweep_args(data, ckpt, tmp_path, "--depths", "3"))  # the tiny model has 2 layers
-    assert "at most 2" in capsys.readouterr().err
+    assert "--depths 3 is out of range: " in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        S.main(sweep_args(data, ckpt, tmp_path, "--depths", "150%"))
+    assert "'150%' is not a depth" in capsys.readouterr().err
     assert S.main(sweep_args(data, ckpt, tmp_path, "--sizes", "9")) == 2
     assert "only 8 training examples" in capsys.readouterr().err
     with pytest.raises(SystemExit):
@@ -311,3 +314,13 @@ def test_results_from_before_an_option_existed_still_match(tmp_path):
     accumulating = {**settings, "grad_accum_steps": 4}
     assert "grad_accum_steps: 1 there, 4 now" in S.settings_clash([{"settings": older}], accumulating,
                                                                    tmp_path / "results.jsonl")
+
+
+def test_shares_in_depths_resolve_on_the_model(inputs, tmp_path, monkeypatch):
+    """The tiny model has 2 layers: 50% is 1 layer (the same run as 1, made once), 100% is 2."""
+    data, ckpt = inputs
+    calls = []
+    monkeypatch.setattr(S, "measure", fake_training(calls))
+    assert S.main(sweep_args(data, ckpt, tmp_path, "--in-process", "--depths", "none", "50%", "1", "100%",
+                             "--sizes", "3")) == 0
+    assert calls == [(None, 3, 1), (1, 3, 1), (2, 3, 1)]

@@ -16,7 +16,7 @@ from data.sampler import TaskBatch, epoch_schedule, mixed_schedule
 from heads import MultitaskBert
 from minbert import Tokenizer, load_bert, resolve_checkpoint
 
-from .config import TrainConfig
+from .config import TrainConfig, freeze_depth
 from .errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -39,7 +39,7 @@ def build_model(cfg: TrainConfig) -> tuple[MultitaskBert, Tokenizer, Path]:
     torch.manual_seed(cfg.seed)  # head initialisation
     model = MultitaskBert(encoder, cfg.pair_encoding, cfg.head_dropout, cfg.pooling, cfg.siamese_init)
     try:
-        model.freeze(cfg.freeze_upto)
+        model.freeze(freeze_depth(cfg.freeze_upto, encoder.num_layers))
     except ValueError as e:
         raise ConfigError(str(e)) from None
     return model, tokenizer, ckpt
@@ -93,7 +93,7 @@ def updates_for_epoch(cfg: TrainConfig, train: dict[str, TaskData], epoch: int) 
 
 
 def maybe_frozen_cache(cfg: TrainConfig, model: MultitaskBert, train: dict[str, TaskData], tokenizer, device,
-                       dist=None, amp_dtype: torch.dtype | None = None):
+                       dist=None, amp_dtype: torch.dtype | None = None, dtype: str = "float16"):
     """The frozen-prefix cache when it applies (frozen encoder layers, nothing needing their gradients)."""
     if cfg.frozen_cache == "off":
         return None
@@ -111,5 +111,15 @@ def maybe_frozen_cache(cfg: TrainConfig, model: MultitaskBert, train: dict[str, 
         return frozen_cache_per_rank(dist, model, train, tokenizer, device, cfg.frozen_cache, cfg.cache_dir,
                                      amp_dtype)
     from .frozen_cache import build_frozen_cache  # numpy memory maps, hashing: only where a cache applies
-    return build_frozen_cache(model, train, tokenizer, device, cfg.frozen_cache, cfg.cache_dir,
+    return build_frozen_cache(model, train, tokenizer, device, cfg.frozen_cache, cfg.cache_dir, dtype=dtype,
+                              compute_dtype=amp_dtype)
+
+
+def dev_frozen_cache(cfg: TrainConfig, model: MultitaskBert, dev: dict[str, TaskData], tokenizer, device,
+                     amp_dtype: torch.dtype | None = None):
+    """The dev sets' frozen-prefix states, stored in float32, for the evaluations during training: each
+    then runs only the trainable layers. Where the training cache applies and one process evaluates
+    (under torchrun, rank 0 alone evaluates: its own cache would be the only one, so none is made)."""
+    from .frozen_cache import build_frozen_cache
+    return build_frozen_cache(model, dev, tokenizer, device, cfg.frozen_cache, cfg.cache_dir, dtype="float32",
                               compute_dtype=amp_dtype)

@@ -12,7 +12,8 @@ import sys
 
 from data.loaders import COURSE_FILES, TASKS
 
-from .config import GROUPS, TrainConfig, default_of, field_errors, flag_of, options, read_config_file, validate
+from .config import (GROUPS, TrainConfig, default_of, field_errors, flag_of, freeze_error, options, read_config_file,
+                     validate)
 from .errors import ConfigError, NonFiniteLossError, TrainingInterrupted, WriteError
 from .progress import setup_logging
 
@@ -25,6 +26,24 @@ def _opt_int(s: str) -> int | None:
 
 def _opt_float(s: str) -> float | None:
     return None if s.lower() in ("none", "off") else float(s)
+
+
+def depth_or_share(s: str) -> int | str | None:
+    """--freeze-upto: none, a number of layers, or a share of them (P%)."""
+    if s.lower() in ("none", "off"):
+        return None
+    value = s.strip() if s.strip().endswith("%") else _int_or_text(s)
+    if freeze_error(value):
+        raise argparse.ArgumentTypeError(f"{s!r} is neither a number of layers (an integer >= -1) nor a share of "
+                                         f"the layers (P% with 0 <= P <= 100, e.g. 75%)")
+    return value
+
+
+def _int_or_text(s: str) -> int | str:
+    try:
+        return int(s)
+    except ValueError:
+        return s
 
 
 # The CS224N starter code's flags (multitask_classifier.py) -> ours, for its users' first try
@@ -94,7 +113,8 @@ def add_option(group, f, default=None, help_suffix: str = "") -> None:
     elif f.name == "tasks":
         group.add_argument(flag, nargs="+", choices=meta["choices"], default=list(default), help=text)
     else:
-        parse = {"int": int, "float": float, "int | None": _opt_int, "float | None": _opt_float}.get(kind, str)
+        parse = {"int": int, "float": float, "int | None": _opt_int, "float | None": _opt_float,
+                 "int | str | None": depth_or_share}.get(kind, str)
         group.add_argument(flag, type=parse, choices=meta["choices"], default=default, metavar=meta["metavar"],
                            help=text)
 

@@ -12,6 +12,7 @@ import logging
 import math
 import os
 from dataclasses import MISSING, asdict, dataclass, field, fields
+from fractions import Fraction
 from pathlib import Path
 
 from data.loaders import COURSE_FILES, TASKS
@@ -160,9 +161,12 @@ class TrainConfig:
                                   "about the last 1000 updates) and evaluate, keep and predict with it; the raw "
                                   "weights' dev metrics are logged beside it", "optimisation", metavar="D",
                                   range=UNIT, default_text="off, the raw weights")
-    freeze_upto: int | None = opt(None, "freeze the embeddings and encoder layers 0..N-1 (-1: embeddings only; "
-                                  "N = number of layers: only pooler and heads train)", "optimisation", metavar="N",
-                                  range=_at_least(-1), default_text="nothing frozen")
+    freeze_upto: int | str | None = opt(None, "freeze the embeddings and encoder layers 0..N-1 (-1: embeddings only; "
+                                        "N = number of layers: only pooler and heads train), or a share of the "
+                                        "layers, P%%, so that one recipe means the same on models of any depth: "
+                                        "P%% of L layers rounds to the nearest whole layer, halves down (75%%: 4 of 6, "
+                                        "9 of 12; 0%%: the embeddings only)", "optimisation", metavar="N|P%",
+                                        default_text="nothing frozen")
     frozen_cache: str = opt("auto", "with --freeze-upto N >= 1: compute the states entering layer N once and run "
                             "only layers N.. each step (auto: in memory when it fits, else a memory-mapped file in "
                             "--cache-dir)", "optimisation", choices=("auto", "memory", "disk", "off"),
@@ -332,6 +336,54 @@ def validate(cfg: TrainConfig) -> list[str]:
     return errors + path_errors(cfg)
 
 
+def parse_share(value) -> Fraction | None:
+    """"75%" -> Fraction(3, 4); None for anything that is not P% with P a number in [0, 100]."""
+    if not isinstance(value, str) or not value.endswith("%"):
+        return None
+    try:
+        share = Fraction(value[:-1].strip()) / 100
+    except (ValueError, ZeroDivisionError):
+        return None
+    return share if 0 <= share <= 1 else None
+
+
+def freeze_error(value, flag: str = "--freeze-upto") -> str | None:
+    """Why a --freeze-upto value is neither a depth (an integer >= -1) nor a share P% (0 <= P <= 100)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return None if value >= -1 else f"{flag} must be >= -1 (-1: embeddings only), not {value}"
+    if parse_share(value) is not None:
+        return None
+    return (f"{flag} must be a number of layers (an integer >= -1) or a share of the layers (P% with "
+            f"0 <= P <= 100, e.g. 75%), not {value!r}")
+
+
+def freeze_depth(value: int | str | None, num_layers: int) -> int | None:
+    """--freeze-upto as a number of frozen layers on a model of num_layers: a share P% is P% of the
+    layers rounded to the nearest whole layer, halves down (exact arithmetic: 75% of 6 = 4.5 -> 4)."""
+    share = parse_share(value)
+    if share is None:
+        return value
+    return math.ceil(share * num_layers - Fraction(1, 2))
+
+
+def depth_error(value: int | str | None, num_layers: int, model: str) -> str | None:
+    """The one line for a depth past the model's layers, naming what to run instead."""
+    depth = freeze_depth(value, num_layers)
+    if depth is None or -1 <= depth <= num_layers:
+        return None
+    line = (f"--freeze-upto {value} is out of range: {model} has {num_layers} layers, so N is between -1 "
+            f"(embeddings only) and {num_layers} (only the pooler and heads train)")
+    for name, layers in (("bert-base-uncased", 12), ("bert-large-uncased", 24)):
+        if depth <= layers:
+            pct = Fraction(100 * depth, layers)
+            pct_text = f"{float(pct):g}%" if pct.denominator == 1 else f"{float(pct):.1f}%"
+            same = freeze_depth(pct_text, num_layers)
+            return (f"{line}. {depth} of {layers} layers is a {name} recipe: run it there with --model {name}, "
+                    f"or freeze the same share of this model with --freeze-upto {pct_text} ({same} of "
+                    f"{num_layers} layers)")
+    return line
+
+
 def seed_error(seed, flag: str) -> str | None:
     """The message for a seed numpy cannot take (the sweep's --seeds too), else None."""
     seeds = TrainConfig.__dataclass_fields__["seed"].metadata["range"]
@@ -357,7 +409,9 @@ def field_errors(cfg: TrainConfig) -> list[str]:
         value, meta = getattr(cfg, f.name), f.metadata
         if value is None or (meta["feature"] and not getattr(cfg, meta["feature"])):
             continue
-        if _type_error(f, value):
+        if f.name == "freeze_upto":
+            errors += [e for e in (freeze_error(value),) if e]
+        elif _type_error(f, value):
             errors.append(_type_error(f, value))
         elif meta["choices"] and f.name != "tasks" and value not in meta["choices"]:
             errors.append(f"{flag_of(f.name)} must be one of {', '.join(meta['choices'])}, not {value!r}")

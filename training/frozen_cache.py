@@ -51,9 +51,14 @@ class PackedStates:
 
 
 class FrozenCache:
-    def __init__(self, layer: int, states: dict[str, list[PackedStates]]):
+    def __init__(self, layer: int, states: dict[str, list[PackedStates]], sources: dict[str, TaskData] | None = None):
         self.layer = layer
         self.states = states  # task -> one PackedStates per input sequence (two for siamese pairs)
+        self.sources = sources or {}  # task -> the TaskData the states were computed from
+
+    def covers(self, data: TaskData) -> bool:
+        """Whether the states are those of `data` itself (not, say, its pairs in the other order)."""
+        return self.sources.get(data.task) is data
 
     def batch(self, data: TaskData, indices) -> Batch:
         """The same batch make_batch would give, with `hidden` entering self.layer instead of token ids."""
@@ -108,7 +113,8 @@ def build_frozen_cache(model: MultitaskBert, train: dict[str, TaskData], tokeniz
                        batch_size: int = 128, compute_dtype: torch.dtype | None = None) -> FrozenCache:
     """Compute (or, on disk, reuse) the states entering model.first_trainable_layer for every example.
     compute_dtype: the autocast dtype training runs the frozen layers in (None: fp32), so that the
-    cached states are the ones an uncached step would compute."""
+    cached states are the ones an uncached step would compute. dtype: how they are stored (float16
+    for training batches; float32 for the dev sets, whose scores should not move by a rounding)."""
     layer = model.first_trainable_layer
     if layer < 1:
         raise ValueError("the frozen cache needs at least one frozen encoder layer (--freeze-upto >= 1)")
@@ -132,7 +138,7 @@ def build_frozen_cache(model: MultitaskBert, train: dict[str, TaskData], tokeniz
                     out = np.empty((offsets[-1], H), dtype=np_dtype)
                     _fill(model, data, s, out, offsets, tokenizer, layer, device, batch_size, compute_dtype)
                     states[task].append(PackedStates(out, offsets))
-            return FrozenCache(layer, states)
+            return FrozenCache(layer, states, dict(train))
         if mode != "disk":
             raise ValueError(f"frozen cache mode must be auto, memory or disk, not {mode!r}")
         return _disk_cache(model, train, tokenizer, device, Path(cache_dir), layer, dtype, batch_size,
@@ -174,4 +180,4 @@ def _disk_cache(model, train, tokenizer, device, cache_dir: Path, layer: int, dt
                                   np.load(root / f"{task}.{s}.offsets.npy"))
                      for s in range(len(data.sequences))]
               for task, data in train.items()}
-    return FrozenCache(layer, states)
+    return FrozenCache(layer, states, dict(train))

@@ -19,10 +19,12 @@ SHOW_PROGRESS_FROM = 20  # batches: below that a call is quick, and a line for e
 
 @torch.inference_mode()
 def raw_outputs(model: MultitaskBert, data: TaskData, tokenizer, batch_size: int, device,
-                autocast=contextlib.nullcontext, max_tokens: int | str | None = "auto") -> torch.Tensor:
+                autocast=contextlib.nullcontext, max_tokens: int | str | None = "auto", cache=None) -> torch.Tensor:
     """The heads' outputs (logits / scores) in the order of data.examples, in fp32 on the CPU;
     batches run sorted by length, at most batch_size examples and max_tokens padded tokens each
-    (None: batch_size alone; "auto": the device's budget, data.batching.eval_token_budget)."""
+    (None: batch_size alone; "auto": the device's budget, data.batching.eval_token_budget).
+    cache: a frozen-prefix cache (training.frozen_cache) holding `data`'s states entering the first
+    trainable layer; the batches then run only the layers above it."""
     was_training = model.training
     model.eval()
     out = None
@@ -30,10 +32,11 @@ def raw_outputs(model: MultitaskBert, data: TaskData, tokenizer, batch_size: int
         batches = eval_batches(data, tokenizer, batch_size, eval_token_budget(max_tokens, device.type))
         if len(batches) >= SHOW_PROGRESS_FROM:  # a dev or test set, not an API call on a few sentences
             batches = progress(batches, desc=f"predicting {data.task} ({len(data)} examples)", total=len(batches))
+        cached = cache is not None and cache.covers(data)
         for batch in batches:
-            batch = batch.to(device)
+            batch = (cache.batch(data, batch.indices) if cached else batch).to(device)
             with autocast():
-                o = model(data.task, batch.inputs).float().cpu()
+                o = model(data.task, batch.inputs, cache.layer if cached else 0).float().cpu()
             if out is None:
                 out = torch.empty((len(data), *o.shape[1:]))
             out[torch.as_tensor(batch.indices)] = o
@@ -43,26 +46,27 @@ def raw_outputs(model: MultitaskBert, data: TaskData, tokenizer, batch_size: int
 
 
 def task_outputs(model: MultitaskBert, data: TaskData, tokenizer, batch_size: int, device,
-                 autocast=contextlib.nullcontext, max_tokens: int | str | None = "auto") -> torch.Tensor:
+                 autocast=contextlib.nullcontext, max_tokens: int | str | None = "auto", cache=None) -> torch.Tensor:
     """raw_outputs, except that where data has a `.swapped` copy (pairs in both orders) the two
     orders' outputs are averaged: the paraphrase logits, the similarity scores."""
-    out = raw_outputs(model, data, tokenizer, batch_size, device, autocast, max_tokens)
+    out = raw_outputs(model, data, tokenizer, batch_size, device, autocast, max_tokens, cache)
     if data.swapped is not None:
-        out = (out + raw_outputs(model, data.swapped, tokenizer, batch_size, device, autocast, max_tokens)) / 2
+        out = (out + raw_outputs(model, data.swapped, tokenizer, batch_size, device, autocast, max_tokens, cache)) / 2
     return out
 
 
 def predict_task(model: MultitaskBert, data: TaskData, tokenizer, batch_size: int, device,
-                 autocast=contextlib.nullcontext, max_tokens: int | str | None = "auto") -> np.ndarray:
+                 autocast=contextlib.nullcontext, max_tokens: int | str | None = "auto", cache=None) -> np.ndarray:
     """Predictions in the order of data.examples, from task_outputs."""
-    out = task_outputs(model, data, tokenizer, batch_size, device, autocast, max_tokens)
+    out = task_outputs(model, data, tokenizer, batch_size, device, autocast, max_tokens, cache)
     return predict(data.task, out).double().numpy()
 
 
 def predict_sets(model, sets: dict[str, TaskData], tokenizer, batch_size: int, device,
-                 autocast=contextlib.nullcontext, max_tokens: int | str | None = "auto") -> dict[str, np.ndarray]:
+                 autocast=contextlib.nullcontext, max_tokens: int | str | None = "auto",
+                 cache=None) -> dict[str, np.ndarray]:
     """predict_task for each task's set: task -> predictions in the order of its examples."""
-    return {task: predict_task(model, data, tokenizer, batch_size, device, autocast, max_tokens)
+    return {task: predict_task(model, data, tokenizer, batch_size, device, autocast, max_tokens, cache)
             for task, data in sets.items()}
 
 

@@ -18,7 +18,7 @@ import torch
 from minbert import BertConfig, Tokenizer, resolve_checkpoint
 from minbert.checkpoint import human_bytes, machine_ram, read_bert_config, refuse_if_too_big
 
-from .config import TrainConfig
+from .config import TrainConfig, depth_error, freeze_depth
 from .errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -59,7 +59,8 @@ def footprint(bert: BertConfig, cfg: TrainConfig) -> Footprint:
     H, L = bert.hidden_size, bert.num_hidden_layers
     embeddings = (bert.vocab_size + bert.max_position_embeddings + bert.type_vocab_size) * H + 2 * H
     per_layer = (params - embeddings - H * H - H) // L
-    frozen = 0 if cfg.freeze_upto is None else embeddings + max(0, min(cfg.freeze_upto, L)) * per_layer
+    depth = freeze_depth(cfg.freeze_upto, L)
+    frozen = 0 if depth is None else embeddings + max(0, min(depth, L)) * per_layer
     return Footprint(params, params - frozen, cfg.ema_decay is not None, cfg.smart)
 
 
@@ -68,6 +69,9 @@ def check_model(cfg: TrainConfig, device: torch.device) -> Footprint:
     the machine's (RAM; on CUDA the GPU's too). ConfigError / CheckpointError naming the culprit."""
     path = resolve_checkpoint(cfg.model)
     bert = read_bert_config(path)
+    problem = depth_error(cfg.freeze_upto, bert.num_hidden_layers, cfg.model)
+    if problem:
+        raise ConfigError(problem)
     try:
         Tokenizer.from_checkpoint(path)  # the vocabulary: UTF-8, BERT's special tokens
     except ValueError as e:

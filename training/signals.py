@@ -1,11 +1,12 @@
 """SIGINT/SIGTERM ask the training loop to stop after the current step, so that it can write a
-checkpoint first."""
+checkpoint first; and the sweep's process pair stops together."""
 from __future__ import annotations
 
 import contextlib
 import logging
 import signal
 import threading
+import time
 
 log = logging.getLogger(__name__)
 
@@ -35,3 +36,26 @@ def stop_on_signals():
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
+
+
+def exit_on_sigterm() -> None:
+    """SIGTERM raises SystemExit in the main thread, so that `finally` blocks run: a sweep killed while
+    it waits for a training process stops that process too instead of leaving it orphaned."""
+    def handler(signum, frame):
+        raise SystemExit(128 + signum)
+    signal.signal(signal.SIGTERM, handler)
+
+
+def exit_with_parent(poll_seconds: float = 2.0) -> None:
+    """In a child process: a daemon thread that sends this process SIGTERM (the trainer's clean stop)
+    once its parent is gone, for a parent killed with SIGKILL, which runs no `finally`."""
+    import os
+
+    parent = os.getppid()
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(poll_seconds)
+        log.warning("the sweep that started this run is gone: stopping")
+        os.kill(os.getpid(), signal.SIGTERM)
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()

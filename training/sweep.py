@@ -38,6 +38,7 @@ import json
 import logging
 import os
 import shutil
+import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -46,9 +47,10 @@ from typing import Hashable, Sequence
 
 from data.loaders import COURSE_FILES, LABEL_COLUMN, TASKS, TEXT_COLUMNS, Example, load_task_file
 
-from .cli import add_option, config_from_args
-from .config import TrainConfig, options, seed_error, validate
+from .cli import add_option, config_from_args, depth_or_share
+from .config import TrainConfig, depth_error, freeze_depth, options, seed_error, validate
 from .progress import setup_logging
+from .signals import exit_on_sigterm, exit_with_parent
 
 log = logging.getLogger(__name__)
 
@@ -157,18 +159,20 @@ class RunKey:
     depth: int | None    # --freeze-upto; None: full fine-tuning
     size: int | str      # training examples per task, or "all"
     seed: int
+    arm: str = ""        # a named set of option overrides (training.study's arms); "": the sweep's settings
 
     @property
     def name(self) -> str:
         d = "none" if self.depth is None else self.depth
-        return f"{self.tasks}-freeze{d}-n{self.size}-seed{self.seed}"
+        return f"{self.tasks}-freeze{d}-n{self.size}-seed{self.seed}" + (f"-{self.arm}" if self.arm else "")
 
     def to_dict(self) -> dict:
-        return {"tasks": self.tasks, "depth": self.depth, "size": self.size, "seed": self.seed}
+        return {"tasks": self.tasks, "depth": self.depth, "size": self.size, "seed": self.seed,
+                **({"arm": self.arm} if self.arm else {})}
 
     @classmethod
     def of(cls, record: dict) -> "RunKey":
-        return cls(record["tasks"], record["depth"], record["size"], record["seed"])
+        return cls(record["tasks"], record["depth"], record["size"], record["seed"], record.get("arm", ""))
 
 
 def plan(tasks: Sequence[str], depths, sizes, seeds) -> list[RunKey]:
@@ -252,6 +256,7 @@ def measure(cfg: TrainConfig, threads: int | None = None) -> dict:
 
 def _child(cfg_dict: dict, threads: int | None, log_level: int, conn) -> None:
     setup_logging(log_level)
+    exit_with_parent()
     try:
         conn.send(("ok", measure(TrainConfig.from_dict(cfg_dict), threads)))
     except BaseException as e:  # noqa: BLE001 - reported to the parent, which decides
@@ -322,52 +327,117 @@ def _clean_run_dir(run_dir: Path, out: Path) -> None:
 def run_sweep(args: argparse.Namespace) -> int:
     out, runs_dir = Path(args.out), Path(args.runs_dir or default_runs_dir(args.out))
     out.mkdir(parents=True, exist_ok=True)
-    results_path = out / RESULTS
     base = base_config(args)
-    settings = settings_of(base)
-    records = read_results(results_path, repair=not args.dry_run)
-    problem = settings_clash(records, settings, results_path) or None
+    records = read_results(out / RESULTS, repair=not args.dry_run)
+    problem = settings_clash(records, settings_of(base), out / RESULTS) or None
     subsets = None if problem else training_subsets(args, base)
     if problem or isinstance(subsets, str):
         print(f"training.sweep: error: {problem or subsets}", file=sys.stderr)
         return 2
-    done = {RunKey.of(r) for r in records}
     keys = plan(args.tasks, args.depths, args.sizes, args.seeds)
-    todo = [k for k in keys if k not in done]
-    log.info("%d runs planned, %d already in %s, %d to do; run directories in %s", len(keys), len(keys) - len(todo),
-             results_path, len(todo), runs_dir)
     if args.dry_run:
+        done = {RunKey.of(r) for r in records}
         for k in keys:
             print(f"{'done' if k in done else 'todo'}  {k.name}")
         return 0
-    failures, spent = [], []
-    for i, key in enumerate(todo, 1):
-        eta = f", about {(len(todo) - i + 1) * sum(spent) / len(spent) / 60:.0f} min left" if spent else ""
-        log.info("run %d/%d: %s%s", i, len(todo), key.name, eta)
+    return work(args, base, lambda records: keys, {}, subsets, out, runs_dir)
+
+
+def work(args, base: TrainConfig, plan_of, arms: dict[str, dict], subsets: dict, out: Path, runs_dir: Path,
+         after_each=None) -> int:
+    """Run every planned key not yet in results.jsonl, one at a time, appending each result as it finishes.
+
+    plan_of(records) gives the keys to have, in order, from the results so far (the study's later
+    stages depend on earlier results), so it is asked again after every run, and after_each() is called
+    once each result is recorded (the study rewrites its report). Several workers (this
+    command started again, in another shell) share the work: each run is claimed with a lock file in
+    runs_dir, and a run claimed by a live process is left to it."""
+    results_path, settings = out / RESULTS, settings_of(base)
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    failures, spent, busy = [], [], set()
+    while True:
+        records = read_results(results_path)
+        done = {RunKey.of(r) for r in records}
+        todo = [k for k in plan_of(records) if k not in done and k not in failures]
+        key = lock = None
+        for k in (k for k in todo if k not in busy):
+            lock = claim(runs_dir, k)
+            if lock:
+                key = k
+                break
+            busy.add(k)  # another worker trains it
+        if key is None:
+            break
+        eta = f", about {len(todo) * sum(spent) / len(spent) / 60:.0f} min left" if spent else ""
+        log.info("run %d/%d: %s%s", len(done) + 1, len(done) + len(todo), key.name, eta)
         run_dir = runs_dir / key.name
         try:
-            m = sweep_run(args, base, key, subsets, run_dir, out)
+            m = sweep_run(args, base, key, subsets, run_dir, out, arms.get(key.arm, {}))
+            spent.append(m["wall_seconds"])
+            append_result(results_path, result_record(args, base, key, subsets, run_dir, m, settings,
+                                                      arms.get(key.arm, {})))
         except RunFailed as e:
             log.error("run %s failed: %s", key.name, e)
             failures.append(key)
-            if args.keep_going:
-                continue
-            print(f"training.sweep: error: run {key.name} failed (its log: {run_dir / 'train.log'}); the "
-                  f"finished runs are kept, rerun the same command to go on", file=sys.stderr)
-            return 1
-        spent.append(m["wall_seconds"])
-        append_result(results_path, result_record(args, base, key, subsets, run_dir, m, settings))
+            if not args.keep_going:
+                print(f"training.sweep: error: run {key.name} failed (its log: {run_dir / 'train.log'}); the "
+                      f"finished runs are kept, rerun the same command to go on", file=sys.stderr)
+                return 1
+            continue
+        finally:
+            lock.unlink(missing_ok=True)
         if not args.keep_checkpoints:
             shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
             (run_dir / "best.pt").unlink(missing_ok=True)
-        log.info("run %d/%d: %s done in %.0f s: %s", i, len(todo), key.name, m["wall_seconds"],
+        log.info("%s done in %.0f s: %s", key.name, m["wall_seconds"],
                  " ".join(f"{k} {v:.4f}" for k, v in m["metrics"].items()))
+        if after_each is not None:
+            after_each()
     if failures:
         print(f"training.sweep: {len(failures)} run(s) failed: {', '.join(k.name for k in failures)}; rerun the "
               f"same command to retry them", file=sys.stderr)
         return 1
-    log.info("sweep complete: %s; summarise with `python -m training.report %s`", results_path, out)
+    busy = [k for k in busy if k not in {RunKey.of(r) for r in read_results(results_path)}]
+    if busy:
+        log.info("%d run(s) are being trained by another worker: %s", len(busy), ", ".join(k.name for k in busy))
+    else:
+        log.info("sweep complete: %s; summarise with `python -m training.report %s`", results_path, out)
     return 0
+
+
+def claim(runs_dir: Path, key: RunKey) -> Path | None:
+    """The lock file of key's run, made by this process; None while another live process holds it. A
+    lock left by a dead process (killed, or on a machine that restarted) is taken over."""
+    lock = runs_dir / f".{key.name}.lock"
+    for _ in range(2):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            if _holder_alive(lock):
+                return None
+            log.info("%s: its worker is gone; taking the run over", lock)
+            lock.unlink(missing_ok=True)
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname()}))
+        return lock
+    return None
+
+
+def _holder_alive(lock: Path) -> bool:
+    try:
+        holder = json.loads(lock.read_text() or "{}")
+    except (OSError, ValueError):
+        return False  # half written by a process killed at once: nobody holds it
+    if holder.get("host") != socket.gethostname():
+        return True  # another machine's worker: we cannot tell, so it is left alone
+    try:
+        os.kill(int(holder["pid"]), 0)
+    except (KeyError, ValueError, ProcessLookupError):
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def settings_clash(records: list[dict], settings: dict, results_path: Path) -> str:
@@ -402,8 +472,9 @@ def training_subsets(args: argparse.Namespace, base: TrainConfig) -> dict | str:
     return subsets
 
 
-def sweep_run(args, base: TrainConfig, key: RunKey, subsets: dict, run_dir: Path, out: Path) -> dict:
-    """One run of the grid in its own directory, on its training subsets."""
+def sweep_run(args, base: TrainConfig, key: RunKey, subsets: dict, run_dir: Path, out: Path,
+              overrides: dict | None = None) -> dict:
+    """One run of the grid in its own directory, on its training subsets, with its arm's overrides."""
     _clean_run_dir(run_dir, out)
     (run_dir / MARKER).write_text(json.dumps({**key.to_dict(), "out": str(out.resolve())}) + "\n")
     files = {}
@@ -411,7 +482,8 @@ def sweep_run(args, base: TrainConfig, key: RunKey, subsets: dict, run_dir: Path
         path = run_dir / f"{task}-train-subset.csv"
         write_course_file(path, task, subsets[task, key.seed][key.size])
         files[f"{task}_train"] = str(path)
-    cfg = TrainConfig.from_dict({**base.to_dict(), "files": files, "freeze_upto": key.depth, "seed": key.seed,
+    cfg = TrainConfig.from_dict({**base.to_dict(), **(overrides or {}), "files": files, "freeze_upto": key.depth,
+                                 "seed": key.seed,
                                  "out_dir": str(run_dir), "predictions_dir": str(run_dir / "predictions"),
                                  "cache_dir": str(run_dir.parent / ".frozen-cache")})
     runner = measure if args.in_process else measure_isolated
@@ -419,7 +491,7 @@ def sweep_run(args, base: TrainConfig, key: RunKey, subsets: dict, run_dir: Path
 
 
 def result_record(args, base: TrainConfig, key: RunKey, subsets: dict, run_dir: Path, m: dict,
-                  settings: dict) -> dict:
+                  settings: dict, overrides: dict | None = None) -> dict:
     """The line results.jsonl keeps of a finished run."""
     from .rundir import read_metrics
     rows = read_metrics(run_dir / "metrics.jsonl")
@@ -431,12 +503,15 @@ def result_record(args, base: TrainConfig, key: RunKey, subsets: dict, run_dir: 
             "n_train": {t: len(subsets[t, key.seed][key.size]) for t in args.tasks},
             "wall_seconds": round(m["wall_seconds"], 2),
             "train_seconds": round(sum(r["train_seconds"] for r in epochs), 2),
+            "epoch_seconds": [r["train_seconds"] for r in epochs],
+            "frozen_cache_seconds": sum(r.get("frozen_cache_seconds", 0) for r in epochs) or None,
             "peak_rss_mib": None if args.in_process else round(m["peak_rss_mib"], 1),
             "base_rss_mib": None if args.in_process else round(m["base_rss_mib"], 1),
             "cuda_peak_mib": None if m["cuda_peak_mib"] is None else round(m["cuda_peak_mib"], 1),
             "trainable_params": m["trainable_params"], "total_params": m["total_params"],
             "threads": m["threads"], "run_dir": str(run_dir),
-            "finished": time.strftime("%Y-%m-%dT%H:%M:%S"), "settings": settings}
+            "finished": time.strftime("%Y-%m-%dT%H:%M:%S"), "settings": settings,
+            **({"overrides": overrides} if overrides else {})}
 
 
 def default_runs_dir(out: str | os.PathLike) -> Path:
@@ -448,16 +523,14 @@ def default_runs_dir(out: str | os.PathLike) -> Path:
 
 # --------------------------------------------------------------------------- command line
 
-def _depth(s: str) -> int | None:
+def _depth(s: str) -> int | str | None:
     if s.lower() in ("none", "full"):
         return None
     try:
-        d = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{s!r} is not a depth: an integer >= -1, or none") from None
-    if d < -1:
-        raise argparse.ArgumentTypeError(f"{d}: a depth is >= -1 (-1: embeddings only), or none")
-    return d
+        return depth_or_share(s)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"{s!r} is not a depth: an integer >= -1, a share of the layers (P%), "
+                                         f"or none") from None
 
 
 def _size(s: str) -> int | str:
@@ -484,7 +557,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: sst)")
     g.add_argument("--depths", nargs="+", type=_depth, default=[None, 0, 3, 5, 6], metavar="D",
                    help="--freeze-upto values: D freezes the embeddings and encoder layers 0..D-1 (-1 and 0 both "
-                        "freeze only the embeddings); none: full fine-tuning (default: none 0 3 5 6)")
+                        "freeze only the embeddings), P%% a share of the layers (rounded as --freeze-upto rounds it); "
+                        "none: full fine-tuning (default: none 0 3 5 6)")
     g.add_argument("--sizes", nargs="+", type=_size, default=[100, 1000], metavar="N",
                    help="training examples per task (stratified, nested across sizes), or all (default: 100 1000)")
     g.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3], metavar="S",
@@ -524,6 +598,7 @@ def main(argv: list[str] | None = None) -> int:
     p = build_parser()
     args = p.parse_args(argv)
     setup_logging(logging.DEBUG if args.verbose else logging.INFO)
+    exit_on_sigterm()
     args.tasks, args.depths = _unique(args.tasks), _unique(args.depths)
     args.sizes, args.seeds = _unique(args.sizes), _unique(args.seeds)
     if args.threads is not None and args.threads < 1:
@@ -538,11 +613,26 @@ def main(argv: list[str] | None = None) -> int:
     errors += [e for e in (seed_error(s, "--seeds") for s in args.seeds) if e]
     if errors:
         p.error("\n  ".join(errors))
-    layers = _num_layers(args.model)
-    deep = [d for d in args.depths if d is not None and layers is not None and d > layers]
-    if deep:
-        p.error(f"--depths {deep[0]}: {args.model} has {layers} layers, so a depth is at most {layers}")
+    problem = resolve_depths(args)
+    if problem:
+        p.error(problem)
     return run_sweep(args)
+
+
+def resolve_depths(args) -> str | None:
+    """args.depths as numbers of layers of args.model (a share P% rounded as --freeze-upto rounds it;
+    shares that meet on one depth run once), or the error."""
+    layers = _num_layers(args.model)
+    if layers is None:
+        if any(isinstance(d, str) for d in args.depths):
+            return f"--depths {next(d for d in args.depths if isinstance(d, str))}: cannot read the depth of {args.model}"
+        return None
+    for d in args.depths:
+        problem = depth_error(d, layers, args.model)
+        if problem:
+            return problem.replace("--freeze-upto", "--depths")
+    args.depths = _unique([freeze_depth(d, layers) for d in args.depths])
+    return None
 
 
 def _num_layers(model: str) -> int | None:

@@ -28,7 +28,7 @@ from data.batching import Batch, make_batch
 from data.sampler import TaskBatch, padding_efficiency
 from minbert.checkpoint import copy_tokenizer_files
 
-from .build import build_model, load_data, maybe_frozen_cache, updates_for_epoch
+from .build import build_model, dev_frozen_cache, load_data, maybe_frozen_cache, updates_for_epoch
 from .checkpointing import RollingCheckpoints, load_model_state, save_checkpoint
 from .config import TrainConfig, validate
 from .device import GlobalRng, autocast_dtype, pick_device, seed_everything
@@ -155,8 +155,14 @@ class Run:
         if dist is not None and len(set(dist.all_gather_object(self.state.global_step))) > 1:
             raise ConfigError("the ranks resumed from different checkpoints (or some found none): put --out-dir on "
                               "a filesystem every node sees, or pass --resume PATH readable on every node")
+        t0 = time.perf_counter()
         self.cache = maybe_frozen_cache(cfg, self.model, self.data.train, self.tokenizer, self.device, dist,
                                         self.amp_dtype)
+        if self.cache is not None and dist is None:
+            self.dev_cache = dev_frozen_cache(cfg, self.model, self.data.dev, self.tokenizer, self.device,
+                                              self.amp_dtype)
+        # on the next epoch record: what the caches cost this process (building them, or opening stored ones)
+        self.cache_seconds = round(time.perf_counter() - t0, 2) if self.cache is not None else None
         if resume is not None:  # its own directory: the records after the checkpoint's step go now
             self.claim_out_dir(resume_step=self.state.global_step)
         self.checkpoints = RollingCheckpoints(self.out_dir, cfg.keep_last)
@@ -187,15 +193,16 @@ class Run:
             from .compiling import compile_layers
             compile_layers(self.model.encoder)
             log.info("--compile: encoder layers compiled lazily; the first steps of each shape family are slow")
-        self.cache = None
+        self.cache, self.dev_cache, self.cache_seconds = None, None, None
         return self
 
     def _log_model(self) -> None:
         model, cfg = self.model, self.cfg
         n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
         n_all = sum(p.numel() for p in model.parameters())
+        upto = cfg.freeze_upto if model.frozen_upto == cfg.freeze_upto else f"{cfg.freeze_upto} = {model.frozen_upto}"
         log.info("model %s: %d layers, %.1fM parameters, %.1fM trainable (freeze-upto %s); device %s, %s",
-                 cfg.model, model.encoder.num_layers, n_all / 1e6, n_train / 1e6, cfg.freeze_upto, self.device,
+                 cfg.model, model.encoder.num_layers, n_all / 1e6, n_train / 1e6, upto, self.device,
                  "bf16 autocast" if self.amp_dtype else "fp32")
 
     def _written_dirs(self) -> list[Path]:
@@ -382,8 +389,10 @@ class Run:
         if self.main:  # only rank 0 tracks the best score: the checkpoints are its
             record = {"epoch": epoch, "step": state.global_step, "train_seconds": round(train_time, 1),
                       "padding_efficiency": padding_eff,
+                      **({"frozen_cache_seconds": self.cache_seconds} if self.cache_seconds is not None else {}),
                       **{f"train_loss_{t}": float(np.mean(v)) for t, v in state.losses.items() if v}}
             self.evaluate_and_keep(epoch, record, f"epoch {epoch}", f" ({train_time:.0f} s training)")
+            self.cache_seconds = None  # counted once
         if self.dist is not None:
             self.dist.barrier()  # the other ranks wait while rank 0 evaluates
         state.epoch, state.step_in_epoch, state.losses, state.epoch_seconds = epoch + 1, 0, {}, 0.0
@@ -403,7 +412,7 @@ class Run:
     def predict(self, sets: dict) -> dict:
         """Predictions of the model's weights as they are now, batched as --eval-batch-size/--eval-tokens say."""
         return predict_sets(self.model, sets, self.tokenizer, self.cfg.eval_batch_size, self.device,
-                            self.stepper.autocast, self.cfg.eval_token_budget())
+                            self.stepper.autocast, self.cfg.eval_token_budget(), self.dev_cache)
 
     def evaluate(self) -> dict[str, float]:
         """Dev metrics of the model's weights as they are now."""

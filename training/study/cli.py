@@ -1,0 +1,127 @@
+"""python -m training.study RECIPE: run a study's missing runs, then write its report.
+
+    python -m training.study depth --data-dir ../shared/data/cs224n --threads 1
+    python -m training.study depth --report-only       # the tables and figures from the results so far
+
+RECIPE is one of the built-in recipes (depth, size, seed-report: training/study/recipes/) or a JSON
+file of one's own. Each finished run is appended to RESULTS/results.jsonl at once (training.sweep's
+format), so a killed study loses only the run in progress, and rerunning the command goes on where
+it stopped. Start the same command in a second shell to train on two workers: each run is claimed by
+one. The report (report.md, report.csv and the figures) is rewritten after every run.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from ..config import TrainConfig, validate
+from ..errors import ConfigError
+from ..progress import setup_logging
+from ..signals import exit_on_sigterm
+from ..sweep import (RESULTS, RunKey, _num_layers, default_runs_dir, read_results, settings_clash, settings_of,
+                     training_subsets, work)
+from .figures import FIGURES
+from .recipe import Recipe, available, load_recipe
+from .tables import MARKDOWN, write_csv
+
+log = logging.getLogger(__name__)
+PROG = "python -m training.study"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("recipe", help=f"a built-in recipe ({', '.join(available())}) or a recipe file (JSON)")
+    f = TrainConfig.__dataclass_fields__
+    p.add_argument("--data-dir", default=f["data_dir"].default, help=f["data_dir"].metadata["help"] +
+                   " (default: %(default)s)")
+    p.add_argument("--model", default=f["model"].default, help=f["model"].metadata["help"] + " (default: %(default)s)")
+    p.add_argument("--runs-dir", default=None, help="folder for the run directories (default: runs/<name of "
+                   "RESULTS>-<hash of its path>-runs, as training.sweep)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads per run (default: torch's choice); "
+                   "for two workers on two cores, 1 each")
+    p.add_argument("--report-only", action="store_true", help="train nothing: write the report from the results so far")
+    p.add_argument("--dry-run", action="store_true", help="list the runs, done or to do, and stop")
+    p.add_argument("--keep-going", action="store_true", help="after a failed run, go on with the others")
+    p.add_argument("--keep-checkpoints", action="store_true", help="keep each run's best.pt and checkpoint")
+    p.add_argument("--in-process", action="store_true", help="train in this process (no peak-memory figure)")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    return p
+
+
+def base_config(recipe: Recipe, args) -> TrainConfig:
+    """What every run of the study gets: the recipe's options over TrainConfig's defaults, checkpoints at
+    epoch ends only, no test predictions."""
+    return TrainConfig(**{"save_every": 0, "keep_last": 1, "log_every": 2, "test_predictions": False,
+                          "data_dir": args.data_dir, "model": args.model, **recipe.train})
+
+
+def check(recipe: Recipe, base: TrainConfig) -> list[str]:
+    """Every arm's configuration, checked as run_multitask.py checks its flags."""
+    errors = [f"{recipe.path}: train: {e}" for e in validate(base)]
+    for arm, overrides in recipe.all_arms().items():
+        errors += [f"{recipe.path}: arm {arm!r}: {e}" for e in validate(TrainConfig(**{**base.to_dict(), **overrides}))
+                   if not any(e == b.split(": train: ", 1)[-1] for b in errors)]
+    return errors
+
+
+def write_report(recipe: Recipe, results: Path, report: Path) -> Path:
+    records = read_results(results / RESULTS)
+    report.mkdir(parents=True, exist_ok=True)
+    (report / "report.md").write_text(MARKDOWN[recipe.kind](recipe, records))
+    write_csv(recipe, records, report / "report.csv")
+    FIGURES[recipe.kind](recipe, records, report)
+    return report / "report.md"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    setup_logging(logging.DEBUG if args.verbose else logging.INFO)
+    exit_on_sigterm()
+    try:
+        recipe = load_recipe(args.recipe)
+        layers = _num_layers(args.model)
+        if layers is None:
+            raise ConfigError(f"--model {args.model}: cannot read its config.json (num_hidden_layers)")
+        recipe.resolve(layers)
+        base = base_config(recipe, args)
+    except ConfigError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    if args.threads is not None and args.threads < 1:
+        print(f"{PROG}: error: --threads must be >= 1, not {args.threads}", file=sys.stderr)
+        return 2
+    errors = check(recipe, base)
+    results, report = Path(recipe.results), Path(recipe.report)
+    records = read_results(results / RESULTS, repair=not (args.dry_run or args.report_only))
+    errors += [e for e in [settings_clash(records, settings_of(base), results / RESULTS)] if e]
+    if errors:
+        print(f"{PROG}: error: {errors[0]}" + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""),
+              file=sys.stderr)
+        return 2
+    if args.dry_run:
+        finished = {RunKey.of(r) for r in records}
+        for k in recipe.plan(records):
+            print(f"{'done' if k in finished else 'todo'}  {k.name}")
+        return 0
+    rc = 0
+    if not args.report_only:
+        rc = train(recipe, base, args, results)
+    path = write_report(recipe, results, report)
+    log.info("report: %s", path)
+    return rc
+
+
+def train(recipe: Recipe, base: TrainConfig, args, results: Path) -> int:
+    ns = argparse.Namespace(tasks=recipe.tasks, sizes=recipe.sizes, seeds=recipe.seeds, in_process=args.in_process,
+                            threads=args.threads, keep_going=args.keep_going, keep_checkpoints=args.keep_checkpoints,
+                            test_predictions=False)
+    subsets = training_subsets(ns, base)
+    if isinstance(subsets, str):
+        print(f"{PROG}: error: {subsets}", file=sys.stderr)
+        return 2
+    runs_dir = Path(args.runs_dir or default_runs_dir(results))
+    results.mkdir(parents=True, exist_ok=True)
+    return work(ns, base, recipe.plan, recipe.all_arms(), subsets, results, runs_dir,
+                after_each=lambda: write_report(recipe, results, Path(recipe.report)))

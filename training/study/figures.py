@@ -1,0 +1,131 @@
+"""A study's figures (matplotlib, optional: without it the tables are still written).
+
+- depth: relative quality against frozen depth, one panel per metric, mean ± std over seeds, for each
+  protocol (Lee et al.'s figure), and the cost panels (seconds per epoch with and without the cache;
+  peak memory and trainable parameters).
+- size: each metric against the training-set size, one line per depth, mean ± std over seeds.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+
+from ..report import metrics_of
+from .aggregate import NINETY, cost_rows, depth_label, relative_cells, size_rows
+from .recipe import Recipe
+
+log = logging.getLogger(__name__)
+
+DPI = 100
+PANEL = (4.6, 3.8)  # inches per panel
+
+
+def pyplot():
+    """matplotlib's pyplot on the Agg backend, or None (with a warning) where it is not installed."""
+    try:
+        import matplotlib
+    except ImportError:
+        log.warning("matplotlib is not installed: tables only, no figures (pip install -e '.[plots]')")
+        return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def _depth_axis(ax, depths, layers):
+    ax.set_xticks(range(len(depths)), [depth_label(d, layers).replace(" (heads only)", "\n(heads)")
+                                        .replace(" (full)", "\n(full)").replace("embeddings", "emb.")
+                                        for d in depths])
+    ax.set_xlabel("frozen: embeddings + layers 0..N-1")
+    ax.grid(alpha=0.3)
+
+
+def depth_figures(recipe: Recipe, records: list[dict], out: Path) -> list[Path]:
+    plt = pyplot()
+    if plt is None:
+        return []
+    size, metrics = recipe.sizes[0], metrics_of("+".join(recipe.tasks))
+    protocols = ["elsa"] + (["tuned"] if recipe.lr_grid else [])
+    fig, axes = plt.subplots(1, len(metrics), figsize=(PANEL[0] * len(metrics), PANEL[1]), dpi=DPI, squeeze=False)
+    for j, protocol in enumerate(protocols):
+        cells = relative_cells(recipe, records, size, protocol)
+        depths = list(dict.fromkeys(c.depth for c in cells))
+        for ax, metric in zip(axes[0], metrics):
+            pts = [(i + (j - (len(protocols) - 1) / 2) * 0.1, c) for i, d in enumerate(depths)
+                   for c in cells if c.depth == d and c.metric == metric and c.relative]
+            ax.errorbar([x for x, _ in pts], [c.rel_mean for _, c in pts],
+                        yerr=[0.0 if math.isnan(c.rel_std) else c.rel_std for _, c in pts], marker="o", capsize=3,
+                        color=f"C{j}", label={"elsa": "full model's lr", "tuned": "best lr per depth"}[protocol])
+            _depth_axis(ax, depths, recipe.layers)
+            ax.set_title(f"dev {metric}")
+    for ax in axes[0]:
+        ax.axhline(1.0, color="grey", linewidth=1)
+        ax.axhline(NINETY, color="grey", linestyle="--", linewidth=1, label=f"{NINETY:.0%} of full")
+        ax.set_ylabel("relative to full fine-tuning")
+    axes[0][0].legend(fontsize="small")
+    fig.suptitle(f"Quality against frozen depth ({recipe.layers}-layer model, {size} examples per task, "
+                 f"mean ± std over seeds)")
+    fig.tight_layout()
+    paths = [_save(fig, plt, out / "relative_quality.png")]
+    paths.append(cost_figure(recipe, records, out / "cost.png", plt))
+    return paths
+
+
+def cost_figure(recipe: Recipe, records: list[dict], path: Path, plt) -> Path:
+    rows = cost_rows(recipe, records, recipe.sizes[0])
+    depths = [r["depth"] for r in rows]
+    x = range(len(rows))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(PANEL[0] * 2, PANEL[1]), dpi=DPI)
+    left.plot(x, [r["epoch_seconds"] for r in rows], marker="o", label="with the frozen-prefix cache")
+    left.plot(x, [r["epoch_seconds_nocache"] for r in rows], marker="s", linestyle=":", label="without it")
+    left.set_ylim(bottom=0)
+    left.set_ylabel("training seconds per epoch")
+    left.legend(fontsize="small")
+    right.plot(x, [r["peak_rss_mib"] for r in rows], marker="o", color="C2", label="peak RSS (MiB)")
+    right.set_ylabel("peak resident memory, MiB")
+    twin = right.twinx()
+    twin.plot(x, [r["trainable_params"] / 1e6 for r in rows], marker="^", color="C3", linestyle="--",
+              label="trainable parameters (M)")
+    twin.set_ylabel("trainable parameters, millions")
+    twin.set_ylim(bottom=0)
+    right.legend(loc="upper right", fontsize="small")
+    twin.legend(loc="lower left", fontsize="small")
+    for ax in (left, right):
+        _depth_axis(ax, depths, recipe.layers)
+    fig.suptitle("Cost against frozen depth")
+    fig.tight_layout()
+    return _save(fig, plt, path)
+
+
+def size_figures(recipe: Recipe, records: list[dict], out: Path) -> list[Path]:
+    plt = pyplot()
+    if plt is None:
+        return []
+    rows, metrics = size_rows(recipe, records), metrics_of("+".join(recipe.tasks))
+    fig, axes = plt.subplots(1, len(metrics), figsize=(PANEL[0] * len(metrics), PANEL[1]), dpi=DPI, squeeze=False)
+    depths = list(dict.fromkeys(r["depth"] for r in rows))
+    for ax, metric in zip(axes[0], metrics):
+        for j, d in enumerate(depths):
+            pts = [r for r in rows if r["depth"] == d and r["metric"] == metric and r["size"] != "all"]
+            ax.errorbar([r["size"] for r in pts], [r["mean"] for r in pts],
+                        yerr=[0.0 if math.isnan(r["std"]) else r["std"] for r in pts], marker="o", capsize=3,
+                        color=f"C{j}", label=f"frozen: {depth_label(d, recipe.layers)}")
+        ax.set_xscale("log")
+        ax.set_xlabel("training examples per task")
+        ax.set_ylabel(f"dev {metric}")
+        ax.set_title(f"dev {metric}")
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize="small")
+    fig.suptitle("Quality against training-set size, per frozen depth (mean ± std over seeds)")
+    fig.tight_layout()
+    return [_save(fig, plt, out / "size.png")]
+
+
+def _save(fig, plt, path: Path) -> Path:
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return path
+
+
+FIGURES = {"depth": depth_figures, "size": size_figures, "table": lambda recipe, records, out: []}

@@ -1,0 +1,252 @@
+"""A study's recipe: one JSON file naming the grid (tasks, depths, sizes, seeds, arms), the training
+options every run gets, and the extras a study adds on top of the sweep's grid (a learning-rate grid
+per depth, cost arms, a table's rows). recipes/ holds the freezing study's three.
+
+    {"title": ..., "about": ..., "kind": "depth" | "size" | "table",
+     "results": "docs/freezing-study",        folder of results.jsonl (studies with one settings share it)
+     "report": "docs/freezing-study/depth",   folder of this study's tables and figures
+     "tasks": [...], "depths": ["none", -1, 3, "75%"], "sizes": [1000], "seeds": [1, 2, 3],
+     "train": {TrainConfig field: value},      the options every run gets (over TrainConfig's defaults)
+     "arms": {"": {}, "siamese": {"pair_encoding": "siamese"}},   optional: every point once per arm
+     "lr_grid": {"lrs": [...], "tuning_seeds": [1]},              optional (depth)
+     "cost": {"seeds": [1], "overrides": {"frozen_cache": "off"}},  optional (depth)
+     "rows": [{"label", "depth", "arm", "published"}], "compare": [[label, label]]}  (table)
+
+Depths are numbers of layers or shares of them (P%, rounded as --freeze-upto rounds it), resolved on
+the model's depth when the study starts, so one recipe means the same on 6 and 12 layers.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from data.loaders import TASKS
+
+from ..config import TrainConfig, freeze_depth, freeze_error
+from ..errors import ConfigError
+from ..sweep import PER_RUN, RunKey
+
+RECIPES = Path(__file__).with_name("recipes")
+KINDS = ("depth", "size", "table")
+KEYS = {"title", "about", "kind", "results", "report", "tasks", "depths", "sizes", "seeds", "train", "arms",
+        "lr_grid", "cost", "rows", "compare"}
+COST_ARM = "nocache"
+
+
+def lr_arm(lr: float) -> str:
+    return f"lr{lr:g}"
+
+
+@dataclass
+class Recipe:
+    path: Path
+    title: str
+    about: str
+    kind: str
+    results: str
+    report: str
+    tasks: list[str]
+    depths: list  # as written: int, "none" or "P%"
+    sizes: list
+    seeds: list[int]
+    train: dict
+    arms: dict[str, dict] = field(default_factory=lambda: {"": {}})
+    lr_grid: dict | None = None
+    cost: dict | None = None
+    rows: list[dict] = field(default_factory=list)
+    compare: list[list[str]] = field(default_factory=list)
+    layers: int | None = None  # the model's depth, once resolve() has read it
+
+    # ------------------------------------------------------------------ the grid
+
+    def depth(self, d) -> int | None:
+        """A recipe depth as a number of frozen layers (None: full fine-tuning)."""
+        return None if d == "none" else freeze_depth(d, self.layers)
+
+    def resolved_depths(self) -> list[int | None]:
+        return list(dict.fromkeys(self.depth(d) for d in self.depths))
+
+    def all_arms(self) -> dict[str, dict]:
+        """Every arm's overrides: the recipe's, the learning-rate grid's, the cost arm's."""
+        arms = dict(self.arms)
+        if self.lr_grid:
+            arms.update({lr_arm(lr): {"lr": lr} for lr in self.lr_grid["lrs"]})
+        if self.cost:
+            arms[COST_ARM] = dict(self.cost["overrides"])
+        return arms
+
+    def base_keys(self) -> list[RunKey]:
+        """The grid: seeds outermost (a study stopped early holds whole seeds), then sizes, depths, arms."""
+        name = "+".join(self.tasks)
+        return [RunKey(name, d, n, s, a) for s in self.seeds for n in self.sizes for d in self.resolved_depths()
+                for a in self.arms]
+
+    def plan(self, records: list[dict]) -> list[RunKey]:
+        """Every run the study needs, given the results so far: the grid, then the learning-rate grid on
+        its tuning seeds, then each depth's best rate on the other seeds (known once its tuning runs
+        are in), then the cost arm."""
+        keys = self.base_keys()
+        if self.lr_grid:
+            keys += self.tuning_keys() + self.tuned_keys(records)
+        if self.cost:
+            name = "+".join(self.tasks)
+            keys += [RunKey(name, d, n, s, COST_ARM) for s in self.cost["seeds"] for n in self.sizes
+                     for d in self.resolved_depths() if d is not None and d >= 1]
+        return list(dict.fromkeys(keys))
+
+    def grid_depths(self) -> list[int]:
+        """The depths the learning-rate grid tunes: every frozen one (full fine-tuning keeps --lr, the
+        rate the protocol takes from the full model)."""
+        return [d for d in self.resolved_depths() if d is not None]
+
+    def tuning_keys(self) -> list[RunKey]:
+        name = "+".join(self.tasks)
+        return [RunKey(name, d, n, s, lr_arm(lr)) for s in self.lr_grid["tuning_seeds"] for n in self.sizes
+                for d in self.grid_depths() for lr in self.lr_grid["lrs"]]
+
+    def best_lrs(self, records: list[dict]) -> dict[tuple, float]:
+        """(depth, size) -> the rate with the best mean dev overall over the tuning seeds, among --lr and
+        the grid; only for points whose tuning runs are all in."""
+        by_key = {RunKey.of(r): r for r in records}
+        base_lr = self.train.get("lr", TrainConfig.lr)
+        name, out = "+".join(self.tasks), {}
+        for n in self.sizes:
+            for d in self.grid_depths():
+                candidates = {base_lr: ""} | {lr: lr_arm(lr) for lr in self.lr_grid["lrs"]}
+                scores = {}
+                for lr, arm in candidates.items():
+                    runs = [by_key.get(RunKey(name, d, n, s, arm)) for s in self.lr_grid["tuning_seeds"]]
+                    if any(r is None for r in runs):
+                        break
+                    scores[lr] = sum(r["dev"]["overall"] for r in runs) / len(runs)
+                else:
+                    out[d, n] = max(scores, key=lambda lr: (scores[lr], lr == base_lr))  # a tie keeps --lr
+        return out
+
+    def tuned_keys(self, records: list[dict]) -> list[RunKey]:
+        name, base_lr = "+".join(self.tasks), self.train.get("lr", TrainConfig.lr)
+        others = [s for s in self.seeds if s not in self.lr_grid["tuning_seeds"]]
+        return [RunKey(name, d, n, s, lr_arm(lr)) for (d, n), lr in self.best_lrs(records).items()
+                if lr != base_lr for s in others]
+
+    # ------------------------------------------------------------------ loading
+
+    def resolve(self, layers: int) -> "Recipe":
+        """Fix the depths on a model of `layers` layers; a depth past it is a ConfigError."""
+        self.layers = layers
+        for d in self.depths + [r["depth"] for r in self.rows]:
+            if d != "none" and not -1 <= freeze_depth(d, layers) <= layers:
+                raise ConfigError(f"{self.path}: depth {d} is out of range for a model of {layers} layers "
+                                  f"(-1 to {layers}, or a share P%)")
+        return self
+
+
+def recipe_path(name: str) -> Path:
+    """A recipe named by its file, or one of recipes/ by its name (depth, size, seed-report)."""
+    path = Path(name)
+    if path.suffix == ".json" or path.exists():
+        return path
+    return RECIPES / f"{name}.json"
+
+
+def available() -> list[str]:
+    return sorted(p.stem for p in RECIPES.glob("*.json"))
+
+
+def load_recipe(name: str) -> Recipe:
+    """Read and check a recipe; every mistake is a ConfigError of one line naming the file and key."""
+    path = recipe_path(name)
+    if not path.is_file():
+        raise ConfigError(f"{name}: no such recipe file (the built-in ones: {', '.join(available())})")
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"{path}: not a readable JSON file ({e})") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a JSON object")
+    problem = recipe_problem(raw)
+    if problem:
+        raise ConfigError(f"{path}: {problem}")
+    return Recipe(path=path, **raw)
+
+
+def recipe_problem(raw: dict) -> str | None:
+    """The first thing wrong with a recipe's contents, as '<key>: why', else None."""
+    unknown = sorted(set(raw) - KEYS)
+    missing = sorted({"title", "kind", "results", "report", "tasks", "depths", "sizes", "seeds", "train"} - set(raw))
+    if unknown or missing:
+        return f"unknown key(s) {', '.join(unknown)}" if unknown else f"missing key(s) {', '.join(missing)}"
+    raw.setdefault("about", "")
+    checks = [
+        ("kind", raw["kind"] in KINDS, f"one of {', '.join(KINDS)}"),
+        ("tasks", _list_of(raw["tasks"], str) and set(raw["tasks"]) <= set(TASKS) and raw["tasks"], "some of sst, para, sts"),
+        ("depths", _list_of(raw["depths"], (int, str)) and raw["depths"] and all(_depth_ok(d) for d in raw["depths"]),
+         'a list of depths: "none", integers >= -1, or shares "P%"'),
+        ("sizes", _list_of(raw["sizes"], (int, str)) and raw["sizes"]
+         and all(n == "all" or (isinstance(n, int) and n >= 1) for n in raw["sizes"]), 'positive integers or "all"'),
+        ("seeds", _list_of(raw["seeds"], int) and raw["seeds"] and len(set(raw["seeds"])) == len(raw["seeds"]),
+         "distinct integers"),
+        ("train", isinstance(raw["train"], dict), "an object of training options"),
+    ]
+    for key, ok, want in checks:
+        if not ok:
+            return f"{key} must be {want}, not {raw[key]!r}"
+    for where, options in [("train", raw["train"])] + [(f"arms.{a!r}", o) for a, o in raw.get("arms", {}).items()]:
+        problem = options_problem(options)
+        if problem:
+            return f"{where}: {problem}"
+    return _extras_problem(raw)
+
+
+def _extras_problem(raw: dict) -> str | None:
+    grid = raw.get("lr_grid")
+    if grid is not None and not (isinstance(grid, dict) and set(grid) == {"lrs", "tuning_seeds"}
+                                 and _list_of(grid["lrs"], (int, float)) and all(x > 0 for x in grid["lrs"])
+                                 and _list_of(grid["tuning_seeds"], int)
+                                 and set(grid["tuning_seeds"]) <= set(raw["seeds"])):
+        return "lr_grid must be {\"lrs\": [rates > 0], \"tuning_seeds\": [some of seeds]}"
+    cost = raw.get("cost")
+    if cost is not None and not (isinstance(cost, dict) and set(cost) == {"seeds", "overrides"}
+                                 and _list_of(cost["seeds"], int) and set(cost["seeds"]) <= set(raw["seeds"])
+                                 and isinstance(cost["overrides"], dict)):
+        return "cost must be {\"seeds\": [some of seeds], \"overrides\": {options}}"
+    if cost is not None and options_problem(cost["overrides"]):
+        return f"cost.overrides: {options_problem(cost['overrides'])}"
+    arms = raw.get("arms", {"": {}})
+    if not isinstance(arms, dict) or not arms or not all(isinstance(o, dict) for o in arms.values()):
+        return "arms must be an object of {name: {options}}"
+    for row in raw.get("rows", []):
+        if not (isinstance(row, dict) and {"label", "depth", "arm"} <= set(row) and row["arm"] in arms
+                and _depth_ok(row["depth"]) and row["depth"] in raw["depths"]):
+            return f"rows: {row!r} needs a label, one of depths and one of arms"
+    labels = [row["label"] for row in raw.get("rows", [])]
+    for pair in raw.get("compare", []):
+        if not (isinstance(pair, list) and len(pair) == 2 and set(pair) <= set(labels)):
+            return f"compare: {pair!r} must be two of the rows' labels"
+    return None
+
+
+def options_problem(options: dict) -> str | None:
+    """Training options a recipe may set: TrainConfig's fields but the per-run ones, each valid."""
+    from ..config import field_errors
+
+    unknown = sorted(k for k in options if k not in TrainConfig.__dataclass_fields__)
+    per_run = sorted(k for k in options if k in PER_RUN)
+    if unknown:
+        return f"unknown training option(s) {', '.join(unknown)}"
+    if per_run:
+        return f"{', '.join(per_run)}: set per run by the study, not by a recipe"
+    try:
+        errors = field_errors(TrainConfig(**options))
+    except TypeError as e:
+        return str(e)
+    return errors[0] if errors else None
+
+
+def _list_of(value, kind) -> bool:
+    return isinstance(value, list) and all(isinstance(v, kind) and not isinstance(v, bool) for v in value)
+
+
+def _depth_ok(d) -> bool:
+    return d == "none" or freeze_error(d) is None
