@@ -195,14 +195,19 @@ class MultitaskBert(nn.Module):
         return hs
 
     def from_hidden(self, task: str, hs: list[torch.Tensor], masks: list[torch.Tensor], layer: int) -> torch.Tensor:
-        return self.heads[task](*[self.pool(h, m, layer) for h, m in zip(hs, masks)])
+        ys = [self.pool(h, m, layer) for h, m in zip(hs, masks)]
+        # The heads run in fp32 whatever the encoder's autocast: their outputs are what users read and
+        # rank (a bf16 similarity score moves in steps of 1/32 between 4 and 5), and they are a tiny
+        # share of the compute.
+        with torch.autocast(ys[0].device.type, enabled=False):
+            return self.heads[task](*[y.float() for y in ys])
 
     def pool(self, h: torch.Tensor, mask: torch.Tensor, layer: int) -> torch.Tensor:
-        """y of one sequence from the states entering `layer`: (B, T, H) -> (B, H)."""
+        """y of one sequence from the states entering `layer`: (B, T, H) -> (B, H); the mean in fp32."""
         if self.pooling == "cls":  # only [CLS] is read: the last layer computes it alone
             return self.encoder.pool(self.encoder.encode(h, mask, start=layer, first_only=True))
-        h = self.encoder.encode(h, mask, start=layer)
-        m = mask.unsqueeze(-1).to(h.dtype)
+        h = self.encoder.encode(h, mask, start=layer).float()
+        m = mask.unsqueeze(-1).float()
         return (h * m).sum(1) / m.sum(1).clamp(min=1)
 
     def forward(self, task: str, inputs: list[dict], layer: int = 0) -> torch.Tensor:

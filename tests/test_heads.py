@@ -4,6 +4,8 @@ Siamese heads are the "Freeze Your Layers" paper's: paraphrase logit (W1 y1 + b1
 similarity 5 max(0, cos(z1, z2)) with z_i = W_i y_i + b_i. Cross heads: 5 sentiment logits from an
 MLP, one paraphrase logit, a similarity 5 sigmoid(w.y + b) in [0, 5].
 """
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -290,3 +292,49 @@ def test_siamese_identity_init_starts_similarity_from_the_encoders_cosine():
         assert not torch.allclose(rnd.heads["sts"](y1, y2), eye.heads["sts"](y1, y2))  # the default stays random
     with pytest.raises(ValueError, match="siamese_init"):
         MultitaskBert(Bert(cfg), "siamese", siamese_init="eye")
+
+
+# ----------------------------------------------------------------------------- heads in fp32 under autocast
+
+
+@pytest.mark.parametrize("pooling", ["cls", "mean"])
+@pytest.mark.parametrize("encoding", ["cross", "siamese"])
+def test_heads_run_in_fp32_under_bf16_autocast(tmp_path, pooling, encoding):
+    """Under bf16 autocast the encoder runs in bf16, but the heads' outputs equal an fp32 computation of
+    the heads on the same (autocast) pooled vectors: no bf16 rounding of logits or scores."""
+    import tiny_runs
+    from data.batching import encode_task, make_batch
+    from data.loaders import load_task_file
+    from minbert import Tokenizer, load_bert
+
+    data, enc = tiny_runs.inputs(tmp_path)
+    tok = Tokenizer.from_checkpoint(enc)
+    torch.manual_seed(0)
+    model = MultitaskBert(load_bert(enc), encoding, dropout=0.0, pooling=pooling).eval()
+    for task, file in (("sst", "ids-sst-dev.csv"), ("para", "quora-dev.csv"), ("sts", "sts-dev.csv")):
+        d = encode_task(task, load_task_file(data / file, task, labelled=True).examples, tok, encoding)
+        inputs = make_batch(d, list(range(len(d))), tok).inputs
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            out = model(task, inputs)
+            ys = [model.pool(model.hidden_at([seq], 0)[0], seq["attention_mask"], 0) for seq in inputs]
+        with torch.no_grad():
+            ref = model.heads[task](*[y.float() for y in ys])  # outside autocast: fp32 throughout
+        assert out.dtype == torch.float32
+        assert torch.equal(out, ref)
+        if pooling == "mean":  # the mean itself is taken in fp32 over the bf16 states
+            assert ys[0].dtype == torch.float32
+
+
+def test_bf16_similarity_predictions_are_not_rounded_to_bf16_steps(tmp_path):
+    """A tiny run under bf16 autocast writes as many distinct STS predictions as an fp32 run does (a bf16
+    score in [4, 5] has 32 possible values)."""
+    import tiny_runs
+    from training.textio import read_predictions
+
+    counts = {}
+    for precision in ("fp32", "bf16"):
+        cfg, _ = tiny_runs.tiny_run(tmp_path, precision, precision=precision, epochs=2)
+        scores = [v for _, v in read_predictions(Path(cfg.predictions_folder()) / "sts-dev-output.csv")[1]]
+        counts[precision] = (len(set(scores)), len(scores))
+    assert counts["fp32"][0] == counts["fp32"][1] == tiny_runs.N
+    assert counts["bf16"] == counts["fp32"]
