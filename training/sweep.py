@@ -357,8 +357,8 @@ def work(args, base: TrainConfig, plan_of, arms: dict[str, dict], subsets: dict,
     failures, spent, busy = [], [], set()
     while True:
         records = read_results(results_path)
-        done = {RunKey.of(r) for r in records}
-        todo = [k for k in plan_of(records) if k not in done and k not in failures]
+        done, planned = {RunKey.of(r) for r in records}, plan_of(records)
+        todo = [k for k in planned if k not in done and k not in failures]
         key = lock = None
         for k in (k for k in todo if k not in busy):
             lock = claim(runs_dir, k)
@@ -369,7 +369,7 @@ def work(args, base: TrainConfig, plan_of, arms: dict[str, dict], subsets: dict,
         if key is None:
             break
         eta = f", about {len(todo) * sum(spent) / len(spent) / 60:.0f} min left" if spent else ""
-        log.info("run %d/%d: %s%s", len(done) + 1, len(done) + len(todo), key.name, eta)
+        log.info("run %d/%d: %s%s", len(planned) - len(todo) + 1, len(planned), key.name, eta)
         run_dir = runs_dir / key.name
         try:
             m = sweep_run(args, base, key, subsets, run_dir, out, arms.get(key.arm, {}))

@@ -64,12 +64,15 @@ class RunState:
         self.__init__(**state)
 
 
-def train(cfg: TrainConfig) -> dict:
+def train(cfg: TrainConfig, on_evaluation=None) -> dict:
     """Train, keep the best dev checkpoint, write predictions. Returns the best dev metrics.
-    Launched by torchrun with WORLD_SIZE > 1, each process is one data-parallel rank (docs/distributed.md)."""
+    Launched by torchrun with WORLD_SIZE > 1, each process is one data-parallel rank (docs/distributed.md).
+    on_evaluation(record): called with each dev evaluation's metrics.jsonl record once it is written (a
+    hyperparameter search reports it, and may stop the run by raising)."""
     from .distributed import init_distributed
 
     run = Run(cfg)
+    run.on_evaluation = on_evaluation
     with init_distributed(cfg.device) as dist:
         run.dist = dist
         with run.logging_to_out_dir():
@@ -82,7 +85,8 @@ def train(cfg: TrainConfig) -> dict:
                 log.warning("%s", e)
                 raise
             except BaseException as e:
-                log.error("the run stopped: %s: %s", type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+                log.log(logging.INFO if getattr(e, "expected", False) else logging.ERROR, "the run stopped: %s: %s",
+                        type(e).__name__, str(e).splitlines()[0] if str(e) else "")
                 raise
             log.info("finished in %.0f s: best dev %s (%s); predictions in %s", time.time() - t0, _fmt(metrics),
                      run.out_dir / "best.pt", cfg.predictions_folder())
@@ -107,6 +111,7 @@ class Run:
         self.earlier: list[Path] = []  # an earlier run's files, replaced at this run's first step
         self.best_dev_preds: dict | None = None  # the kept evaluation's dev predictions, task -> array
         self.stopped_early = False
+        self.on_evaluation = None  # see train()
 
     @property
     def main(self) -> bool:
@@ -442,6 +447,8 @@ class Run:
                 save_checkpoint(self.out_dir / "best.pt", self.model, self.cfg, epoch=epoch, step=state.global_step,
                                 metrics=metrics)
                 log.info("new best dev score %.3f: saved %s", state.best, self.out_dir / "best.pt")
+        if self.on_evaluation is not None:
+            self.on_evaluation(record)
 
     # ------------------------------------------------------------------ finish
 

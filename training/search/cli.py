@@ -1,0 +1,115 @@
+"""python -m training.search SPACE: trials of a search space on an Optuna study, then its summary.
+
+Each trial is an ordinary run directory in OUT/trials (config.json, metrics.jsonl, train.log, dev
+predictions; best.pt and checkpoints only for the best trial, or the front's, unless --keep-checkpoints),
+so `python run_multitask.py --config OUT/trials/trial-N/config.json` reruns it. With the default
+storage, a journal file in OUT, a killed search loses only the trial in progress: run the same
+command again. Start it N times (here or, with --storage on a database, on other machines) for N
+workers; they share the budget and never run one grid point twice.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from ..config import TrainConfig, validate
+from ..errors import ConfigError
+from ..progress import setup_logging
+from ..signals import exit_on_sigterm
+from .space import load_space
+
+log = logging.getLogger(__name__)
+PROG = "python -m training.search"
+NO_OPTUNA = (f"{PROG}: error: the search runs on Optuna, which is not installed: pip install -e \".[search]\" "
+             "(or pip install optuna)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("space", help="the search space, a JSON file (docs/search.md)")
+    p.add_argument("--out", default="runs/search", help="folder of the trials, the journal and the summary "
+                   "(default: %(default)s)")
+    p.add_argument("--storage", default=None, help="an Optuna storage URL shared by the workers, e.g. "
+                   "postgresql://user:pass@host/db or sqlite:///search.db (default: a journal file in OUT)")
+    p.add_argument("--study-name", default=None, help="the study's name in the storage (default: the space "
+                   "file's name)")
+    p.add_argument("--trials", type=int, default=None, help="the budget, over every worker (default: the space's)")
+    f = TrainConfig.__dataclass_fields__
+    p.add_argument("--data-dir", default=f["data_dir"].default, help="the course's CSV files (default: %(default)s)")
+    p.add_argument("--model", default=f["model"].default, help="the checkpoint (default: %(default)s)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--seed", type=int, default=None, help="the sampler's seed (default: the space's, else 0; "
+                   "each worker adds its process id and the number of trials so far, so that workers, and a "
+                   "restarted one, do not propose the same settings)")
+    p.add_argument("--keep-checkpoints", action="store_true", help="keep every trial's best.pt")
+    p.add_argument("--report-only", action="store_true", help="run no trial: write the summary")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    return p
+
+
+def base_config(args, space) -> TrainConfig:
+    """What every trial gets before the space's fixed and searched options: no test predictions,
+    checkpoints at epoch ends only."""
+    return TrainConfig(data_dir=args.data_dir, model=args.model, test_predictions=False, save_every=0, keep_last=1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    setup_logging(logging.DEBUG if args.verbose else logging.INFO)
+    exit_on_sigterm()
+    from .engine import require_optuna
+    optuna = require_optuna()
+    if optuna is None:
+        print(NO_OPTUNA, file=sys.stderr)
+        return 2
+    try:
+        space = load_space(args.space)
+    except ConfigError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    if args.trials is not None:
+        if args.trials < 1:
+            print(f"{PROG}: error: --trials must be >= 1, not {args.trials}", file=sys.stderr)
+            return 2
+        space.trials = args.trials
+    base = base_config(args, space)
+    errors = validate(TrainConfig(**{**base.to_dict(), **space.fixed}))
+    if errors:
+        print(f"{PROG}: error: {space.path}: fixed: {errors[0]}", file=sys.stderr)
+        return 2
+    return search(optuna, space, base, args)
+
+
+def search(optuna, space, base: TrainConfig, args) -> int:
+    import os
+
+    import torch
+
+    from . import summary
+    from .engine import keep_best_checkpoints, open_study, reap_dead, run_trial, storage_for
+
+    out = Path(args.out)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    storage = storage_for(optuna, args.storage, out)
+    name = args.study_name or space.path.stem
+    # each worker, and each restart of one, its own proposals: the process id and the trials so far
+    earlier = len(open_study(optuna, space, storage, name, 0).get_trials(deepcopy=False))
+    seed = (args.seed if args.seed is not None else space.seed) + os.getpid() + 100_003 * earlier
+    study = open_study(optuna, space, storage, name, seed)
+    reaped = reap_dead(optuna, study)
+    if reaped:
+        log.warning("trial(s) %s were cut off when their worker died: marked failed, their places run again",
+                    ", ".join(map(str, reaped)))
+    while not args.report_only:
+        state = run_trial(optuna, study, space, base, out, seed)
+        if state is None:
+            break
+        summary.write(study, space, out)
+    if not args.keep_checkpoints:
+        keep_best_checkpoints(study, space, out)
+    path = summary.write(study, space, out)
+    log.info("summary: %s", path)
+    return 0

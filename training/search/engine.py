@@ -1,0 +1,212 @@
+"""Trials on an Optuna study: ask, train one ordinary run, report its dev evaluations (pruning), tell.
+
+A study lives in a storage every worker shares: by default a journal file in the output folder (a
+killed worker loses only its trial in progress), or any database URL Optuna accepts (PostgreSQL for
+workers on several machines). Workers are this command started again, anywhere the storage reaches.
+
+Rules that keep several workers honest, all decided through the storage alone:
+- a trial left RUNNING by a worker that is gone (same machine, dead process) is marked FAIL when a
+  worker starts, and its place in the budget (and, for the grid, its point) is free again;
+- a trial whose settings equal those of a lower-numbered live trial is a duplicate (two workers
+  picked the same grid point at once): it is marked FAIL unrun, and the lower number keeps the point;
+- the budget counts trials finished or running, so workers stop together.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import os
+import shutil
+import socket
+import time
+from pathlib import Path
+
+from ..config import TrainConfig
+from ..trainer import train
+from .space import COST, Space
+
+log = logging.getLogger(__name__)
+
+TRIALS = "trials"
+JOURNAL = "study.journal"
+
+
+def require_optuna():
+    try:
+        import optuna
+    except ImportError:
+        return None
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # ours says what a trial did
+    return optuna
+
+
+def storage_for(optuna, url: str | None, out: Path):
+    if url:
+        return url
+    from optuna.storages.journal import JournalFileBackend, JournalStorage
+    out.mkdir(parents=True, exist_ok=True)
+    return JournalStorage(JournalFileBackend(str(out / JOURNAL)))
+
+
+def pruner_for(optuna, space: Space):
+    if space.multi or space.pruner == "none":  # Optuna prunes single-objective studies only
+        return optuna.pruners.NopPruner()
+    if isinstance(space.pruner, dict):
+        return optuna.pruners.ThresholdPruner(lower=float(space.pruner["threshold"]))
+    return optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=0)
+
+
+def sampler_for(optuna, space: Space, seed: int):
+    if space.sampler == "tpe":
+        return optuna.samplers.TPESampler(seed=seed, multivariate=True) if not space.multi else \
+            optuna.samplers.TPESampler(seed=seed)
+    return optuna.samplers.RandomSampler(seed=seed)
+
+
+def open_study(optuna, space: Space, storage, name: str, seed: int):
+    return optuna.create_study(storage=storage, study_name=name, load_if_exists=True,
+                               directions=space.directions, sampler=sampler_for(optuna, space, seed),
+                               pruner=pruner_for(optuna, space))
+
+
+# --------------------------------------------------------------------------- the workers' rules
+
+LIVE = ("RUNNING", "COMPLETE", "PRUNED")
+
+
+def _live(trials) -> list:
+    return [t for t in trials if t.state.name in LIVE]
+
+
+def reap_dead(optuna, study) -> list[int]:
+    """Mark FAIL the RUNNING trials of workers on this machine that are gone; their numbers."""
+    reaped = []
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        worker = t.user_attrs.get("worker", {})
+        if worker.get("host") == socket.gethostname() and not _alive(worker.get("pid")):
+            study._storage.set_trial_user_attr(t._trial_id, "state_note", "its worker died mid-trial")
+            study._storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL)
+            reaped.append(t.number)
+    return reaped
+
+
+def _alive(pid) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except (TypeError, ValueError, ProcessLookupError):
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def next_grid_point(space: Space, trials) -> dict | None:
+    """The first combination of the grid's choices that no live trial holds, or None."""
+    taken = [t.params for t in _live(trials)]
+    names = list(space.params)
+    for values in itertools.product(*(space.params[n].choices for n in names)):
+        point = dict(zip(names, values))
+        if point not in taken:
+            return point
+    return None
+
+
+def budget_left(space: Space, trials) -> bool:
+    return len(_live(trials)) < space.trials
+
+
+def duplicate_of(trial, trials) -> int | None:
+    """The lower-numbered live trial holding the same settings, if any."""
+    params = trial.params
+    return next((t.number for t in _live(trials) if t.number < trial.number and t.params == params), None)
+
+
+# --------------------------------------------------------------------------- one trial
+
+
+class Stop(Exception):
+    """Raised inside training when the pruner says so: the run stops at once, its records kept."""
+    expected = True  # the trainer logs it as news, not as an error
+
+
+def trial_config(space: Space, base: TrainConfig, params: dict, run_dir: Path) -> TrainConfig:
+    return TrainConfig(**{**base.to_dict(), **space.fixed, **params, "out_dir": str(run_dir),
+                          "predictions_dir": str(run_dir / "predictions"), "overwrite": True})
+
+
+def run_trial(optuna, study, space: Space, base: TrainConfig, out: Path, seed: int):
+    """Ask one trial, train it, tell its outcome. Returns the trial's state name, or None when the
+    budget (or the grid) is used up."""
+    trials = study.get_trials(deepcopy=False)
+    if not budget_left(space, trials):
+        return None
+    if space.sampler == "grid":
+        point = next_grid_point(space, trials)
+        if point is None:
+            return None
+        study.sampler = optuna.samplers.PartialFixedSampler(point, optuna.samplers.RandomSampler(seed=seed))
+    trial = study.ask()
+    trial.set_user_attr("worker", {"pid": os.getpid(), "host": socket.gethostname()})
+    params = {name: p.suggest(trial) for name, p in space.params.items()}
+    dup = duplicate_of(trial, study.get_trials(deepcopy=False))
+    if dup is not None:
+        trial.set_user_attr("state_note", f"duplicate of trial {dup}, not run")
+        study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        return "DUPLICATE"
+    run_dir = out / TRIALS / f"trial-{trial.number:04d}"
+    trial.set_user_attr("run_dir", str(run_dir))
+    log.info("trial %d: %s", trial.number, json.dumps(params))
+
+    def report(record: dict) -> None:
+        if space.multi:
+            return
+        step = report.count = report.count + 1
+        trial.report(record[f"dev_{space.objective[0]}"], step)
+        if trial.should_prune():
+            raise Stop(f"pruned after evaluation {step}")
+    report.count = 0
+    t0 = time.perf_counter()
+    try:
+        metrics = train(trial_config(space, base, params, run_dir), on_evaluation=report)
+    except Stop as e:
+        trial.set_user_attr("state_note", str(e))
+        trial.set_user_attr("train_seconds", train_seconds(run_dir))
+        study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+        log.info("trial %d %s", trial.number, e)
+        return "PRUNED"
+    except BaseException as e:  # interrupted, or the run failed: the trial is lost, its place free again
+        trial.set_user_attr("state_note", f"stopped: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+        study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        raise
+    trial.set_user_attr("dev", metrics)
+    trial.set_user_attr("train_seconds", train_seconds(run_dir))
+    trial.set_user_attr("wall_seconds", round(time.perf_counter() - t0, 2))
+    values = [metrics[space.objective[0]]] + ([train_seconds(run_dir)] if space.multi else [])
+    study.tell(trial, values)
+    log.info("trial %d: %s", trial.number, " ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+    return "COMPLETE"
+
+
+def train_seconds(run_dir: Path) -> float:
+    """The run's training time: its epochs' train_seconds in metrics.jsonl (steps only, no evaluation);
+    for a run stopped mid-epoch, what the epochs before it took (0 if none ended)."""
+    from ..rundir import read_metrics
+    path = run_dir / "metrics.jsonl"
+    rows = read_metrics(path) if path.is_file() else []
+    return round(sum(r["train_seconds"] for r in rows if "train_seconds" in r), 2)
+
+
+def keep_best_checkpoints(study, space: Space, out: Path) -> None:
+    """best.pt and the training checkpoints of the best trial (or, two-objective, the Pareto front's)
+    are kept; every other trial keeps its logs, metrics and prediction files only."""
+    keep = {t.number for t in study.best_trials} if space.multi else (
+        {study.best_trial.number} if any(t.state.name == "COMPLETE" for t in study.get_trials(deepcopy=False))
+        else set())
+    for run_dir in sorted((out / TRIALS).glob("trial-*")):
+        if int(run_dir.name.split("-")[1]) not in keep:
+            shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+            (run_dir / "best.pt").unlink(missing_ok=True)
+
+
+__all__ = ["COST", "open_study", "reap_dead", "run_trial", "keep_best_checkpoints", "require_optuna", "storage_for"]

@@ -1,0 +1,171 @@
+"""A search space: one JSON file of the options to search, the options every trial gets, and what to
+optimise. Read and checked here, before any trial starts; each mistake is one line naming the file
+and the option.
+
+    {"objective": "overall",                 a dev metric (sst_acc, para_acc, sts_pearson, overall),
+                                             or ["overall", "train_seconds"]: the accuracy-versus-cost front
+     "trials": 16,                           trials in all (counted over every worker of the study)
+     "sampler": "tpe" | "random" | "grid",   grid: every combination of the choices, each run once
+     "pruner": "median" | "none" | {"threshold": 0.5},   stop a trial whose evaluations fall behind
+     "fixed": {"epochs": 2, "pooling": "mean"},          options every trial gets
+     "params": {
+        "lr": {"low": 1e-5, "high": 1e-3, "log": true},  a float range (log-uniform with "log")
+        "freeze_upto": {"choices": [null, 2, "50%", 6]}, choices (null: the option's "none")
+        "batch_size": {"choices": [16, 32]},
+        "ema_decay": {"low": 0.99, "high": 0.999}}}
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..config import TrainConfig, field_errors
+from ..errors import ConfigError
+from ..evaluate import METRIC
+from ..sweep import PER_RUN
+
+METRICS = (*METRIC.values(), "overall")
+COST = "train_seconds"
+SAMPLERS = ("tpe", "random", "grid")
+KEYS = {"objective", "trials", "sampler", "pruner", "fixed", "params", "seed"}
+# Options a trial's run directory and the search itself set
+NOT_SEARCHABLE = set(PER_RUN) - {"freeze_upto", "max_train_examples"}
+
+
+@dataclass
+class Param:
+    name: str
+    low: float | None = None
+    high: float | None = None
+    log: bool = False
+    choices: list | None = None
+
+    def suggest(self, trial):
+        if self.choices is not None:
+            return trial.suggest_categorical(self.name, self.choices)
+        kind = TrainConfig.__dataclass_fields__[self.name].type
+        if str(kind).startswith("int") and float(self.low).is_integer() and float(self.high).is_integer():
+            return trial.suggest_int(self.name, int(self.low), int(self.high), log=self.log)
+        return trial.suggest_float(self.name, self.low, self.high, log=self.log)
+
+
+@dataclass
+class Space:
+    path: Path
+    objective: list[str]
+    trials: int
+    sampler: str
+    pruner: str | dict
+    fixed: dict
+    params: dict[str, Param]
+    seed: int = 0
+    directions: list[str] = field(default_factory=list)
+
+    @property
+    def multi(self) -> bool:
+        return len(self.objective) > 1
+
+    def grid(self) -> dict[str, list]:
+        return {name: p.choices for name, p in self.params.items()}
+
+
+def load_space(path: str | Path) -> Space:
+    path = Path(path)
+    try:
+        raw = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such search-space file") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"{path}: not a readable JSON file ({e})") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a JSON object")
+    try:
+        return _space(path, raw)
+    except ValueError as e:
+        raise ConfigError(f"{path}: {e}") from None
+
+
+def _space(path: Path, raw: dict) -> Space:
+    unknown = sorted(set(raw) - KEYS)
+    if unknown:
+        raise ValueError(f"unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(KEYS))})")
+    objective = raw.get("objective", "overall")
+    objective = [objective] if isinstance(objective, str) else objective
+    if not (isinstance(objective, list) and objective and objective[0] in METRICS
+            and (len(objective) == 1 or objective[1:] == [COST])):
+        raise ValueError(f"objective must be one of {', '.join(METRICS)}, or [that, \"{COST}\"], not "
+                         f"{raw.get('objective')!r}")
+    trials = raw.get("trials", 16)
+    if not (isinstance(trials, int) and not isinstance(trials, bool) and trials >= 1):
+        raise ValueError(f"trials must be an integer >= 1, not {trials!r}")
+    sampler = raw.get("sampler", "tpe")
+    if sampler not in SAMPLERS:
+        raise ValueError(f"sampler must be one of {', '.join(SAMPLERS)}, not {sampler!r}")
+    pruner = raw.get("pruner", "median")
+    if not (pruner in ("median", "none") or (isinstance(pruner, dict) and set(pruner) == {"threshold"}
+                                             and isinstance(pruner["threshold"], (int, float)))):
+        raise ValueError(f"pruner must be \"median\", \"none\" or {{\"threshold\": X}}, not {pruner!r}")
+    fixed = raw.get("fixed", {})
+    problem = _options_problem(fixed)
+    if problem:
+        raise ValueError(f"fixed: {problem}")
+    params = {name: _param(name, spec) for name, spec in (raw.get("params") or {}).items()}
+    if not params:
+        raise ValueError("params: nothing to search (give at least one option)")
+    clash = sorted(set(params) & set(fixed))
+    if clash:
+        raise ValueError(f"{clash[0]}: both searched and fixed")
+    if sampler == "grid" and any(p.choices is None for p in params.values()):
+        raise ValueError(f"sampler grid needs choices for every option, not a range ({next(n for n, p in params.items() if p.choices is None)})")
+    directions = ["maximize"] + ["minimize"] * (len(objective) - 1)
+    return Space(path, objective, trials, sampler, pruner, fixed, params, raw.get("seed", 0), directions)
+
+
+def _param(name: str, spec) -> Param:
+    if name not in TrainConfig.__dataclass_fields__:
+        raise ValueError(f"params: {name} is not a training option")
+    if name in NOT_SEARCHABLE:
+        raise ValueError(f"params: {name} is set by the search for each trial, not searched")
+    if not isinstance(spec, dict):
+        raise ValueError(f"params.{name}: expected {{\"low\", \"high\"[, \"log\"]}} or {{\"choices\": [...]}}")
+    if "choices" in spec:
+        choices = spec["choices"]
+        if set(spec) != {"choices"} or not isinstance(choices, list) or not choices:
+            raise ValueError(f"params.{name}: choices must be a non-empty list (and alone)")
+        for c in choices:
+            problem = _options_problem({name: c})
+            if problem:
+                raise ValueError(f"params.{name}: the choice {c!r} is not accepted ({problem})")
+        return Param(name, choices=choices)
+    if not ({"low", "high"} <= set(spec) <= {"low", "high", "log"}):
+        raise ValueError(f"params.{name}: a range needs low and high (and optionally log)")
+    low, high, log = spec["low"], spec["high"], spec.get("log", False)
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in (low, high)):
+        raise ValueError(f"params.{name}: low and high must be finite numbers")
+    if not low < high:
+        raise ValueError(f"params.{name}: empty range [{low}, {high}] (low must be below high)")
+    if log and low <= 0:
+        raise ValueError(f"params.{name}: a log range must be above zero, not [{low}, {high}]")
+    for v in (low, high):
+        problem = _options_problem({name: v})
+        if problem:
+            raise ValueError(f"params.{name}: {v} is outside what the option accepts ({problem})")
+    return Param(name, low, high, bool(log))
+
+
+def _options_problem(options: dict) -> str | None:
+    if not isinstance(options, dict):
+        return "expected an object of training options"
+    unknown = sorted(k for k in options if k not in TrainConfig.__dataclass_fields__)
+    if unknown:
+        return f"unknown training option(s) {', '.join(unknown)}"
+    searched = sorted(k for k in options if k in NOT_SEARCHABLE)
+    if searched:
+        return f"{', '.join(searched)}: set by the search for each trial"
+    try:
+        errors = field_errors(TrainConfig(**options))
+    except TypeError as e:
+        return str(e)
+    return errors[0] if errors else None

@@ -1,0 +1,129 @@
+"""A search's results: summary.md and summary.csv (every trial: settings, score, training time, state),
+the best trial (or, two-objective, the Pareto front of score against training time) with the command
+that reruns it, and Optuna's own figures where matplotlib is installed."""
+from __future__ import annotations
+
+import csv
+import logging
+import math
+import warnings
+from pathlib import Path
+
+from .space import COST, Space
+
+log = logging.getLogger(__name__)
+
+
+def rows(study, space: Space) -> list[dict]:
+    out = []
+    for t in study.get_trials(deepcopy=False):
+        if t.state.name == "FAIL" and "duplicate" in t.user_attrs.get("state_note", ""):
+            continue  # a point another worker ran: not a trial of the search
+        dev = t.user_attrs.get("dev", {})
+        out.append({"trial": t.number, "state": t.state.name, **{f"param:{k}": t.params.get(k) for k in space.params},
+                    "score": dev.get(space.objective[0]) if dev else _last_report(t),
+                    "train_seconds": t.user_attrs.get("train_seconds"), "note": t.user_attrs.get("state_note", ""),
+                    "run_dir": t.user_attrs.get("run_dir", "")})
+    return out
+
+
+def _last_report(t):
+    return t.intermediate_values[max(t.intermediate_values)] if t.intermediate_values else None
+
+
+def best_numbers(study, space: Space) -> list[int]:
+    complete = [t for t in study.get_trials(deepcopy=False) if t.state.name == "COMPLETE"]
+    if not complete:
+        return []
+    if space.multi:
+        return sorted(t.number for t in study.best_trials)
+    return [study.best_trial.number]
+
+
+def markdown(study, space: Space, table: list[dict]) -> str:
+    best = best_numbers(study, space)
+    states = {s: sum(r["state"] == s for r in table) for s in ("COMPLETE", "PRUNED", "RUNNING", "FAIL")}
+    what = (f"the Pareto front of dev {space.objective[0]} (up) against training seconds (down)" if space.multi
+            else f"dev {space.objective[0]} (up)")
+    lines = [f"# Search: {space.path.name}", "",
+             f"Objective: {what}. Trials: {', '.join(f'{n} {s.lower()}' for s, n in states.items() if n)} "
+             f"(budget {space.trials}; sampler {space.sampler}, pruner {space.pruner if not space.multi else 'none'}).",
+             f"Fixed options: `{space.fixed}`. Score: the trial's kept dev evaluation (pruned: its last one); "
+             f"train s: training steps only.", ""]
+    if best:
+        label = "On the front" if space.multi else "Best"
+        lines += [f"{label}: " + ", ".join(f"trial {n}" for n in best) + ". Rerun the best with "
+                  f"`python run_multitask.py --config {_run_dir(table, best[0])}/config.json --out-dir runs/best`.", ""]
+    names = list(space.params)
+    lines += ["| trial | state | " + " | ".join(names) + f" | dev {space.objective[0]} | train s | note |",
+              "|---:|---|" + "---|" * len(names) + "---:|---:|---|"]
+    for r in sorted(table, key=lambda r: (-(r["score"] or -math.inf) if r["state"] == "COMPLETE" else math.inf,
+                                          r["trial"])):
+        mark = " **best**" if r["trial"] in best else ""
+        lines.append(f"| {r['trial']}{mark} | {r['state'].lower()} | " + " | ".join(_cell(r[f'param:{n}']) for n in names)
+                     + f" | {_num(r['score'])} | {_num(r['train_seconds'], 1)} | {r['note']} |")
+    return "\n".join(lines) + "\n"
+
+
+def _run_dir(table, number) -> str:
+    return next(r["run_dir"] for r in table if r["trial"] == number)
+
+
+def _cell(v) -> str:
+    return "none" if v is None else (f"{v:.3g}" if isinstance(v, float) else str(v))
+
+
+def _num(v, digits: int = 4) -> str:
+    return "" if v is None else f"{v:.{digits}f}"
+
+
+def write(study, space: Space, out: Path) -> Path:
+    table = rows(study, space)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.md").write_text(markdown(study, space, table))
+    with open(out / "summary.csv", "w", newline="") as f:
+        columns = ["trial", "state", *[f"param:{k}" for k in space.params], "score", "train_seconds", "note",
+                   "run_dir"]
+        w = csv.DictWriter(f, fieldnames=columns, lineterminator="\n")
+        w.writeheader()
+        w.writerows(table)
+    figures(study, space, out)
+    return out / "summary.md"
+
+
+def figures(study, space: Space, out: Path) -> list[Path]:
+    """Optuna's matplotlib figures: history and importances (one objective) or the Pareto front."""
+    try:
+        import matplotlib
+    except ImportError:
+        log.warning("matplotlib is not installed: no figures (pip install -e '.[plots]')")
+        return []
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from optuna.visualization import matplotlib as ovm
+    if sum(t.state.name == "COMPLETE" for t in study.get_trials(deepcopy=False)) < 2:
+        return []
+    if space.multi:
+        plots = {"pareto_front.png": lambda: ovm.plot_pareto_front(
+            study, target_names=[f"dev {space.objective[0]}", "training seconds"])}
+    else:
+        plots = {"history.png": lambda: ovm.plot_optimization_history(study),
+                 "importances.png": lambda: ovm.plot_param_importances(study)}
+    written = []
+    for name, draw in plots.items():
+        try:
+            with warnings.catch_warnings():  # Optuna marks its matplotlib backend experimental
+                warnings.simplefilter("ignore")
+                ax = draw()
+            fig = ax.figure if hasattr(ax, "figure") else ax.flat[0].figure
+            fig.set_size_inches(8, 5)
+            fig.tight_layout()
+            fig.savefig(out / name, dpi=100)
+            plt.close(fig)
+            written.append(out / name)
+        except (ValueError, RuntimeError) as e:  # e.g. importances of one searched option
+            log.warning("no %s: %s", name, e)
+    return written
+
+
+__all__ = ["write", "rows", "best_numbers", "COST"]
