@@ -176,3 +176,12 @@ def test_without_optuna_the_command_says_how_to_get_it(tmp_path, capsys, monkeyp
     assert C.main(argv(tmp_path, space_file(tmp_path / "s.json"))) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and 'pip install -e ".[search]"' in err
+
+
+def test_the_front_keeps_the_trials_no_other_beats_on_score_and_time():
+    from training.search.summary import front
+    table = [{"trial": i, "state": st, "score": sc, "train_seconds": ts} for i, (st, sc, ts) in enumerate([
+        ("COMPLETE", 0.70, 100.0), ("COMPLETE", 0.72, 300.0), ("COMPLETE", 0.69, 150.0),  # 2: beaten by 0
+        ("COMPLETE", 0.72, 250.0), ("PRUNED", 0.90, 10.0), ("COMPLETE", 0.60, 20.0), ("COMPLETE", 0.60, 20.0)])]
+    # 1 is beaten by 3 (same score, faster); 5 and 6 tie: neither beats the other
+    assert [r["trial"] for r in front(table)] == [5, 6, 0, 3]

@@ -95,8 +95,13 @@ def search(optuna, space, base: TrainConfig, args) -> int:
         torch.set_num_threads(args.threads)
     storage = storage_for(optuna, args.storage, out)
     name = args.study_name or space.path.stem
-    # each worker, and each restart of one, its own proposals: the process id and the trials so far
-    earlier = len(open_study(optuna, space, storage, name, 0).get_trials(deepcopy=False))
+    try:  # each worker, and each restart of one, its own proposals: the process id and the trials so far
+        earlier = len(open_study(optuna, space, storage, name, 0).get_trials(deepcopy=False))
+    except Exception as e:  # noqa: BLE001 - no driver, a bad URL, another study's directions, no database
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        driver = " (PostgreSQL needs a driver: pip install 'psycopg[binary]')" if isinstance(e, ImportError) else ""
+        print(f"{PROG}: error: --storage {args.storage or out / 'study.journal'}: {first}{driver}", file=sys.stderr)
+        return 2
     seed = (args.seed if args.seed is not None else space.seed) + os.getpid() + 100_003 * earlier
     study = open_study(optuna, space, storage, name, seed)
     reaped = reap_dead(optuna, study)

@@ -20,6 +20,7 @@ import os
 import shutil
 import socket
 import time
+import warnings
 from pathlib import Path
 
 from ..config import TrainConfig
@@ -64,10 +65,21 @@ def sampler_for(optuna, space: Space, seed: int):
     return optuna.samplers.RandomSampler(seed=seed)
 
 
-def open_study(optuna, space: Space, storage, name: str, seed: int):
-    return optuna.create_study(storage=storage, study_name=name, load_if_exists=True,
-                               directions=space.directions, sampler=sampler_for(optuna, space, seed),
-                               pruner=pruner_for(optuna, space))
+def open_study(optuna, space: Space, storage, name: str, seed: int, attempts: int = 3):
+    """The shared study, created by whichever worker comes first. Workers starting together on an empty
+    database race to create its tables, and the loser's first try fails: it tries again."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return optuna.create_study(storage=storage, study_name=name, load_if_exists=True,
+                                       directions=space.directions, sampler=sampler_for(optuna, space, seed),
+                                       pruner=pruner_for(optuna, space))
+        except (ImportError, ValueError):  # no database driver, a bad URL, a study of other directions
+            raise
+        except Exception:  # noqa: BLE001 - the database's own errors (sqlalchemy's), raced or not
+            if attempt == attempts:
+                raise
+            log.info("the study's storage was busy (another worker creating it?); trying again")
+            time.sleep(1.0 * attempt)
 
 
 # --------------------------------------------------------------------------- the workers' rules
@@ -145,7 +157,9 @@ def run_trial(optuna, study, space: Space, base: TrainConfig, out: Path, seed: i
         point = next_grid_point(space, trials)
         if point is None:
             return None
-        study.sampler = optuna.samplers.PartialFixedSampler(point, optuna.samplers.RandomSampler(seed=seed))
+        with warnings.catch_warnings():  # Optuna marks PartialFixedSampler experimental
+            warnings.simplefilter("ignore")
+            study.sampler = optuna.samplers.PartialFixedSampler(point, optuna.samplers.RandomSampler(seed=seed))
     trial = study.ask()
     trial.set_user_attr("worker", {"pid": os.getpid(), "host": socket.gethostname()})
     params = {name: p.suggest(trial) for name, p in space.params.items()}

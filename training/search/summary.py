@@ -40,6 +40,16 @@ def best_numbers(study, space: Space) -> list[int]:
     return [study.best_trial.number]
 
 
+def front(table: list[dict]) -> list[dict]:
+    """The completed trials no other completed trial beats on both dev score (up) and training seconds
+    (down): for a given accuracy, the fastest settings. Sorted by training seconds."""
+    done = [r for r in table if r["state"] == "COMPLETE" and r["score"] is not None and r["train_seconds"] is not None]
+    keep = [r for r in done if not any(o["score"] >= r["score"] and o["train_seconds"] <= r["train_seconds"]
+                                       and (o["score"] > r["score"] or o["train_seconds"] < r["train_seconds"])
+                                       for o in done)]
+    return sorted(keep, key=lambda r: (r["train_seconds"], -r["score"]))
+
+
 def markdown(study, space: Space, table: list[dict]) -> str:
     best = best_numbers(study, space)
     states = {s: sum(r["state"] == s for r in table) for s in ("COMPLETE", "PRUNED", "RUNNING", "FAIL")}
@@ -62,6 +72,14 @@ def markdown(study, space: Space, table: list[dict]) -> str:
         mark = " **best**" if r["trial"] in best else ""
         lines.append(f"| {r['trial']}{mark} | {r['state'].lower()} | " + " | ".join(_cell(r[f'param:{n}']) for n in names)
                      + f" | {_num(r['score'])} | {_num(r['train_seconds'], 1)} | {r['note']} |")
+    pareto = front(table)
+    if pareto:
+        lines += ["", f"Accuracy against cost: the completed trials that no other beats on both dev "
+                      f"{space.objective[0]} and training seconds (front.png plots every trial):", "",
+                  "| trial | " + " | ".join(names) + f" | dev {space.objective[0]} | train s |",
+                  "|---:|" + "---|" * len(names) + "---:|---:|"]
+        lines += [f"| {r['trial']} | " + " | ".join(_cell(r[f'param:{n}']) for n in names)
+                  + f" | {_num(r['score'])} | {_num(r['train_seconds'], 1)} |" for r in pareto]
     return "\n".join(lines) + "\n"
 
 
@@ -109,7 +127,7 @@ def figures(study, space: Space, out: Path) -> list[Path]:
     else:
         plots = {"history.png": lambda: ovm.plot_optimization_history(study),
                  "importances.png": lambda: ovm.plot_param_importances(study)}
-    written = []
+    written = [front_figure(rows(study, space), space, out / "front.png", plt)]
     for name, draw in plots.items():
         try:
             with warnings.catch_warnings():  # Optuna marks its matplotlib backend experimental
@@ -126,4 +144,27 @@ def figures(study, space: Space, out: Path) -> list[Path]:
     return written
 
 
-__all__ = ["write", "rows", "best_numbers", "COST"]
+def front_figure(table: list[dict], space: Space, path: Path, plt) -> Path:
+    """Every completed (and pruned) trial's dev score against its training seconds, the front joined."""
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=100)
+    for state, marker in (("COMPLETE", "o"), ("PRUNED", "x")):
+        pts = [r for r in table if r["state"] == state and r["score"] is not None and r["train_seconds"] is not None]
+        ax.scatter([r["train_seconds"] for r in pts], [r["score"] for r in pts], marker=marker,
+                   label=f"{state.lower()} trials", color="C0" if state == "COMPLETE" else "grey")
+    pareto = front(table)
+    ax.plot([r["train_seconds"] for r in pareto], [r["score"] for r in pareto], "-o", color="C3",
+            label="front: fastest for its score")
+    for r in pareto:
+        ax.annotate(str(r["trial"]), (r["train_seconds"], r["score"]), textcoords="offset points", xytext=(4, 4),
+                    fontsize="small")
+    ax.set_xlabel("training seconds (steps only)")
+    ax.set_ylabel(f"dev {space.objective[0]}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+__all__ = ["write", "rows", "best_numbers", "front", "COST"]
