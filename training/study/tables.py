@@ -48,7 +48,8 @@ def depth_markdown(recipe: Recipe, records: list[dict]) -> str:
                                    f"{recipe.lr_grid['tuning_seeds']}, by the mean dev overall)"))
     for protocol, what in protocols:
         cells = relative_cells(recipe, records, size, protocol)
-        lines += [f"## Quality against frozen depth: {what}", ""] + _relative_table(recipe, cells) + [""]
+        lrs = _lr_column(recipe, records, size) if protocol == "tuned" else None
+        lines += [f"## Quality against frozen depth: {what}", ""] + _relative_table(recipe, cells, lrs) + [""]
         lines += [f"Deepest depth keeping {NINETY:.0%} of full quality (mean relative quality): " + ", ".join(
             f"{m} {_depth_or_none(ninety_depth(cells, m), recipe.layers)}" for m in metrics_of("+".join(recipe.tasks))),
             ""]
@@ -71,10 +72,14 @@ def depth_markdown(recipe: Recipe, records: list[dict]) -> str:
         speedup = _ratio(r["epoch_seconds_nocache"], r["epoch_seconds"])
         lines.append(f"| {depth_label(r['depth'], recipe.layers)} | {trainable_layers(r['depth'], recipe.layers)} "
                      f"| {r['trainable_params'] / 1e6:.2f}M | {_f(r['epoch_seconds'], 1)} | "
-                     f"{_f(r['epoch_seconds_nocache'], 1)} | {_f(speedup, 2)}x | {_f(_ratio(full, r['epoch_seconds']), 2)}x "
+                     f"{_f(r['epoch_seconds_nocache'], 1)} | {_times(speedup)} | {_times(_ratio(full, r['epoch_seconds']))} "
                      f"| {_f(r['cache_seconds'], 1)} | {_f(r['peak_rss_mib'], 0)} | {_f(r['added_rss_mib'], 0)} "
                      f"| {_f(r['cuda_peak_mib'], 0)} |")
     return "\n".join(lines) + "\n"
+
+
+def _times(x: float) -> str:
+    return "-" if math.isnan(x) else f"{x:.2f}x"
 
 
 def _ratio(a: float, b: float) -> float:
@@ -85,14 +90,24 @@ def _depth_or_none(d, layers: int) -> str:
     return "none (no frozen depth reaches it)" if d is None else f"{depth_label(d, layers)}"
 
 
-def _relative_table(recipe: Recipe, cells) -> list[str]:
+def _lr_column(recipe: Recipe, records: list[dict], size) -> dict:
+    """depth -> the learning rate its tuned runs use, or --lr while its tuning runs are not all in."""
+    base = recipe.train.get("lr", 1e-4)
+    best = recipe.best_lrs(records)
+    return {d: (f"{best[d, size]:g}" if (d, size) in best else f"{base:g} (tuning pending)") if d is not None
+            else f"{base:g}" for d in recipe.resolved_depths()}
+
+
+def _relative_table(recipe: Recipe, cells, lrs: dict | None = None) -> list[str]:
     metrics = metrics_of("+".join(recipe.tasks))
-    lines = ["| depth | seeds | " + " | ".join(f"{m} | {m} relative" for m in metrics) + " |",
-             "|---|---:|" + "---:|---:|" * len(metrics)]
+    lr_head, lr_rule = ("lr | ", "---|") if lrs else ("", "")
+    lines = [f"| depth | {lr_head}seeds | " + " | ".join(f"{m} | {m} relative" for m in metrics) + " |",
+             f"|---|{lr_rule}---:|" + "---:|---:|" * len(metrics)]
     for d in dict.fromkeys(c.depth for c in cells):
         mine = {c.metric: c for c in cells if c.depth == d}
         n = max(len(c.values) for c in mine.values())
-        lines.append(f"| {depth_label(d, recipe.layers)} | {n} | " + " | ".join(
+        lr = f"{lrs[d]} | " if lrs else ""
+        lines.append(f"| {depth_label(d, recipe.layers)} | {lr}{n} | " + " | ".join(
             f"{_pm(mine[m].mean, mine[m].std)} | {_pm(mine[m].rel_mean, mine[m].rel_std, 3)}" if m in mine else "- | -"
             for m in metrics) + " |")
     return lines
