@@ -188,17 +188,19 @@ def test_cli_freeze_beyond_the_depth_exits_2_naming_the_layers(tmp_path, capsys,
     lines = err.strip().splitlines()
     assert len(lines) == 1, err
     assert lines[0].startswith("run_multitask.py: error: ")
-    assert f"--freeze-upto {upto}" in lines[0] and f"the model has {L} layers" in lines[0]
+    assert f"--freeze-upto {upto} is out of range: " in lines[0] and f" has {L} layers" in lines[0]
     assert not (tmp_path / "run" / "best.pt").exists()
 
 
 def test_cli_freeze_below_minus_one_is_a_validation_error(tmp_path, capsys):
     data = write_course_files(tmp_path / "data")
-    rc = cli_main(["--model", str(tmp_path / "nowhere"), "--data-dir", str(data), "--freeze-upto", "-2",
-                   "--out-dir", str(tmp_path / "run")])
+    with pytest.raises(SystemExit) as e:  # argparse's own refusal of the value
+        cli_main(["--model", str(tmp_path / "nowhere"), "--data-dir", str(data), "--freeze-upto", "-2",
+                  "--out-dir", str(tmp_path / "run")])
     err = capsys.readouterr().err
-    assert rc == 2
-    assert err.strip() == "run_multitask.py: error: --freeze-upto must be >= -1, not -2"
+    assert e.value.code == 2
+    assert err.strip() == ("run_multitask.py: error: argument --freeze-upto: must be >= -1 (-1: the embeddings only), "
+                           "not -2 (see --help)")
     assert not (tmp_path / "run").exists()  # refused before any work
 
 

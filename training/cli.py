@@ -33,6 +33,8 @@ def depth_or_share(s: str) -> int | str | None:
     if s.lower() in ("none", "off"):
         return None
     value = s.strip() if s.strip().endswith("%") else _int_or_text(s)
+    if isinstance(value, int) and freeze_error(value):
+        raise argparse.ArgumentTypeError(f"must be >= -1 (-1: the embeddings only), not {value}")
     if freeze_error(value):
         raise argparse.ArgumentTypeError(f"{s!r} is neither a number of layers (an integer >= -1) nor a share of "
                                          f"the layers (P% with 0 <= P <= 100, e.g. 75%)")
