@@ -301,17 +301,41 @@ def resume_may_differ() -> set[str]:
     return {f.name for f in options() if f.metadata["resume_may_differ"]}
 
 
-def read_config_file(path: str | os.PathLike) -> dict:
-    """A saved run's config.json (or a recipe file of some of its fields) -> its fields, checked by name."""
-    path = Path(path)
+def read_json_object(path: Path, label: str, missing: str = "no such file") -> dict:
+    """A JSON file holding one object; anything else is a ConfigError, '<label>: why'."""
     try:
         values = json.loads(path.read_text())
     except FileNotFoundError:
-        raise ConfigError(f"--config {path}: no such file") from None
+        raise ConfigError(f"{label}: {missing}") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ConfigError(f"--config {path}: not a readable JSON file ({e})") from None
+        raise ConfigError(f"{label}: not a readable JSON file ({e})") from None
     if not isinstance(values, dict):
-        raise ConfigError(f"--config {path}: expected a JSON object of options, got {type(values).__name__}")
+        raise ConfigError(f"{label}: expected a JSON object, got {type(values).__name__}")
+    return values
+
+
+def options_problem(options: dict, reserved=(), why: str = "") -> str | None:
+    """The first problem of a set of training options given by name (a recipe's, a search space's):
+    unknown names, names in `reserved` (which its caller sets itself: `why` says so), bad values."""
+    if not isinstance(options, dict):
+        return "expected an object of training options"
+    unknown = sorted(k for k in options if k not in TrainConfig.__dataclass_fields__)
+    if unknown:
+        return f"unknown training option(s) {', '.join(unknown)}"
+    taken = sorted(k for k in options if k in reserved)
+    if taken:
+        return f"{', '.join(taken)}: {why}"
+    try:
+        errors = field_errors(TrainConfig(**options))
+    except TypeError as e:
+        return str(e)
+    return errors[0] if errors else None
+
+
+def read_config_file(path: str | os.PathLike) -> dict:
+    """A saved run's config.json (or a recipe file of some of its fields) -> its fields, checked by name."""
+    path = Path(path)
+    values = read_json_object(path, f"--config {path}")
     unknown = sorted(set(values) - set(TrainConfig.__dataclass_fields__))
     if unknown:
         raise ConfigError(f"--config {path}: unknown option(s) {', '.join(unknown)}")

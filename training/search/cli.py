@@ -14,6 +14,7 @@ import logging
 import sys
 from pathlib import Path
 
+from ..cli import add_option
 from ..config import TrainConfig, validate
 from ..errors import ConfigError
 from ..progress import setup_logging
@@ -36,9 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--study-name", default=None, help="the study's name in the storage (default: the space "
                    "file's name)")
     p.add_argument("--trials", type=int, default=None, help="the budget, over every worker (default: the space's)")
-    f = TrainConfig.__dataclass_fields__
-    p.add_argument("--data-dir", default=f["data_dir"].default, help="the course's CSV files (default: %(default)s)")
-    p.add_argument("--model", default=f["model"].default, help="the checkpoint (default: %(default)s)")
+    for name in ("data_dir", "model"):
+        add_option(p, TrainConfig.__dataclass_fields__[name], help_suffix=" (default: %(default)s)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--seed", type=int, default=None, help="the sampler's seed (default: the space's, else 0; "
                    "each worker adds its process id and the number of trials so far, so that workers, and a "

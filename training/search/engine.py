@@ -134,6 +134,19 @@ def duplicate_of(trial, trials) -> int | None:
     return next((t.number for t in _live(trials) if t.number < trial.number and t.params == params), None)
 
 
+def settled_trials(study, number: int, wait: float = 5.0) -> list:
+    """The study's trials once every lower-numbered running trial has its settings: a worker sets them
+    just after asking, and a duplicate check made in between would miss its twin. A trial still without
+    settings after `wait` seconds (its worker died in between) is taken as it is."""
+    deadline = time.monotonic() + wait
+    while True:
+        trials = study.get_trials(deepcopy=False)
+        pending = [t for t in trials if t.number < number and t.state.name == "RUNNING" and not t.params]
+        if not pending or time.monotonic() > deadline:
+            return trials
+        time.sleep(0.05)
+
+
 # --------------------------------------------------------------------------- one trial
 
 
@@ -163,7 +176,7 @@ def run_trial(optuna, study, space: Space, base: TrainConfig, out: Path, seed: i
     trial = study.ask()
     trial.set_user_attr("worker", {"pid": os.getpid(), "host": socket.gethostname()})
     params = {name: p.suggest(trial) for name, p in space.params.items()}
-    dup = duplicate_of(trial, study.get_trials(deepcopy=False))
+    dup = duplicate_of(trial, settled_trials(study, trial.number))
     if dup is not None:
         trial.set_user_attr("state_note", f"duplicate of trial {dup}, not run")
         study.tell(trial, state=optuna.trial.TrialState.FAIL)

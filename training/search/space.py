@@ -16,12 +16,11 @@ and the option.
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..config import TrainConfig, field_errors
+from ..config import TrainConfig, options_problem, read_json_object
 from ..errors import ConfigError
 from ..evaluate import METRIC
 from ..sweep import PER_RUN
@@ -73,14 +72,7 @@ class Space:
 
 def load_space(path: str | Path) -> Space:
     path = Path(path)
-    try:
-        raw = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such search-space file") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ConfigError(f"{path}: not a readable JSON file ({e})") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: expected a JSON object")
+    raw = read_json_object(path, str(path), "no such search-space file")
     try:
         return _space(path, raw)
     except ValueError as e:
@@ -156,16 +148,4 @@ def _param(name: str, spec) -> Param:
 
 
 def _options_problem(options: dict) -> str | None:
-    if not isinstance(options, dict):
-        return "expected an object of training options"
-    unknown = sorted(k for k in options if k not in TrainConfig.__dataclass_fields__)
-    if unknown:
-        return f"unknown training option(s) {', '.join(unknown)}"
-    searched = sorted(k for k in options if k in NOT_SEARCHABLE)
-    if searched:
-        return f"{', '.join(searched)}: set by the search for each trial"
-    try:
-        errors = field_errors(TrainConfig(**options))
-    except TypeError as e:
-        return str(e)
-    return errors[0] if errors else None
+    return options_problem(options, NOT_SEARCHABLE, "set by the search for each trial")

@@ -16,6 +16,7 @@ import logging
 import sys
 from pathlib import Path
 
+from ..cli import add_option
 from ..config import TrainConfig, validate
 from ..errors import ConfigError
 from ..progress import setup_logging
@@ -33,10 +34,8 @@ PROG = "python -m training.study"
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("recipe", help=f"a built-in recipe ({', '.join(available())}) or a recipe file (JSON)")
-    f = TrainConfig.__dataclass_fields__
-    p.add_argument("--data-dir", default=f["data_dir"].default, help=f["data_dir"].metadata["help"] +
-                   " (default: %(default)s)")
-    p.add_argument("--model", default=f["model"].default, help=f["model"].metadata["help"] + " (default: %(default)s)")
+    for name in ("data_dir", "model"):
+        add_option(p, TrainConfig.__dataclass_fields__[name], help_suffix=" (default: %(default)s)")
     p.add_argument("--runs-dir", default=None, help="folder for the run directories (default: runs/<name of "
                    "RESULTS>-<hash of its path>-runs, as training.sweep)")
     p.add_argument("--threads", type=int, default=None, help="torch threads per run (default: torch's choice); "

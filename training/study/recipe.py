@@ -17,13 +17,13 @@ the model's depth when the study starts, so one recipe means the same on 6 and 1
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from data.loaders import TASKS
 
-from ..config import TrainConfig, freeze_depth, freeze_error
+from ..config import TrainConfig, freeze_depth, freeze_error, read_json_object
+from ..config import options_problem as config_options_problem
 from ..errors import ConfigError
 from ..sweep import PER_RUN, RunKey
 
@@ -157,14 +157,8 @@ def available() -> list[str]:
 def load_recipe(name: str) -> Recipe:
     """Read and check a recipe; every mistake is a ConfigError of one line naming the file and key."""
     path = recipe_path(name)
-    if not path.is_file():
-        raise ConfigError(f"{name}: no such recipe file (the built-in ones: {', '.join(available())})")
-    try:
-        raw = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ConfigError(f"{path}: not a readable JSON file ({e})") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: expected a JSON object")
+    raw = read_json_object(path, str(path) if path.exists() else name,
+                           f"no such recipe file (the built-in ones: {', '.join(available())})")
     problem = recipe_problem(raw)
     if problem:
         raise ConfigError(f"{path}: {problem}")
@@ -229,19 +223,7 @@ def _extras_problem(raw: dict) -> str | None:
 
 def options_problem(options: dict) -> str | None:
     """Training options a recipe may set: TrainConfig's fields but the per-run ones, each valid."""
-    from ..config import field_errors
-
-    unknown = sorted(k for k in options if k not in TrainConfig.__dataclass_fields__)
-    per_run = sorted(k for k in options if k in PER_RUN)
-    if unknown:
-        return f"unknown training option(s) {', '.join(unknown)}"
-    if per_run:
-        return f"{', '.join(per_run)}: set per run by the study, not by a recipe"
-    try:
-        errors = field_errors(TrainConfig(**options))
-    except TypeError as e:
-        return str(e)
-    return errors[0] if errors else None
+    return config_options_problem(options, PER_RUN, "set per run by the study, not by a recipe")
 
 
 def _list_of(value, kind) -> bool:
