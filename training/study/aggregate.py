@@ -117,8 +117,9 @@ def ninety_depth(cells: list[Cell], metric: str, threshold: float = NINETY):
 
 
 def cost_rows(recipe: Recipe, records: list[dict], size) -> list[dict]:
-    """Per depth (the base arm, mean over its seeds): trainable parameters, training seconds per epoch
-    with the cache (and, from the cost arm, without it), what building the cache took, peak memory."""
+    """Per depth (the base arm over its seeds): trainable parameters, training seconds per epoch with
+    the cache (and, from the cost arm, without it; the median over seeds, which one run slowed by other
+    work on the machine moves least), what building the cache took, peak memory (mean)."""
     runs, tasks, rows = by_key(records), "+".join(recipe.tasks), []
     for d in sorted(recipe.resolved_depths(), key=depth_order):
         mine = [runs[k] for k in (RunKey(tasks, d, size, s, "") for s in recipe.seeds) if k in runs]
@@ -128,8 +129,8 @@ def cost_rows(recipe: Recipe, records: list[dict], size) -> list[dict]:
         built = [r["frozen_cache_seconds"] for r in mine if r.get("frozen_cache_seconds")]
         rows.append({"depth": d, "seeds": len(mine), "trainable_params": mine[0]["trainable_params"],
                      "total_params": mine[0]["total_params"],
-                     "epoch_seconds": _mean(per_epoch(r) for r in mine),
-                     "epoch_seconds_nocache": _mean(per_epoch(r) for r in nocache) if nocache else math.nan,
+                     "epoch_seconds": _median(per_epoch(r) for r in mine),
+                     "epoch_seconds_nocache": _median(per_epoch(r) for r in nocache) if nocache else math.nan,
                      "cache_seconds": max(built) if built else math.nan,
                      "peak_rss_mib": _mean(r.get("peak_rss_mib") for r in mine),
                      "added_rss_mib": _mean(_added(r) for r in mine),
@@ -147,6 +148,11 @@ def _added(r: dict):
     if r.get("peak_rss_mib") is None or r.get("base_rss_mib") is None:
         return None
     return r["peak_rss_mib"] - r["base_rss_mib"]
+
+
+def _median(values) -> float:
+    xs = [float(v) for v in values if v is not None]
+    return summarize(xs)["median"] if xs else math.nan
 
 
 def _mean(values) -> float:

@@ -47,11 +47,11 @@ def depth_figures(recipe: Recipe, records: list[dict], out: Path) -> list[Path]:
         return []
     size, metrics = recipe.sizes[0], metrics_of("+".join(recipe.tasks))
     protocols = ["elsa"] + (["tuned"] if recipe.lr_grid else [])
-    fig, axes = plt.subplots(1, len(metrics), figsize=(PANEL[0] * len(metrics), PANEL[1]), dpi=DPI, squeeze=False)
+    fig, axes = _grid(plt, len(metrics))
     for j, protocol in enumerate(protocols):
         cells = relative_cells(recipe, records, size, protocol)
         depths = list(dict.fromkeys(c.depth for c in cells))
-        for ax, metric in zip(axes[0], metrics):
+        for ax, metric in zip(axes, metrics):
             pts = [(i + (j - (len(protocols) - 1) / 2) * 0.1, c) for i, d in enumerate(depths)
                    for c in cells if c.depth == d and c.metric == metric and c.relative]
             ax.errorbar([x for x, _ in pts], [c.rel_mean for _, c in pts],
@@ -59,12 +59,12 @@ def depth_figures(recipe: Recipe, records: list[dict], out: Path) -> list[Path]:
                         color=f"C{j}", label={"elsa": "full model's lr", "tuned": "best lr per depth"}[protocol])
             _depth_axis(ax, depths, recipe.layers)
             ax.set_title(f"dev {metric}")
-    for ax in axes[0]:
+    for ax in axes:
         ax.axhline(1.0, color="grey", linewidth=1)
         ax.axhline(NINETY, color="grey", linestyle="--", linewidth=1, label=f"{NINETY:.0%} of full")
         ax.set_ylabel("relative to full fine-tuning")
-    axes[0][0].legend(fontsize="small")
-    fig.suptitle(f"Quality against frozen depth ({recipe.layers}-layer model, {size} examples per task, "
+    axes[0].legend(fontsize="small")
+    fig.suptitle(f"Quality against frozen depth ({recipe.layers}-layer model, {size} examples per task,\n"
                  f"mean ± std over seeds)")
     fig.tight_layout()
     paths = [_save(fig, plt, out / "relative_quality.png")]
@@ -103,9 +103,9 @@ def size_figures(recipe: Recipe, records: list[dict], out: Path) -> list[Path]:
     if plt is None:
         return []
     rows, metrics = size_rows(recipe, records), metrics_of("+".join(recipe.tasks))
-    fig, axes = plt.subplots(1, len(metrics), figsize=(PANEL[0] * len(metrics), PANEL[1]), dpi=DPI, squeeze=False)
+    fig, axes = _grid(plt, len(metrics))
     depths = list(dict.fromkeys(r["depth"] for r in rows))
-    for ax, metric in zip(axes[0], metrics):
+    for ax, metric in zip(axes, metrics):
         for j, d in enumerate(depths):
             pts = [r for r in rows if r["depth"] == d and r["metric"] == metric and r["size"] != "all"]
             ax.errorbar([r["size"] for r in pts], [r["mean"] for r in pts],
@@ -116,10 +116,21 @@ def size_figures(recipe: Recipe, records: list[dict], out: Path) -> list[Path]:
         ax.set_ylabel(f"dev {metric}")
         ax.set_title(f"dev {metric}")
         ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize="small")
-    fig.suptitle("Quality against training-set size, per frozen depth (mean ± std over seeds)")
+    axes[0].legend(fontsize="small")
+    fig.suptitle("Quality against training-set size, per frozen depth\n(mean ± std over seeds)")
     fig.tight_layout()
     return [_save(fig, plt, out / "size.png")]
+
+
+def _grid(plt, panels: int):
+    """A figure of `panels` panels, two to a row; the panels' axes in reading order."""
+    cols = min(2, panels)
+    rows = math.ceil(panels / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(PANEL[0] * cols, PANEL[1] * rows), dpi=DPI, squeeze=False)
+    flat = list(axes.flat)
+    for ax in flat[panels:]:
+        ax.axis("off")
+    return fig, flat[:panels]
 
 
 def _save(fig, plt, path: Path) -> Path:

@@ -59,8 +59,8 @@ def depth_markdown(recipe: Recipe, records: list[dict]) -> str:
             f"{depth_label(d, recipe.layers)}: {lr:g}" for (d, n), lr in sorted(best.items(), key=lambda kv: kv[0][0])
             if n == size), ""]
     lines += ["## Cost against frozen depth", "",
-              "Training seconds per epoch: the training steps alone (no evaluation), mean over the seeds' "
-              "epochs; without the cache: the cost arm (the same depth with `--frozen-cache off`). Cache: "
+              "Training seconds per epoch: the training steps alone (no evaluation), the median over seeds of "
+              "each run's mean epoch; without the cache: the cost arm (the same depth with `--frozen-cache off`). Cache: "
               "seconds to build the frozen prefix's states once (a run that found them on disk took less). "
               "Peak RSS: the run's process at its peak; added: above the process before training.", "",
               "| depth | trainable layers | trainable params | s/epoch | s/epoch without cache | cache speed-up "
