@@ -157,22 +157,33 @@ def test_a_config_file_value_of_the_wrong_type_is_refused(tmp_path, capsys):
 
 # ----------------------------------------------------------------------------- the import graph
 
-def _imports(path: Path) -> set[str]:
-    """The training modules a module imports (relative or absolute, at the top or in a function)."""
+def _imports(path: Path, package: str) -> set[str]:
+    """The training modules a module imports (relative or absolute, at the top or in a function), named
+    relative to training/ ("config", "study.recipe"); `package` is the module's own ("" or "study")."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom):
-            if node.level == 1:
-                found |= {node.module} if node.module else {a.name for a in node.names}
-            elif node.module and node.module.startswith("training."):
-                found.add(node.module.split(".")[1])
+            base = {1: package, 2: ""}.get(node.level)
+            if node.level == 0 and node.module and node.module.startswith("training."):
+                base, module = "", node.module[len("training."):]
+            elif base is None:
+                continue
+            else:
+                module = node.module
+            prefix = f"{base}." if base else ""
+            found |= {prefix + module} if module else {prefix + a.name for a in node.names}
         elif isinstance(node, ast.Import):
-            found |= {a.name.split(".")[1] for a in node.names if a.name.startswith("training.")}
+            found |= {a.name[len("training."):] for a in node.names if a.name.startswith("training.")}
     return found
 
 
 def test_the_training_package_has_no_import_circle():
-    modules = {p.stem: _imports(p) for p in (REPO / "training").glob("*.py") if p.stem != "__init__"}
+    modules = {}
+    for p in (REPO / "training").rglob("*.py"):
+        package = ".".join(p.relative_to(REPO / "training").parts[:-1])
+        if p.stem not in ("__init__", "__main__"):
+            modules[f"{package}.{p.stem}" if package else p.stem] = _imports(p, package)
+    assert "study.recipe" in modules and "search.engine" in modules
 
     def reaches(start: str, seen: tuple) -> None:
         for m in sorted(modules.get(start, ())):
