@@ -19,6 +19,9 @@ Resuming: rerunning the same command skips every run whose key is already in res
 that was cut off starts again from scratch in a cleaned run directory (so its time is a clean
 measurement). A partial last line (the sweep killed while writing) is dropped with a warning.
 Results written with different settings (epochs, lr, model, ...) are refused: use another --out.
+Workers: the same command started again (another shell, `--threads 1` each on a small machine) shares
+the grid: a run is claimed by a lock file in --runs-dir, left to its worker while that lives, taken
+over when it died. Arms (training.study): a key may name a set of option overrides, recorded with it.
 
 Measurement: each run trains in a fresh child process (multiprocessing, spawn), so its peak
 resident memory is its own: getrusage(RUSAGE_SELF).ru_maxrss of the child at the end of the run,
