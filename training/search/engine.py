@@ -198,7 +198,7 @@ def run_trial(optuna, study, space: Space, base: TrainConfig, out: Path, seed: i
         metrics = train(trial_config(space, base, params, run_dir), on_evaluation=report)
     except Stop as e:
         trial.set_user_attr("state_note", str(e))
-        trial.set_user_attr("train_seconds", train_seconds(run_dir))
+        trial.set_user_attr("train_seconds", train_seconds(run_dir) or None)  # None: stopped in its first epoch
         study.tell(trial, state=optuna.trial.TrialState.PRUNED)
         log.info("trial %d %s", trial.number, e)
         return "PRUNED"
