@@ -185,3 +185,14 @@ def test_the_front_keeps_the_trials_no_other_beats_on_score_and_time():
         ("COMPLETE", 0.72, 250.0), ("PRUNED", 0.90, 10.0), ("COMPLETE", 0.60, 20.0), ("COMPLETE", 0.60, 20.0)])]
     # 1 is beaten by 3 (same score, faster); 5 and 6 tie: neither beats the other
     assert [r["trial"] for r in front(table)] == [5, 6, 0, 3]
+
+
+def test_two_objectives_give_the_pareto_front(tmp_path):
+    space = space_file(tmp_path / "space.json", trials=3, objective=["overall", "train_seconds"], pruner="median")
+    assert C.main(argv(tmp_path, space)) == 0
+    done = trials(tmp_path)
+    assert [t.state.name for t in done] == ["COMPLETE"] * 3
+    for t in done:  # the score up, the training seconds down, as the trial's own records say
+        assert t.values == [t.user_attrs["dev"]["overall"], t.user_attrs["train_seconds"]]
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert "On the front: trial" in summary and (tmp_path / "out" / "pareto_front.png").is_file()
