@@ -625,7 +625,7 @@ def main(argv: list[str] | None = None) -> int:
 def resolve_depths(args) -> str | None:
     """args.depths as numbers of layers of args.model (a share P% rounded as --freeze-upto rounds it;
     shares that meet on one depth run once), or the error."""
-    layers = _num_layers(args.model)
+    layers = model_layers(args.model)
     if layers is None:
         if any(isinstance(d, str) for d in args.depths):
             return f"--depths {next(d for d in args.depths if isinstance(d, str))}: cannot read the depth of {args.model}"
@@ -638,7 +638,7 @@ def resolve_depths(args) -> str | None:
     return None
 
 
-def _num_layers(model: str) -> int | None:
+def model_layers(model: str) -> int | None:
     """The model's depth from its config.json, or None when it cannot be read cheaply."""
     try:
         from minbert import resolve_checkpoint

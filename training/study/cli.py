@@ -21,7 +21,7 @@ from ..config import TrainConfig, validate
 from ..errors import ConfigError
 from ..progress import setup_logging
 from ..signals import exit_on_sigterm
-from ..sweep import (RESULTS, RunKey, _num_layers, default_runs_dir, read_results, settings_clash, settings_of,
+from ..sweep import (RESULTS, RunKey, default_runs_dir, model_layers, read_results, settings_clash, settings_of,
                      training_subsets, work)
 from .figures import FIGURES
 from .recipe import Recipe, available, load_recipe
@@ -58,10 +58,11 @@ def base_config(recipe: Recipe, args) -> TrainConfig:
 
 def check(recipe: Recipe, base: TrainConfig) -> list[str]:
     """Every arm's configuration, checked as run_multitask.py checks its flags."""
-    errors = [f"{recipe.path}: train: {e}" for e in validate(base)]
-    for arm, overrides in recipe.all_arms().items():
+    base_errors = validate(base)
+    errors = [f"{recipe.path}: train: {e}" for e in base_errors]
+    for arm, overrides in recipe.all_arms().items():  # what an arm's overrides add
         errors += [f"{recipe.path}: arm {arm!r}: {e}" for e in validate(TrainConfig(**{**base.to_dict(), **overrides}))
-                   if not any(e == b.split(": train: ", 1)[-1] for b in errors)]
+                   if e not in base_errors]
     return errors
 
 
@@ -80,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     exit_on_sigterm()
     try:
         recipe = load_recipe(args.recipe)
-        layers = _num_layers(args.model)
+        layers = model_layers(args.model)
         if layers is None:
             raise ConfigError(f"--model {args.model}: cannot read its config.json (num_hidden_layers)")
         recipe.resolve(layers)
