@@ -71,10 +71,7 @@ def arm_for(recipe: Recipe, records: list[dict], protocol: str):
     depth at the full model's rate), each depth's best rate under "tuned"."""
     if protocol == "elsa" or not recipe.lr_grid:
         return lambda d, n, s: ""
-    best = recipe.best_lrs(records)
-    base_lr = recipe.train.get("lr")
-    from ..config import TrainConfig
-    base_lr = TrainConfig.lr if base_lr is None else base_lr
+    best, base_lr = recipe.best_lrs(records), recipe.base_lr
 
     def arm(d, n, s):
         lr = best.get((d, n))

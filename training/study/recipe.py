@@ -60,6 +60,11 @@ class Recipe:
 
     # ------------------------------------------------------------------ the grid
 
+    @property
+    def base_lr(self) -> float:
+        """The rate every run gets unless its arm says otherwise: the recipe's, else --lr's default."""
+        return self.train.get("lr", TrainConfig.lr)
+
     def depth(self, d) -> int | None:
         """A recipe depth as a number of frozen layers (None: full fine-tuning)."""
         return None if d == "none" else freeze_depth(d, self.layers)
@@ -109,7 +114,7 @@ class Recipe:
         """(depth, size) -> the rate with the best mean dev overall over the tuning seeds, among --lr and
         the grid; only for points whose tuning runs are all in."""
         by_key = {RunKey.of(r): r for r in records}
-        base_lr = self.train.get("lr", TrainConfig.lr)
+        base_lr = self.base_lr
         name, out = "+".join(self.tasks), {}
         for n in self.sizes:
             for d in self.grid_depths():
@@ -125,7 +130,7 @@ class Recipe:
         return out
 
     def tuned_keys(self, records: list[dict]) -> list[RunKey]:
-        name, base_lr = "+".join(self.tasks), self.train.get("lr", TrainConfig.lr)
+        name, base_lr = "+".join(self.tasks), self.base_lr
         others = [s for s in self.seeds if s not in self.lr_grid["tuning_seeds"]]
         return [RunKey(name, d, n, s, lr_arm(lr)) for (d, n), lr in self.best_lrs(records).items()
                 if lr != base_lr for s in others]

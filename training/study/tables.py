@@ -44,7 +44,7 @@ def depth_markdown(recipe: Recipe, records: list[dict]) -> str:
     protocols = [("elsa", "Elsa's protocol: every depth at the full model's learning rate")]
     if recipe.lr_grid:
         protocols.append(("tuned", "each depth at its best learning rate of the grid "
-                                   f"{[recipe.train.get('lr', 1e-4)] + recipe.lr_grid['lrs']} (tuned on seed(s) "
+                                   f"{[recipe.base_lr] + recipe.lr_grid['lrs']} (tuned on seed(s) "
                                    f"{recipe.lr_grid['tuning_seeds']}, by the mean dev overall)"))
     for protocol, what in protocols:
         cells = relative_cells(recipe, records, size, protocol)
@@ -92,7 +92,7 @@ def _depth_or_none(d, layers: int) -> str:
 
 def _lr_column(recipe: Recipe, records: list[dict], size) -> dict:
     """depth -> the learning rate its tuned runs use, or --lr while its tuning runs are not all in."""
-    base = recipe.train.get("lr", 1e-4)
+    base = recipe.base_lr
     best = recipe.best_lrs(records)
     return {d: (f"{best[d, size]:g}" if (d, size) in best else f"{base:g} (tuning pending)") if d is not None
             else f"{base:g}" for d in recipe.resolved_depths()}
