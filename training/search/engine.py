@@ -25,7 +25,7 @@ from pathlib import Path
 
 from ..config import TrainConfig
 from ..trainer import train
-from .space import COST, Space
+from .space import Space
 
 log = logging.getLogger(__name__)
 
@@ -234,6 +234,3 @@ def keep_best_checkpoints(study, space: Space, out: Path) -> None:
         if int(run_dir.name.split("-")[1]) not in keep:
             shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
             (run_dir / "best.pt").unlink(missing_ok=True)
-
-
-__all__ = ["COST", "open_study", "reap_dead", "run_trial", "keep_best_checkpoints", "require_optuna", "storage_for"]

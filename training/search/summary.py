@@ -9,7 +9,7 @@ import math
 import warnings
 from pathlib import Path
 
-from .space import COST, Space
+from .space import Space
 
 log = logging.getLogger(__name__)
 
@@ -165,6 +165,3 @@ def front_figure(table: list[dict], space: Space, path: Path, plt) -> Path:
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
-
-
-__all__ = ["write", "rows", "best_numbers", "front", "COST"]
