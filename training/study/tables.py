@@ -143,7 +143,9 @@ def table_markdown(recipe: Recipe, records: list[dict]) -> str:
     metrics = metrics_of("+".join(recipe.tasks))
     lines = [f"# {recipe.title}", "", recipe.about, "", settings_line(recipe, records), "",
              f"Training examples per task: {recipe.sizes[0]}. Ours: mean ± sample std over seeds; published: the "
-             "report's dev figures (BERT-base, the course's full training sets), where it gives them.", "",
+             "report's dev figures (BERT-base, the course's full training sets), where it gives them; its "
+             "overall here is the course's formula applied to its three figures (the report's own 'Overall' "
+             "averages the raw Pearson).", "",
              "| recipe | frozen layers | seeds | " + " | ".join(f"{m} | published" for m in metrics) + " |",
              "|---|---:|---:|" + "---:|---:|" * len(metrics)]
     for r in rows:
