@@ -125,10 +125,15 @@ def eval_batches(data: TaskData, tokenizer: Tokenizer, batch_size: int, max_toke
     examples x longest, so short sentences go in large batches and long ones in small ones: the
     tail of a length-sorted file no longer pads a full batch_size batch to its longest member,
     and every batch's activations stay about the same size. A batch holds at least one example."""
+    return [make_batch(data, idx, tokenizer) for idx in eval_batch_indices(data, batch_size, max_tokens)]
+
+
+def eval_batch_indices(data: TaskData, batch_size: int, max_tokens: int | None = None) -> list[list[int]]:
+    """eval_batches' plan alone: each batch's example indices, for callers that build the batches
+    themselves (from the frozen-prefix cache, whose states need no tokens)."""
     lengths = data.lengths
     order = np.argsort(lengths, kind="stable")
-    return [make_batch(data, order[a:b].tolist(), tokenizer)
-            for a, b in _sorted_spans(lengths[order], batch_size, max_tokens)]
+    return [order[a:b].tolist() for a, b in _sorted_spans(lengths[order], batch_size, max_tokens)]
 
 
 def _sorted_spans(sorted_lengths: np.ndarray, batch_size: int, max_tokens: int | None) -> list[tuple[int, int]]:

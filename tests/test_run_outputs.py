@@ -227,14 +227,14 @@ def test_eval_tokens_sets_the_evaluation_batches_and_not_the_metrics(tmp_path, m
     import training.inference as inference
     from tiny_runs import tiny_run
     sizes: dict[str, list[int]] = {}
-    real = inference.eval_batches
+    real = inference.make_batch
 
-    def spy(data, tokenizer, batch_size, max_tokens=None):
-        batches = real(data, tokenizer, batch_size, max_tokens)
-        sizes.setdefault(run, []).extend(b.inputs[0]["input_ids"].numel() for b in batches)
-        return batches
+    def spy(data, indices, tokenizer):  # every evaluation batch is made here
+        batch = real(data, indices, tokenizer)
+        sizes.setdefault(run, []).append(batch.inputs[0]["input_ids"].numel())
+        return batch
 
-    monkeypatch.setattr(inference, "eval_batches", spy)
+    monkeypatch.setattr(inference, "make_batch", spy)
     runs = {}
     for run, tokens in (("budget", 16), ("none", 0)):
         runs[run] = tiny_run(tmp_path, run, epochs=1, eval_batch_size=12, eval_tokens=tokens)[1]

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from data.batching import TaskData, eval_batches, eval_token_budget
+from data.batching import TaskData, eval_batch_indices, eval_token_budget, make_batch
 from heads import MultitaskBert, predict
 
 from .progress import progress
@@ -29,12 +29,12 @@ def raw_outputs(model: MultitaskBert, data: TaskData, tokenizer, batch_size: int
     model.eval()
     out = None
     try:
-        batches = eval_batches(data, tokenizer, batch_size, eval_token_budget(max_tokens, device.type))
-        if len(batches) >= SHOW_PROGRESS_FROM:  # a dev or test set, not an API call on a few sentences
-            batches = progress(batches, desc=f"predicting {data.task} ({len(data)} examples)", total=len(batches))
+        groups = eval_batch_indices(data, batch_size, eval_token_budget(max_tokens, device.type))
+        if len(groups) >= SHOW_PROGRESS_FROM:  # a dev or test set, not an API call on a few sentences
+            groups = progress(groups, desc=f"predicting {data.task} ({len(data)} examples)", total=len(groups))
         cached = cache is not None and cache.covers(data)
-        for batch in batches:
-            batch = (cache.batch(data, batch.indices) if cached else batch).to(device)
+        for indices in groups:  # the cache's states need no tokenising
+            batch = (cache.batch(data, indices) if cached else make_batch(data, indices, tokenizer)).to(device)
             with autocast():
                 o = model(data.task, batch.inputs, cache.layer if cached else 0).float().cpu()
             if out is None:
