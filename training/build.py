@@ -93,7 +93,7 @@ def updates_for_epoch(cfg: TrainConfig, train: dict[str, TaskData], epoch: int) 
 
 
 def maybe_frozen_cache(cfg: TrainConfig, model: MultitaskBert, train: dict[str, TaskData], tokenizer, device,
-                       dist=None, amp_dtype: torch.dtype | None = None, dtype: str = "float16"):
+                       dist=None, amp_dtype: torch.dtype | None = None):
     """The frozen-prefix cache when it applies (frozen encoder layers, nothing needing their gradients)."""
     if cfg.frozen_cache == "off":
         return None
@@ -111,7 +111,7 @@ def maybe_frozen_cache(cfg: TrainConfig, model: MultitaskBert, train: dict[str, 
         return frozen_cache_per_rank(dist, model, train, tokenizer, device, cfg.frozen_cache, cfg.cache_dir,
                                      amp_dtype)
     from .frozen_cache import build_frozen_cache  # numpy memory maps, hashing: only where a cache applies
-    return build_frozen_cache(model, train, tokenizer, device, cfg.frozen_cache, cfg.cache_dir, dtype=dtype,
+    return build_frozen_cache(model, train, tokenizer, device, cfg.frozen_cache, cfg.cache_dir,
                               compute_dtype=amp_dtype)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
 import threading
 import time
@@ -49,8 +50,6 @@ def exit_on_sigterm() -> None:
 def exit_with_parent(poll_seconds: float = 2.0) -> None:
     """In a child process: a daemon thread that sends this process SIGTERM (the trainer's clean stop)
     once its parent is gone, for a parent killed with SIGKILL, which runs no `finally`."""
-    import os
-
     parent = os.getppid()
 
     def watch():

@@ -206,10 +206,11 @@ def run_trial(optuna, study, space: Space, base: TrainConfig, out: Path, seed: i
         trial.set_user_attr("state_note", f"stopped: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
         study.tell(trial, state=optuna.trial.TrialState.FAIL)
         raise
+    seconds = train_seconds(run_dir)
     trial.set_user_attr("dev", metrics)
-    trial.set_user_attr("train_seconds", train_seconds(run_dir))
+    trial.set_user_attr("train_seconds", seconds)
     trial.set_user_attr("wall_seconds", round(time.perf_counter() - t0, 2))
-    values = [metrics[space.objective[0]]] + ([train_seconds(run_dir)] if space.multi else [])
+    values = [metrics[space.objective[0]]] + ([seconds] if space.multi else [])
     study.tell(trial, values)
     log.info("trial %d: %s", trial.number, " ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
     return "COMPLETE"

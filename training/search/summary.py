@@ -105,11 +105,11 @@ def write(study, space: Space, out: Path) -> Path:
         w = csv.DictWriter(f, fieldnames=columns, lineterminator="\n")
         w.writeheader()
         w.writerows(table)
-    figures(study, space, out)
+    figures(study, space, out, table)
     return out / "summary.md"
 
 
-def figures(study, space: Space, out: Path) -> list[Path]:
+def figures(study, space: Space, out: Path, table: list[dict]) -> list[Path]:
     """Optuna's matplotlib figures: history and importances (one objective) or the Pareto front."""
     try:
         import matplotlib
@@ -127,7 +127,7 @@ def figures(study, space: Space, out: Path) -> list[Path]:
     else:
         plots = {"history.png": lambda: ovm.plot_optimization_history(study),
                  "importances.png": lambda: ovm.plot_param_importances(study)}
-    written = [front_figure(rows(study, space), space, out / "front.png", plt)]
+    written = [front_figure(table, space, out / "front.png", plt)]
     for name, draw in plots.items():
         try:
             with warnings.catch_warnings():  # Optuna marks its matplotlib backend experimental
