@@ -17,9 +17,10 @@ import torch
 
 import tiny_runs
 from training import sweep as S
-from training.config import TrainConfig, depth_error, freeze_depth
+from training.config import TrainConfig, depth_error, freeze_depth, validate
 from training.study import aggregate as A
 from training.study import cli as C
+from training.study import tables as T
 from training.study.recipe import COST_ARM, Recipe, load_recipe, lr_arm
 
 TASKS = "sst+para+sts"
@@ -364,3 +365,19 @@ def test_without_matplotlib_the_tables_are_still_written(tmp_path, monkeypatch, 
     C.write_report(r, results, tmp_path / "report")
     assert "| 1 | 2 | 0.4150 ± 0.0495 | 0.925 ± 0.035 |" in (tmp_path / "report" / "report.md").read_text()
     assert (tmp_path / "report" / "report.csv").is_file() and not list((tmp_path / "report").glob("*.png"))
+
+
+def test_a_table_plans_its_rows_alone_and_the_schedules_recipe_checks():
+    recipe = load_recipe("schedules").resolve(6)
+    keys = recipe.plan([])
+    rows = [(recipe.depth(r["depth"]), r["arm"]) for r in recipe.rows]
+    assert [(k.depth, k.arm) for k in keys] == rows * 3 and [k.seed for k in keys] == [1] * 5 + [2] * 5 + [3] * 5
+    for arm, options in recipe.arms.items():  # every schedule it names is one the trainer takes
+        cfg = TrainConfig(**{**recipe.train, **options})
+        assert not [e for e in validate(cfg) if "unfreeze" in e], (arm, validate(cfg))
+    records = [{"tasks": "sst+para+sts", "depth": d, "size": 1000, "seed": s, "arm": a, "train_seconds": 10.0 * s,
+                "dev": {"sst_acc": 0.4, "para_acc": 0.7, "sts_pearson": 0.8, "overall": 0.7 + 0.001 * s}}
+               for s in (1, 2, 3) for d, a in rows]
+    text = T.table_markdown(recipe, records)
+    assert "| full fine-tuning | 0 | 3 | 0.4000 ± 0.0000 |" in text and "| 20 |" in text  # train s: mean of 10, 20, 30
+    assert "published" not in text

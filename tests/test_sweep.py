@@ -324,3 +324,36 @@ def test_shares_in_depths_resolve_on_the_model(inputs, tmp_path, monkeypatch):
     assert S.main(sweep_args(data, ckpt, tmp_path, "--in-process", "--depths", "none", "50%", "1", "100%",
                              "--sizes", "3")) == 0
     assert calls == [(None, 3, 1), (1, 3, 1), (2, 3, 1)]
+
+
+def test_schedules_are_a_dimension_of_the_grid_and_of_the_report(inputs, tmp_path, monkeypatch):
+    data, ckpt = inputs
+    seen = []
+    fake = fake_training([])
+    monkeypatch.setattr(S, "measure", lambda cfg, threads=None: seen.append(cfg) or fake(cfg, threads))
+    args = sweep_args(data, ckpt, tmp_path, "--in-process", "--schedules", "fixed", "lp-ft:1epoch",
+                      "gradual:2steps,floor=0")
+    assert S.main(args) == 0
+    # each (seed, size, depth) point once per schedule, the fixed one under the plain name
+    assert [(c.freeze_upto, c.unfreeze_schedule) for c in seen[:3]] == [
+        (None, "fixed"), (None, "lp-ft:1epoch"), (None, "gradual:2steps,floor=0")]
+    assert len(seen) == 12
+    records = S.read_results(tmp_path / "sweep" / "results.jsonl")
+    assert [r.get("arm", "") for r in records[:3]] == ["", "lp-ft-1epoch", "gradual-2steps-floor0"]
+    assert Path(records[1]["run_dir"]).name == "sst-freezenone-n3-seed1-lp-ft-1epoch"
+    assert R.main([str(tmp_path / "sweep")]) == 0
+    report = (tmp_path / "sweep" / "report.md").read_text()
+    for label in ("| sst | none | 3 |", "| sst | none, lp-ft-1epoch | 3 |", "| sst | 1, gradual-2steps-floor0 | 8 |"):
+        assert label in report, report
+    rows = R.summary_rows(records)
+    assert len(rows) == 12 and all(r["seeds"] == 1 for r in rows)  # not the three schedules' seeds as one
+
+
+@pytest.mark.parametrize("schedule, says", [("gradual:0steps", "interval must be a whole number"),
+                                            ("gradual:1epoch,floor=3", "floor=3 is past the model's 2 layers")])
+def test_a_bad_schedule_in_a_sweep_is_refused_before_training(inputs, tmp_path, capsys, schedule, says):
+    data, ckpt = inputs
+    with pytest.raises(SystemExit) as e:
+        S.main(sweep_args(data, ckpt, tmp_path, "--in-process", "--schedules", schedule))
+    assert e.value.code == 2 and says in capsys.readouterr().err
+    assert not (tmp_path / "sweep" / "results.jsonl").exists()

@@ -18,6 +18,7 @@ from pathlib import Path
 from data.loaders import COURSE_FILES, TASKS
 
 from .errors import ConfigError
+from .freezing import freeze_depth, parse_schedule, parse_share
 
 log = logging.getLogger(__name__)
 
@@ -167,6 +168,14 @@ class TrainConfig:
                                         "P%% of L layers rounds to the nearest whole layer, halves down (75%%: 4 of 6, "
                                         "9 of 12; 0%%: the embeddings only)", "optimisation", metavar="N|P%",
                                         default_text="nothing frozen")
+    unfreeze_schedule: str = opt("fixed", "when layers freeze or unfreeze (docs/freezing.md): fixed, --freeze-upto N "
+                                 "all run; lp-ft:K, the heads alone (or --freeze-upto N) for K, then everything; "
+                                 "gradual:K[,layers=S][,floor=F][,warmup=W], heads alone first, then S more layers "
+                                 "from the top every K, down to depth F (all: nothing frozen); "
+                                 "adaptive:K[,threshold=T][,ceiling=C], every K freeze the lowest layers whose "
+                                 "gradient norm changed by less than T (0.1) since the last K, up to depth C. "
+                                 "K: Nsteps or Nepochs; W: warm-up steps of each unfrozen layer (the run's "
+                                 "warm-up length)", "optimisation", metavar="SCHEDULE")
     frozen_cache: str = opt("auto", "with --freeze-upto N >= 1: compute the states entering layer N once and run "
                             "only layers N.. each step (auto: in memory when it fits, else a memory-mapped file in "
                             "--cache-dir)", "optimisation", choices=("auto", "memory", "disk", "off"),
@@ -360,17 +369,6 @@ def validate(cfg: TrainConfig) -> list[str]:
     return errors + path_errors(cfg)
 
 
-def parse_share(value) -> Fraction | None:
-    """"75%" -> Fraction(3, 4); None for anything that is not P% with P a number in [0, 100]."""
-    if not isinstance(value, str) or not value.endswith("%"):
-        return None
-    try:
-        share = Fraction(value[:-1].strip()) / 100
-    except (ValueError, ZeroDivisionError):
-        return None
-    return share if 0 <= share <= 1 else None
-
-
 def freeze_error(value, flag: str = "--freeze-upto") -> str | None:
     """Why a --freeze-upto value is neither a depth (an integer >= -1) nor a share P% (0 <= P <= 100)."""
     if isinstance(value, int) and not isinstance(value, bool):
@@ -379,15 +377,6 @@ def freeze_error(value, flag: str = "--freeze-upto") -> str | None:
         return None
     return (f"{flag} must be a number of layers (an integer >= -1) or a share of the layers (P% with "
             f"0 <= P <= 100, e.g. 75%), not {value!r}")
-
-
-def freeze_depth(value: int | str | None, num_layers: int) -> int | None:
-    """--freeze-upto as a number of frozen layers on a model of num_layers: a share P% is P% of the
-    layers rounded to the nearest whole layer, halves down (exact arithmetic: 75% of 6 = 4.5 -> 4)."""
-    share = parse_share(value)
-    if share is None:
-        return value
-    return math.ceil(share * num_layers - Fraction(1, 2))
 
 
 def depth_error(value: int | str | None, num_layers: int, model: str) -> str | None:
@@ -482,12 +471,26 @@ def _combination_errors(cfg: TrainConfig) -> list[str]:
                       "gradient of a step at once): raise --batch-size instead")
     if cfg.pcgrad and len(cfg.tasks) < 2:
         errors.append("--pcgrad needs at least two --tasks")
+    errors += _schedule_errors(cfg)
     if cfg.smart:
         if cfg.smart_lambda < 0 or cfg.smart_mu < 0 or math.isnan(cfg.smart_lambda) or math.isnan(cfg.smart_mu):
             errors.append(f"--smart-lambda and --smart-mu must be >= 0, not {cfg.smart_lambda} and {cfg.smart_mu}")
         elif cfg.smart_lambda == 0 and cfg.smart_mu == 0:
             errors.append("--smart-lambda 0 and --smart-mu 0 leave nothing of SMART: drop --smart")
     return errors
+
+
+def _schedule_errors(cfg: TrainConfig) -> list[str]:
+    """--unfreeze-schedule on its own and beside the options it cannot work with (its depths against the
+    model's layers are checked with the model: training.preflight)."""
+    try:
+        kind = parse_schedule(cfg.unfreeze_schedule).kind
+    except ValueError as e:
+        return [str(e)]
+    if kind == "adaptive" and cfg.ema_decay is not None:
+        return ["--unfreeze-schedule adaptive cannot be used with --ema-decay: the weight average of a layer "
+                "frozen mid-run is not the frozen weights the layers above it train on (and the cache serves)"]
+    return []
 
 
 def _missing_packages(cfg: TrainConfig) -> list[str]:

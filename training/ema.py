@@ -54,7 +54,10 @@ class WeightEMA:
         """Call after each optimiser step."""
         t = self.num_updates
         d = min(self.decay, (1.0 + t) / (10.0 + t))
-        ema_update_(self.shadow, [p.detach().float() for p in self._params(model)], d)
+        # a parameter a freezing schedule holds frozen for now keeps its average (its pretrained value
+        # until it first trains), bit for bit
+        pairs = [(s, p.detach().float()) for s, p in zip(self.shadow, self._params(model)) if p.requires_grad]
+        ema_update_([s for s, _ in pairs], [v for _, v in pairs], d)
         self.num_updates += 1
 
     @contextlib.contextmanager

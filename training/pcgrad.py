@@ -198,16 +198,23 @@ class PCGrad:
         if any(p.grad is not None for p in self.params):
             raise RuntimeError("shared params already have .grad: call optimizer.zero_grad(set_to_none=True) "
                                "before PCGrad.backward, each task's gradient must be seen alone")
+        # those a freezing schedule holds frozen for now have no gradient to operate on
+        params = [p for p in self.params if p.requires_grad]
+        numels = [p.numel() for p in params]
         names = list(task_losses)
-        buf = self._buffer(len(names))[: len(names)]
-        touched = [False] * len(self.params)  # did any task reach this param?
+        if not params and reduce is None:  # the heads alone train: nothing shared, nothing conflicts
+            for loss in task_losses.values():
+                (scaler.scale(loss) if scaler is not None else loss).backward()
+            return ConflictStats(len(names) * (len(names) - 1) // 2, 0, math.nan)
+        buf = self._buffer(len(names))[: len(names), : sum(numels)]
+        touched = [False] * len(params)  # did any task reach this param?
 
         for t, name in enumerate(names):
             loss = task_losses[name]
             # Each task has its own forward over its own sub-batch, so graphs are disjoint and
             # no retain_graph is needed. Head params accumulate their own task's grad untouched.
             (scaler.scale(loss) if scaler is not None else loss).backward()
-            for k, (p, row) in enumerate(zip(self.params, buf[t].split(self.numels))):
+            for k, (p, row) in enumerate(zip(params, buf[t].split(numels))):
                 if p.grad is None:  # this task does not reach p: a zero component
                     row.zero_()
                 else:
@@ -225,7 +232,7 @@ class PCGrad:
         # scaler.unscale_/step then divide by s and run their inf/nan check as usual.
         combined, stats = surgery(buf, self.variant, self.generator)
 
-        for p, chunk, hit in zip(self.params, combined.split(self.numels), touched):
+        for p, chunk, hit in zip(params, combined.split(numels), touched):
             # A param no task reached keeps grad None, as after a plain backward, so the
             # optimizer skips it rather than stepping on a zero gradient.
             p.grad = chunk.view_as(p).to(p.dtype) if hit else None

@@ -20,6 +20,7 @@ from minbert.checkpoint import human_bytes, machine_ram, read_bert_config, refus
 
 from .config import TrainConfig, depth_error, freeze_depth
 from .errors import ConfigError
+from .freezing import optimised_depth, schedule_error
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +60,7 @@ def footprint(bert: BertConfig, cfg: TrainConfig) -> Footprint:
     H, L = bert.hidden_size, bert.num_hidden_layers
     embeddings = (bert.vocab_size + bert.max_position_embeddings + bert.type_vocab_size) * H + 2 * H
     per_layer = (params - embeddings - H * H - H) // L
-    depth = freeze_depth(cfg.freeze_upto, L)
+    depth = optimised_depth(cfg.unfreeze_schedule, freeze_depth(cfg.freeze_upto, L), L)
     frozen = 0 if depth is None else embeddings + max(0, min(depth, L)) * per_layer
     return Footprint(params, params - frozen, cfg.ema_decay is not None, cfg.smart)
 
@@ -69,7 +70,8 @@ def check_model(cfg: TrainConfig, device: torch.device) -> Footprint:
     the machine's (RAM; on CUDA the GPU's too). ConfigError / CheckpointError naming the culprit."""
     path = resolve_checkpoint(cfg.model)
     bert = read_bert_config(path)
-    problem = depth_error(cfg.freeze_upto, bert.num_hidden_layers, cfg.model)
+    problem = (depth_error(cfg.freeze_upto, bert.num_hidden_layers, cfg.model)
+               or schedule_error(cfg.unfreeze_schedule, cfg.freeze_upto, bert.num_hidden_layers))
     if problem:
         raise ConfigError(problem)
     try:

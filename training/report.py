@@ -82,11 +82,11 @@ def summary_rows(records: list[dict], baselines: dict[str, float] | None = None)
     """One row per (task set, depth, size, metric), in sweep order."""
     baselines = baselines or {}
     groups: dict[tuple, list[dict]] = {}
-    for r in records:
-        groups.setdefault((r["tasks"], r["depth"], r["size"]), []).append(r)
+    for r in records:  # an arm: a freezing schedule (the sweep's --schedules) or the study's named overrides
+        groups.setdefault((r["tasks"], r["depth"], r["size"], r.get("arm", "")), []).append(r)
     rows = []
-    for tasks, depth, size in sorted(groups, key=lambda k: (k[0], size_order(k[2]), depth_order(k[1]))):
-        group = groups[tasks, depth, size]
+    for tasks, depth, size, arm in sorted(groups, key=lambda k: (k[0], size_order(k[2]), depth_order(k[1]), k[3])):
+        group = groups[tasks, depth, size, arm]
         seeds = {r["seed"] for r in group}
         if len(seeds) < len(group):
             log.warning("%s depth %s size %s: %d records for %d seeds; each seed counted once (the last)",
@@ -96,7 +96,8 @@ def summary_rows(records: list[dict], baselines: dict[str, float] | None = None)
             values = [r["dev"][metric] for r in group if metric in r.get("dev", {})]
             if not values:
                 continue
-            rows.append({"tasks": tasks, "depth": depth, "size": size, "metric": metric, **summarize(values),
+            rows.append({"tasks": tasks, "depth": depth, "arm": arm, "size": size, "metric": metric,
+                         **summarize(values),
                          "baseline": baselines.get(metric, math.nan),
                          "wall_seconds": _mean(r.get("wall_seconds") for r in group),
                          "train_seconds": _mean(r.get("train_seconds") for r in group),
@@ -131,8 +132,8 @@ def _fmt(x, digits=4) -> str:
     return f"{x:.{digits}f}" if isinstance(x, float) else str(x)
 
 
-def _depth_label(d) -> str:
-    return "none" if d is None else str(d)
+def _depth_label(d, arm: str = "") -> str:
+    return ("none" if d is None else str(d)) + (f", {arm}" if arm else "")
 
 
 def write_csv(rows: list[dict], path: Path) -> None:
@@ -141,7 +142,7 @@ def write_csv(rows: list[dict], path: Path) -> None:
         w.writeheader()
         for r in rows:
             w.writerow({k: ("" if isinstance(r[k], float) and math.isnan(r[k]) else
-                            _depth_label(r[k]) if k == "depth" else r[k]) for k in COLUMNS})
+                            _depth_label(r[k], r.get("arm", "")) if k == "depth" else r[k]) for k in COLUMNS})
 
 
 def markdown(rows: list[dict], records: list[dict], baselines: dict[str, float]) -> str:
@@ -167,7 +168,7 @@ def markdown(rows: list[dict], records: list[dict], baselines: dict[str, float])
               "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append("| " + " | ".join([
-            r["tasks"], _depth_label(r["depth"]), str(r["size"]), r["metric"], str(r["seeds"]),
+            r["tasks"], _depth_label(r["depth"], r.get("arm", "")), str(r["size"]), r["metric"], str(r["seeds"]),
             _fmt(r["mean"]), _fmt(r["median"]), _fmt(r["std"]), _fmt(r["min"]), _fmt(r["max"]),
             _fmt(r["wall_seconds"], 1), _fmt(r["train_seconds"], 1), _fmt(r["peak_rss_mib"], 0),
             "" if math.isnan(r["trainable_params"]) else f"{r['trainable_params'] / 1e6:.2f}M"]) + " |")
@@ -197,7 +198,7 @@ def plot_sweep(rows: list[dict], path: Path) -> Path:
                              dpi=DPI, squeeze=False)
     for row, tasks in enumerate(task_sets):
         mine = [r for r in rows if r["tasks"] == tasks]
-        depths = sorted({r["depth"] for r in mine}, key=depth_order)
+        depths = sorted({(r["depth"], r.get("arm", "")) for r in mine}, key=lambda k: (depth_order(k[0]), k[1]))
         sizes = sorted({r["size"] for r in mine}, key=size_order)
         x_of = {d: i for i, d in enumerate(depths)}
         offsets = {n: (j - (len(sizes) - 1) / 2) * DODGE for j, n in enumerate(sizes)}  # keep error bars apart
@@ -208,7 +209,7 @@ def plot_sweep(rows: list[dict], path: Path) -> Path:
             if col < len(metrics):
                 metric = metrics[col]
                 for j, n in enumerate(sizes):
-                    pts = sorted((x_of[r["depth"]] + offsets[n], r) for r in mine
+                    pts = sorted((x_of[r["depth"], r.get("arm", "")] + offsets[n], r) for r in mine
                                  if r["size"] == n and r["metric"] == metric)
                     if not pts:
                         continue
@@ -224,7 +225,7 @@ def plot_sweep(rows: list[dict], path: Path) -> Path:
                 ax.set_title(f"{tasks}: dev {metric}")
             elif col == ncols - 1:
                 for j, n in enumerate(sizes):
-                    pts = sorted({x_of[r["depth"]]: r for r in mine if r["size"] == n}.items())
+                    pts = sorted({x_of[r["depth"], r.get("arm", "")]: r for r in mine if r["size"] == n}.items())
                     xs = [p for p, _ in pts]
                     label = f"{n} examples" + ("" if n == "all" else "/task")
                     ax.plot(xs, [r["wall_seconds"] for _, r in pts], marker="s", color=f"C{j}",
@@ -237,7 +238,7 @@ def plot_sweep(rows: list[dict], path: Path) -> Path:
             else:
                 ax.axis("off")
                 continue
-            ax.set_xticks(range(len(depths)), [_depth_label(d) for d in depths])
+            ax.set_xticks(range(len(depths)), [_depth_label(*d) for d in depths])
             ax.set_xlim(-0.5 - width, len(depths) - 0.5 + width)
             ax.set_xlabel("--freeze-upto (frozen layers; none = full fine-tuning)")
             ax.grid(alpha=0.3)

@@ -40,16 +40,18 @@ def layer_depth(name: str, num_layers: int) -> int:
     return num_layers + 1
 
 
-def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
+def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device,
+                    by_layer: bool = False) -> torch.optim.AdamW:
     """AdamW over the trainable parameters only; no weight decay on biases and LayerNorm weights.
     With --layer-lr-decay g a parameter at depth k (layer_depth) gets lr * g^(L + 1 - k): the heads
-    the full rate, each layer below g times the one above it.
+    the full rate, each layer below g times the one above it. by_layer: one group per depth even
+    without the decay (a freezing schedule warms each unfrozen layer up on its own).
     fused=True: one kernel for the whole update (on CPU too, where it measured ~7x faster)."""
     top = model.encoder.num_layers + 1
     groups: dict[tuple[int, bool], list] = {}
     for name, p in model.named_parameters():
         if p.requires_grad:
-            depth = top if cfg.layer_lr_decay == 1.0 else layer_depth(name, model.encoder.num_layers)
+            depth = top if cfg.layer_lr_decay == 1.0 and not by_layer else layer_depth(name, model.encoder.num_layers)
             groups.setdefault((depth, p.ndim < 2), []).append(p)
     groups = [{"params": groups[k], "lr": cfg.lr * cfg.layer_lr_decay ** (top - k[0]),
                "weight_decay": 0.0 if k[1] else cfg.weight_decay}
@@ -60,7 +62,9 @@ def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.devi
         return torch.optim.AdamW(groups, lr=cfg.lr)
 
 
-def linear_warmup_decay(optimizer, total_steps: int, warmup_ratio: float):
+def linear_warmup_decay(optimizer, total_steps: int, warmup_ratio: float, group_factors: list | None = None):
+    """Linear warm-up over warmup_ratio of the steps, then linear decay to 0. group_factors: one more
+    factor per parameter group, f(step) (a freezing schedule's warm-up of the layers it unfreezes)."""
     warmup = int(total_steps * warmup_ratio)
 
     def factor(step: int) -> float:
@@ -68,7 +72,16 @@ def linear_warmup_decay(optimizer, total_steps: int, warmup_ratio: float):
             return (step + 1) / warmup
         return max(0.0, (total_steps - step) / max(1, total_steps - warmup))
 
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    if group_factors is None:
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, [lambda step, f=f: factor(step) * f(step)
+                                                         for f in group_factors])
+
+
+def group_depths(model: MultitaskBert, optimizer) -> list[int]:
+    """The layer_depth of each parameter group of an optimizer built by_layer."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    return [layer_depth(names[id(g["params"][0])], model.encoder.num_layers) for g in optimizer.param_groups]
 
 
 # --------------------------------------------------------------------------- SMART's state
@@ -120,6 +133,7 @@ class Stepper:
         self.ema = WeightEMA(model, cfg.ema_decay) if cfg.ema_decay is not None else None
         shared = [p for p in model.encoder.parameters() if p.requires_grad]
         self.pcgrad = PCGrad(shared, variant=cfg.pcgrad_variant, seed=cfg.seed) if cfg.pcgrad else None
+        self.freezer = None  # an adaptive freezing schedule's test, shown each update's gradients
         self.smart_terms = None
         if cfg.smart:
             # Data-parallel: every rank its own noise (the teacher stays identical: it follows the
@@ -129,13 +143,24 @@ class Stepper:
 
     @classmethod
     def build(cls, model: MultitaskBert, cfg: TrainConfig, total_steps: int, device=None, amp_dtype=None,
-              dist=None) -> "Stepper":
+              dist=None, schedule=None) -> "Stepper":
         """A ready step machine for `model`: AdamW (build_optimizer) with linear warm-up and decay over
-        `total_steps`, and the tricks cfg turns on."""
+        `total_steps`, and the tricks cfg turns on. schedule: a freezing.FreezeSchedule; the optimiser,
+        the weight EMA and PCGrad then hold every parameter it will ever train (a frozen one has no
+        gradient, which each of them skips), and the model is left at the schedule's first depth."""
         device = device if device is not None else torch.device("cpu")
-        optimizer = build_optimizer(model, cfg, device)
-        scheduler = linear_warmup_decay(optimizer, total_steps, cfg.warmup_ratio)
-        return cls(model, cfg, optimizer, scheduler, device, amp_dtype, total_steps, dist)
+        if schedule is None or not schedule.scheduled:
+            optimizer = build_optimizer(model, cfg, device)
+            scheduler = linear_warmup_decay(optimizer, total_steps, cfg.warmup_ratio)
+            return cls(model, cfg, optimizer, scheduler, device, amp_dtype, total_steps, dist)
+        model.freeze(schedule.widest)
+        optimizer = build_optimizer(model, cfg, device, by_layer=True)
+        factors = [lambda step, k=k: schedule.warmup_factor(k, step) for k in group_depths(model, optimizer)]
+        scheduler = linear_warmup_decay(optimizer, total_steps, cfg.warmup_ratio, factors)
+        stepper = cls(model, cfg, optimizer, scheduler, device, amp_dtype, total_steps, dist)
+        stepper.freezer = schedule.freezer
+        model.freeze(schedule.depth_at(0))
+        return stepper
 
     # SMART's config and state, as the loss code reads them
     @property
@@ -293,6 +318,7 @@ class Stepper:
     def _update(self, params: list, tasks: str, step: int) -> bool:
         """Clip, then the optimiser, scheduler, teacher and weight-average updates; False where the
         gradient is not finite (the step is skipped)."""
+        layer_norms = self.freezer.layer_norms(self.model) if self.freezer is not None else None  # before clipping
         if self.cfg.max_grad_norm > 0:
             norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm)
         else:
@@ -300,6 +326,8 @@ class Stepper:
         if not torch.isfinite(norm):
             self._skip(tasks, step, norm)
             return False
+        if layer_norms is not None:
+            self.freezer.observe(layer_norms)
         self.lr = max(g["lr"] for g in self.optimizer.param_groups)
         self.optimizer.step()
         self.scheduler.step()

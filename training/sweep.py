@@ -40,6 +40,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import socket
 import sys
@@ -178,10 +179,22 @@ class RunKey:
         return cls(record["tasks"], record["depth"], record["size"], record["seed"], record.get("arm", ""))
 
 
-def plan(tasks: Sequence[str], depths, sizes, seeds) -> list[RunKey]:
+def plan(tasks: Sequence[str], depths, sizes, seeds, arms: Sequence[str] = ("",)) -> list[RunKey]:
     """Seeds outermost, so that a sweep stopped early already holds whole seeds."""
     name = "+".join(tasks)
-    return [RunKey(name, d, n, s) for s in seeds for n in sizes for d in depths]
+    return [RunKey(name, d, n, s, a) for s in seeds for n in sizes for d in depths for a in arms]
+
+
+def schedule_arm(schedule: str) -> str:
+    """The arm of a --schedules entry, a name fit for a folder: "" for fixed, else gradual-1epoch-floor1."""
+    if schedule.strip() == "fixed":
+        return ""
+    return re.sub(r"[^A-Za-z0-9.%-]+", "-", schedule.strip().replace("=", "")).strip("-")
+
+
+def schedule_arms(schedules: Sequence[str]) -> dict[str, dict]:
+    """{arm: its overrides} of --schedules."""
+    return {schedule_arm(s): ({"unfreeze_schedule": s} if schedule_arm(s) else {}) for s in schedules}
 
 
 def read_results(path: str | os.PathLike, repair: bool = False) -> list[dict]:
@@ -337,13 +350,14 @@ def run_sweep(args: argparse.Namespace) -> int:
     if problem or isinstance(subsets, str):
         print(f"training.sweep: error: {problem or subsets}", file=sys.stderr)
         return 2
-    keys = plan(args.tasks, args.depths, args.sizes, args.seeds)
+    arms = schedule_arms(args.schedules)
+    keys = plan(args.tasks, args.depths, args.sizes, args.seeds, list(arms))
     if args.dry_run:
         done = {RunKey.of(r) for r in records}
         for k in keys:
             print(f"{'done' if k in done else 'todo'}  {k.name}")
         return 0
-    return work(args, base, lambda records: keys, {}, subsets, out, runs_dir)
+    return work(args, base, lambda records: keys, arms, subsets, out, runs_dir)
 
 
 def work(args, base: TrainConfig, plan_of, arms: dict[str, dict], subsets: dict, out: Path, runs_dir: Path,
@@ -567,6 +581,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3], metavar="S",
                    help="seeds: each picks the subsets and seeds the training run (default: 1 2 3)")
 
+    g.add_argument("--schedules", nargs="+", default=["fixed"], metavar="SCHEDULE",
+                   help="freezing schedules (--unfreeze-schedule), each run at every depth: the depth is where "
+                        "lp-ft and gradual start and adaptive starts from (default: fixed)")
     g = p.add_argument_group("where")
     g.add_argument("--out", default="runs/sweep", help="folder for results.jsonl (and the report) (default: %(default)s)")
     g.add_argument("--runs-dir", default=None, help="folder for the run directories (checkpoints, logs, the subset "
@@ -616,10 +633,27 @@ def main(argv: list[str] | None = None) -> int:
     errors += [e for e in (seed_error(s, "--seeds") for s in args.seeds) if e]
     if errors:
         p.error("\n  ".join(errors))
-    problem = resolve_depths(args)
+    problem = resolve_depths(args) or schedules_problem(args)
     if problem:
         p.error(problem)
     return run_sweep(args)
+
+
+def schedules_problem(args) -> str | None:
+    """Each of --schedules on its own, and against the model at every depth it starts from."""
+    from .freezing import parse_schedule, schedule_error
+    args.schedules = _unique(args.schedules)
+    layers = model_layers(args.model)
+    for schedule in args.schedules:
+        try:
+            parse_schedule(schedule)
+        except ValueError as e:
+            return f"--schedules: {e}"
+        for depth in args.depths if layers is not None else ():
+            problem = schedule_error(schedule, depth, layers)
+            if problem:
+                return f"--schedules: {problem} (at --depths {'none' if depth is None else depth})"
+    return None
 
 
 def resolve_depths(args) -> str | None:

@@ -28,12 +28,14 @@ from data.batching import Batch, make_batch
 from data.sampler import TaskBatch, padding_efficiency
 from minbert.checkpoint import copy_tokenizer_files
 
-from .build import build_model, dev_frozen_cache, load_data, maybe_frozen_cache, updates_for_epoch
+from .build import build_model, load_data, updates_for_epoch
+from .cache_keeper import CacheKeeper
 from .checkpointing import RollingCheckpoints, load_model_state, save_checkpoint
 from .config import TrainConfig, validate
 from .device import GlobalRng, autocast_dtype, pick_device, seed_everything
 from .errors import ConfigError, TrainingInterrupted
 from .evaluate import metrics_of, predict_sets
+from .freezing import FreezeSchedule, parse_schedule
 from .predictions import check_predictions_dir, config_digest, write_prediction_set
 from .progress import progress
 from .preflight import check_disk, check_model
@@ -160,14 +162,15 @@ class Run:
         if dist is not None and len(set(dist.all_gather_object(self.state.global_step))) > 1:
             raise ConfigError("the ranks resumed from different checkpoints (or some found none): put --out-dir on "
                               "a filesystem every node sees, or pass --resume PATH readable on every node")
-        t0 = time.perf_counter()
-        self.cache = maybe_frozen_cache(cfg, self.model, self.data.train, self.tokenizer, self.device, dist,
-                                        self.amp_dtype)
-        if self.cache is not None and dist is None:
-            self.dev_cache = dev_frozen_cache(cfg, self.model, self.data.dev, self.tokenizer, self.device,
-                                              self.amp_dtype)
-        # on the next epoch record: what the caches cost this process (building them, or opening stored ones)
-        self.cache_seconds = round(time.perf_counter() - t0, 2) if self.cache is not None else None
+        if dist is not None and self.schedule.scheduled:
+            raise ConfigError("--unfreeze-schedule is for one process (its caches and convergence test are "
+                              "not shared between ranks): leave it out under torchrun, or use --freeze-upto N")
+        self.model.freeze(self.depth_in_force())
+        step = self.state.global_step
+        if resume is not None:  # the caches as the run that wrote the checkpoint computed them
+            self.caches.restore(resume.get("caches"), self.phase_steps(step))
+        else:
+            self.caches.serve(self.phase_steps(step))
         if resume is not None:  # its own directory: the records after the checkpoint's step go now
             self.claim_out_dir(resume_step=self.state.global_step)
         self.checkpoints = RollingCheckpoints(self.out_dir, cfg.keep_last)
@@ -188,17 +191,22 @@ class Run:
             torch.manual_seed(rank_seed(cfg.seed, dist.rank))
             log.info("data-parallel over %d ranks: each step's batch of %d is split between them",
                      dist.world_size, cfg.batch_size)
-        self._log_model()
         self.data = load_data(cfg, self.tokenizer)
         self.steps_per_epoch = len(updates_for_epoch(cfg, self.data.train, 0))
         eval_points(self.steps_per_epoch, cfg.evals_per_epoch)  # refused now, not after an epoch's work
         total = self.steps_per_epoch * cfg.epochs
-        self.stepper = Stepper.build(self.model, cfg, total, self.device, self.amp_dtype, dist)
+        self.schedule = FreezeSchedule(parse_schedule(cfg.unfreeze_schedule), self.model.frozen_upto,
+                                       self.model.encoder.num_layers, self.steps_per_epoch, total,
+                                       int(total * cfg.warmup_ratio))
+        if self.schedule.check_length():
+            raise ConfigError(self.schedule.check_length())
+        self.stepper = Stepper.build(self.model, cfg, total, self.device, self.amp_dtype, dist, self.schedule)
+        self._log_model()
         if cfg.compile:  # after the Stepper: SMART's teacher is a deep copy and must stay eager
             from .compiling import compile_layers
             compile_layers(self.model.encoder)
             log.info("--compile: encoder layers compiled lazily; the first steps of each shape family are slow")
-        self.cache, self.dev_cache, self.cache_seconds = None, None, None
+        self.caches = CacheKeeper(cfg, self.model, self.data, self.tokenizer, self.device, self.amp_dtype, dist)
         return self
 
     def _log_model(self) -> None:
@@ -206,8 +214,9 @@ class Run:
         n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
         n_all = sum(p.numel() for p in model.parameters())
         upto = cfg.freeze_upto if model.frozen_upto == cfg.freeze_upto else f"{cfg.freeze_upto} = {model.frozen_upto}"
-        log.info("model %s: %d layers, %.1fM parameters, %.1fM trainable (freeze-upto %s); device %s, %s",
-                 cfg.model, model.encoder.num_layers, n_all / 1e6, n_train / 1e6, upto, self.device,
+        schedule = f", then {cfg.unfreeze_schedule}" if self.schedule.scheduled else ""
+        log.info("model %s: %d layers, %.1fM parameters, %.1fM trainable (freeze-upto %s%s); device %s, %s",
+                 cfg.model, model.encoder.num_layers, n_all / 1e6, n_train / 1e6, upto, schedule, self.device,
                  "bf16 autocast" if self.amp_dtype else "fp32")
 
     def _written_dirs(self) -> list[Path]:
@@ -243,6 +252,7 @@ class Run:
         model = self.model
         out = {"model": model.state_dict(), "bert_config": asdict(model.encoder.config),
                "config": self.cfg.to_dict(), "run_state": self.state.state_dict(), "rng": GlobalRng.state_dict(),
+               "schedule": self.schedule.state_dict(), "caches": self.caches.state_dict(),
                "train_sizes": {t: len(d) for t, d in self.data.train.items()},
                "train_digests": {t: d.digest() for t, d in self.data.train.items()},
                **self.stepper.state_dict()}
@@ -255,6 +265,8 @@ class Run:
         self.model.load_state_dict(ckpt["model"])
         self.model.to(self.device)
         self.stepper.load_state_dict(ckpt)
+        if self.schedule.scheduled:
+            self.schedule.load_state_dict(ckpt["schedule"])
         GlobalRng.load_state_dict(ckpt["rng"])
         self.state.load_state_dict(ckpt["run_state"])
         if self.dist is not None:
@@ -361,6 +373,7 @@ class Run:
     def train_step(self, update: list[list[TaskBatch]], bar) -> None:
         """One optimiser update from the steps of `update` (one, or --grad-accum-steps of them)."""
         state = self.state
+        self.follow_schedule(self.schedule.depth_at(state.global_step))
         if self.cfg.grad_accum_steps > 1:
             groups = [[self.load_batch(tb) for tb in tbs if tb.indices] for tbs in update]
             parts = self.stepper.accumulated_step(groups, state.global_step)
@@ -374,6 +387,13 @@ class Run:
             parts = self.stepper.step([self.load_batch(tb) for tb in mine], state.global_step, weights)
         state.step_in_epoch += 1
         state.global_step += 1
+        if self.schedule.freezer is not None:  # adaptive freezing: its test at the end of each interval
+            tests = len(self.schedule.freezer.history)
+            depth = self.schedule.freezer.after_update(state.global_step)
+            if len(self.schedule.freezer.history) > tests and self.main and self.metrics_log is not None:
+                self.metrics_log.write({"step": state.global_step, "epoch": state.epoch,
+                                        "freeze_test": self.schedule.freezer.history[-1]})
+            self.follow_schedule(depth)
         if parts is None:  # skipped: non-finite
             return
         self.claim_out_dir()  # the first step that trained: only now may an earlier run's files go
@@ -384,9 +404,38 @@ class Run:
             self.metrics_log.write(step_record(state, self.stepper.lr, parts, self.cfg.log_every))
 
     def load_batch(self, tb: TaskBatch) -> Batch:
-        data = self.data.train[tb.task]
-        batch = self.cache.batch(data, tb.indices) if self.cache else make_batch(data, tb.indices, self.tokenizer)
+        data, cache = self.data.train[tb.task], self.caches.train
+        batch = cache.batch(data, tb.indices) if cache else make_batch(data, tb.indices, self.tokenizer)
         return batch.to(self.device)
+
+    # ------------------------------------------------------------------ freezing schedule
+
+    def depth_in_force(self) -> int | None:
+        """The frozen depth the run was at when its checkpoint was written (at step 0: the first)."""
+        schedule, step = self.schedule, self.state.global_step
+        return schedule.depth_at(max(step - 1, 0))
+
+    def phase_steps(self, step: int) -> int | None:
+        """The updates left in the phase holding `step` (None for a fixed depth: the whole run)."""
+        return self.schedule.phase_end(step) - step if self.schedule.scheduled else None
+
+    def follow_schedule(self, depth: int | None) -> None:
+        """The model at `depth` from the next update on, with the caches that serve it, and the change
+        logged and recorded."""
+        model, state = self.model, self.state
+        if depth == model.frozen_upto:
+            return
+        before = model.first_trainable_layer
+        model.freeze(depth)
+        after = model.first_trainable_layer
+        lo, hi = min(before, after), max(before, after)
+        layers = "" if lo == hi else f"layer {lo}" if hi == lo + 1 else f"layers {lo}..{hi - 1}"
+        what = (f"unfroze {' and '.join(p for p in ('the embeddings' if depth is None else '', layers) if p)}"
+                if after < before or depth is None else f"froze {layers}")
+        log.info("step %d: %s (--freeze-upto %s from here)", state.global_step, what, depth)
+        self.caches.serve(self.phase_steps(state.global_step))
+        if self.main and self.metrics_log is not None:
+            self.metrics_log.write({"step": state.global_step, "epoch": state.epoch, "frozen_depth": depth})
 
     def end_epoch(self, epoch: int, train_time: float, padding_eff: float) -> None:
         """The epoch's record and dev evaluation (rank 0), then the loop state of the next epoch."""
@@ -394,10 +443,10 @@ class Run:
         if self.main:  # only rank 0 tracks the best score: the checkpoints are its
             record = {"epoch": epoch, "step": state.global_step, "train_seconds": round(train_time, 1),
                       "padding_efficiency": padding_eff,
-                      **({"frozen_cache_seconds": self.cache_seconds} if self.cache_seconds is not None else {}),
+                      **({"frozen_cache_seconds": round(self.caches.seconds, 2)} if self.caches.seconds is not None else {}),
                       **{f"train_loss_{t}": float(np.mean(v)) for t, v in state.losses.items() if v}}
             self.evaluate_and_keep(epoch, record, f"epoch {epoch}", f" ({train_time:.0f} s training)")
-            self.cache_seconds = None  # counted once
+            self.caches.seconds = None  # counted once
         if self.dist is not None:
             self.dist.barrier()  # the other ranks wait while rank 0 evaluates
         state.epoch, state.step_in_epoch, state.losses, state.epoch_seconds = epoch + 1, 0, {}, 0.0
@@ -417,7 +466,7 @@ class Run:
     def predict(self, sets: dict) -> dict:
         """Predictions of the model's weights as they are now, batched as --eval-batch-size/--eval-tokens say."""
         return predict_sets(self.model, sets, self.tokenizer, self.cfg.eval_batch_size, self.device,
-                            self.stepper.autocast, self.cfg.eval_token_budget(), self.dev_cache)
+                            self.stepper.autocast, self.cfg.eval_token_budget(), self.caches.dev)
 
     def evaluate(self) -> dict[str, float]:
         """Dev metrics of the model's weights as they are now."""

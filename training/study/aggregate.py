@@ -190,7 +190,8 @@ def table_rows(recipe: Recipe, records: list[dict]) -> list[dict]:
         found = {s: runs[k] for s in recipe.seeds for k in [RunKey(tasks, d, n, s, row["arm"])] if k in runs}
         values = {m: {s: r["dev"][m] for s, r in found.items()} for m in metrics_of(tasks)}
         out.append({"label": row["label"], "depth": d, "arm": row["arm"], "values": values,
-                    "published": row.get("published", {})})
+                    "published": row.get("published", {}),
+                    "train_seconds": [r["train_seconds"] for r in found.values() if r.get("train_seconds")]})
     return out
 
 

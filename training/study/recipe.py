@@ -82,10 +82,12 @@ class Recipe:
         return arms
 
     def base_keys(self) -> list[RunKey]:
-        """The grid: seeds outermost (a study stopped early holds whole seeds), then sizes, depths, arms."""
+        """The grid: seeds outermost (a study stopped early holds whole seeds), then sizes, depths, arms;
+        a table's grid is its rows alone (each a depth and an arm), not every depth with every arm."""
         name = "+".join(self.tasks)
-        return [RunKey(name, d, n, s, a) for s in self.seeds for n in self.sizes for d in self.resolved_depths()
-                for a in self.arms]
+        points = ([(self.depth(r["depth"]), r["arm"]) for r in self.rows] if self.kind == "table" else
+                  [(d, a) for d in self.resolved_depths() for a in self.arms])
+        return [RunKey(name, d, n, s, a) for s in self.seeds for n in self.sizes for d, a in points]
 
     def plan(self, records: list[dict]) -> list[RunKey]:
         """Every run the study needs, given the results so far: the grid, then the learning-rate grid on

@@ -1,0 +1,325 @@
+"""Freezing schedules (--unfreeze-schedule): which parameters train at each step, written out by hand; the
+adaptive test recomputed from gradient norms recorded independently; frozen parameters bit-identical until
+their phase; exact resume in every phase and across a boundary; the cache serving each phase."""
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tiny_runs import make_encoder, tiny_config, write_data
+from training.cli import main as cli_main
+from training.config import TrainConfig, validate
+from training.freezing import FreezeSchedule, parse_schedule, schedule_error
+from training.stepper import Stepper
+from training.trainer import train
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+# ----------------------------------------------------------------------------- the schedule itself
+
+def depths(text, steps=60, per_epoch=10, layers=6, freeze_upto=None):
+    s = FreezeSchedule(parse_schedule(text), freeze_upto, layers, per_epoch, steps, 0)
+    return [s.depth_at(i) for i in range(steps)]
+
+
+def test_depths_by_step_and_epoch():
+    N = None
+    assert depths("fixed", freeze_upto=3) == [3] * 60
+    assert depths("lp-ft:2epochs") == [6] * 20 + [N] * 40
+    assert depths("lp-ft:7steps", freeze_upto=2) == [2] * 7 + [N] * 53
+    assert depths("gradual:5steps") == [6] * 5 + [5] * 5 + [4] * 5 + [3] * 5 + [2] * 5 + [1] * 5 + [N] * 30
+    assert depths("gradual:1epoch,layers=2,floor=1") == [6] * 10 + [4] * 10 + [2] * 10 + [1] * 30
+    assert depths("gradual:1epoch,layers=4,floor=0") == [6] * 10 + [2] * 10 + [0] * 40
+    assert depths("gradual:10steps", freeze_upto=3) == [3] * 10 + [2] * 10 + [1] * 10 + [N] * 30
+    assert depths("gradual:1epoch,floor=50%") == [6] * 10 + [5] * 10 + [4] * 10 + [3] * 30
+
+
+def test_unfrozen_layers_warm_up_on_their_own():
+    s = FreezeSchedule(parse_schedule("gradual:10steps,warmup=4"), None, 2, 10, 40, 0)  # 2 then 1 then none
+    # layer_depth: 0 embeddings, 1 layer 0, 2 layer 1, 3 heads
+    assert [s.warmup_factor(3, t) for t in (0, 25)] == [1.0, 1.0]
+    assert [s.warmup_factor(2, t) for t in range(10, 15)] == [0.25, 0.5, 0.75, 1.0, 1.0]
+    assert [s.warmup_factor(1, t) for t in range(20, 25)] == [0.25, 0.5, 0.75, 1.0, 1.0]
+    assert [s.warmup_factor(0, t) for t in (20, 23)] == [0.25, 1.0]
+    default = FreezeSchedule(parse_schedule("lp-ft:10steps"), None, 2, 10, 40, 6)  # the run's warm-up: 6
+    assert default.warmup_factor(1, 10) == pytest.approx(1 / 6) and default.warmup_factor(1, 15) == 1.0
+
+
+@pytest.mark.parametrize("text, says", [
+    ("sometimes", "must be one of fixed, lp-ft, gradual, adaptive"),
+    ("gradual", "needs an interval first"),
+    ("gradual:0steps", "a whole number >= 1 of steps or epochs"),
+    ("lp-ft:2 weeks", "a whole number >= 1 of steps or epochs"),
+    ("gradual:1epoch,floor=-1", "below the embeddings"),
+    ("gradual:1epoch,layers=0", "layers must be >= 1"),
+    ("lp-ft:1epoch,floor=2", "not a setting of lp-ft"),
+    ("adaptive:5steps,threshold=0", "threshold must be a number > 0"),
+    ("adaptive:5steps,threshold=nan", "threshold must be a number > 0"),
+    ("fixed:3", "fixed takes nothing"),
+])
+def test_a_bad_schedule_is_one_line_naming_the_flag(text, says):
+    errors = validate(TrainConfig(unfreeze_schedule=text, data_dir="/nonexistent"))
+    mine = [e for e in errors if "--unfreeze-schedule" in e]
+    assert len(mine) == 1 and says in mine[0] and "\n" not in mine[0], errors
+
+
+def test_schedules_against_the_model_and_options():
+    assert schedule_error("gradual:1epoch,floor=8", None, 6) == ("--unfreeze-schedule gradual:1epoch,floor=8: "
+                                                                "floor=8 is past the model's 6 layers (at most 6)")
+    assert "more than the model's 6 layers" in schedule_error("gradual:1epoch,layers=7", None, 6)
+    assert "nothing to unfreeze" in schedule_error("gradual:1epoch,floor=3", 2, 6)
+    assert "already at the deepest" in schedule_error("adaptive:1epoch,ceiling=3", 3, 6)
+    assert schedule_error("gradual:1epoch,floor=2", None, 6) is None
+    ema = validate(TrainConfig(unfreeze_schedule="adaptive:10steps", ema_decay=0.9, data_dir="/x"))
+    assert any("cannot be used with --ema-decay" in e for e in ema)
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    r = tmp_path_factory.mktemp("schedules")
+    write_data(r / "data")
+    make_encoder(r / "encoder")
+    make_encoder(r / "encoder3", layers=3)
+    return r
+
+
+@pytest.mark.parametrize("extra, says", [
+    (["--unfreeze-schedule", "gradual:1epoch,floor=5"], "floor=5 is past the model's 2 layers"),
+    (["--unfreeze-schedule", "lp-ft:40steps"], "past the run's 9 steps"),
+    (["--unfreeze-schedule", "gradual:0steps"], "interval must be a whole number"),
+])
+def test_cli_refuses_a_bad_schedule_before_any_work(root, tmp_path, capsys, extra, says):
+    args = ["--model", str(root / "encoder"), "--data-dir", str(root / "data"), "--out-dir", str(tmp_path / "o"),
+            "--epochs", "3", "--batch-size", "12", *extra]
+    try:
+        rc = cli_main(args)
+    except SystemExit as e:
+        rc = e.code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "--unfreeze-schedule" in err[0] and says in err[0], err
+    assert not (tmp_path / "o" / "metrics.jsonl").exists()
+
+
+# ----------------------------------------------------------------------------- what trains at each step
+
+def frozen_by_hand(name: str, depth) -> bool:
+    """--freeze-upto's meaning, from the parameter's name."""
+    if depth is None or not name.startswith("encoder.") or name.startswith("encoder.pooler"):
+        return False
+    if name.startswith("encoder.embeddings."):
+        return True
+    return int(name.split(".")[2]) < depth
+
+
+def encoder_names(names) -> set:
+    """The encoder's parameters (each step trains one task's head: the others get no gradient anyway)."""
+    return {n for n in names if n.startswith("encoder.")}
+
+
+def spy_updates(monkeypatch):
+    """Each update: the names of parameters with a gradient, every parameter's value before it, and each
+    encoder layer's gradient norm before clipping (computed here, not by the schedule)."""
+    seen = []
+    update = Stepper._update
+
+    def spying(self, params, tasks, step):
+        named = dict(self.model.named_parameters())
+        norms = []
+        for layer in self.model.encoder.layers:
+            grads = [p.grad.double().pow(2).sum() for p in layer.parameters() if p.grad is not None]
+            norms.append(float(torch.stack(grads).sum().sqrt()) if grads else None)
+        seen.append({"grad": {n for n, p in named.items() if p.grad is not None},
+                     "values": {n: p.detach().clone() for n, p in named.items()}, "norms": norms,
+                     "lrs": [g["lr"] for g in self.optimizer.param_groups]})
+        return update(self, params, tasks, step)
+
+    monkeypatch.setattr(Stepper, "_update", spying)
+    return seen
+
+
+N = None
+
+
+@pytest.mark.parametrize("schedule, by_step", [
+    ("lp-ft:2steps", [2, 2] + [N] * 7),
+    ("gradual:1epoch", [2] * 3 + [1] * 3 + [N] * 3),
+    ("gradual:2steps,floor=0", [2, 2, 1, 1] + [0] * 5),
+    ("lp-ft:1epoch", [2] * 3 + [N] * 6),
+])
+def test_what_trains_at_each_step_is_the_schedule(root, tmp_path, monkeypatch, schedule, by_step):
+    seen = spy_updates(monkeypatch)
+    cfg = tiny_config(root, out_dir=str(tmp_path / "r"), predictions_dir=str(tmp_path / "p"),
+                      unfreeze_schedule=schedule, warmup_ratio=0.2)
+    train(cfg)
+    assert len(seen) == len(by_step) == 9
+    names = set(seen[0]["values"])
+    first = seen[0]["values"]
+    for step, (update, depth) in enumerate(zip(seen, by_step)):
+        expected = {n for n in encoder_names(names) if not frozen_by_hand(n, depth)}
+        assert encoder_names(update["grad"]) == expected, (step, sorted(expected ^ update["grad"]))
+        for n in names:  # frozen so far: the pretrained value, bit for bit
+            if all(frozen_by_hand(n, d) for d in by_step[:step + 1]):
+                assert torch.equal(update["values"][n], first[n]), (step, n)
+    assert any(frozen_by_hand(n, by_step[0]) and not frozen_by_hand(n, by_step[-1]) for n in names)
+
+
+def test_unfrozen_layers_get_the_warm_up_written_out(root, tmp_path, monkeypatch):
+    seen = spy_updates(monkeypatch)
+    cfg = tiny_config(root, out_dir=str(tmp_path / "r"), predictions_dir=str(tmp_path / "p"), lr=1e-2,
+                      unfreeze_schedule="lp-ft:3steps,warmup=2", warmup_ratio=2 / 9, layer_lr_decay=0.5)
+    train(cfg)
+    total, warm = 9, 2  # the run: 9 updates, int(9 * 2/9) = 2 of warm-up, then linear decay
+
+    def base(t):
+        return (t + 1) / warm if t < warm else (total - t) / (total - warm)
+
+    # groups: heads (depth 3), then layer 1, layer 0, embeddings; each with and without weight decay
+    for t in range(9):
+        lrs = seen[t]["lrs"]
+        for g, depth in enumerate([3, 3, 2, 2, 1, 1, 0, 0]):
+            own = 1.0 if depth == 3 else min(1.0, max(0.0, (t - 3 + 1) / 2))
+            assert lrs[g] == pytest.approx(1e-2 * 0.5 ** (3 - depth) * base(t) * own), (t, g)
+
+
+def test_adaptive_freezing_follows_the_test_computed_by_hand(root, tmp_path, monkeypatch):
+    seen = spy_updates(monkeypatch)
+    K, T = 2, 0.3
+    cfg = tiny_config(root, out_dir=str(tmp_path / "r"), predictions_dir=str(tmp_path / "p"), epochs=8,
+                      unfreeze_schedule=f"adaptive:{K}steps,threshold={T}")
+    train(cfg)
+    # by hand: mean norm per layer over each interval, relative change, freeze from the bottom
+    depth, previous, sums, count, expected = None, None, [0.0, 0.0], 0, []
+    for t, update in enumerate(seen):
+        expected.append(depth)
+        low = depth or 0
+        for i in range(low, 2):
+            sums[i] += update["norms"][i]
+        count += 1
+        if (t + 1) % K == 0 and low < 2:
+            means = [s / count for s in sums]
+            if previous is not None:
+                layer = low
+                while layer < 2 and abs(means[layer] - previous[layer]) / previous[layer] < T:
+                    layer += 1
+                depth = layer if layer > low else depth
+            previous, sums, count = means, [0.0, 0.0], 0
+    assert len(set(map(str, expected))) >= 2, expected  # it froze something, or the test proves nothing
+    names = set(seen[0]["values"])
+    for t, (update, d) in enumerate(zip(seen, expected)):
+        assert encoder_names(update["grad"]) == {n for n in encoder_names(names) if not frozen_by_hand(n, d)}, (t, d)
+    tests = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines() if "freeze_test" in x]
+    assert tests and tests[0]["freeze_test"]["changes"] is None  # the first interval has nothing to compare to
+    for record in tests[1:]:  # the recorded changes are the relative changes of the recorded means
+        assert all(c >= 0 for c in record["freeze_test"]["changes"])
+
+
+# ----------------------------------------------------------------------------- the cache in every phase
+
+def epoch_rows(out: Path) -> list[dict]:
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k not in ("train_seconds", "frozen_cache_seconds")}
+            for r in rows if "dev_overall" in r]
+
+
+@pytest.mark.parametrize("schedule", ["lp-ft:4steps", "gradual:3steps", "adaptive:2steps,threshold=0.3"])
+def test_cached_and_uncached_phases_give_the_same_metrics(root, tmp_path, monkeypatch, schedule):
+    from training import frozen_cache
+    # the training states stored in float32 too: what is left to differ is the order of a few float sums
+    monkeypatch.setitem(frozen_cache._DTYPES, "float16", np.float32)
+    runs = {}
+    for mode in ("memory", "off"):
+        cfg = tiny_config(root, model=str(root / "encoder3"), out_dir=str(tmp_path / mode),
+                          predictions_dir=str(tmp_path / mode / "p"), batch_size=4, epochs=2,
+                          unfreeze_schedule=schedule, frozen_cache=mode, lr=1e-3)
+        train(cfg)
+        runs[mode] = epoch_rows(tmp_path / mode)
+    log = (tmp_path / "memory" / "train.log").read_text()
+    assert "frozen-prefix cache: states entering layer" in log
+    assert len(runs["memory"]) == len(runs["off"]) == 2
+    for a, b in zip(runs["memory"], runs["off"]):
+        assert a.keys() == b.keys()
+        for k in a:
+            assert a[k] == pytest.approx(b[k], rel=1e-4, abs=1e-5), (k, a, b)
+
+
+def test_a_deepened_cache_equals_one_computed_from_the_tokens(root):
+    from data.batching import encode_task
+    from data.loaders import load_task_file
+    from heads import MultitaskBert
+    from minbert import Tokenizer, load_bert
+    from training.frozen_cache import build_frozen_cache
+    tok = Tokenizer.from_checkpoint(root / "encoder3")
+    sets = {t: encode_task(t, load_task_file(root / "data" / f, t).examples, tok)
+            for t, f in (("sst", "ids-sst-train.csv"), ("sts", "sts-train.csv"))}
+    model = MultitaskBert(load_bert(root / "encoder3"))
+    cpu = torch.device("cpu")
+    model.freeze(1)
+    at1 = build_frozen_cache(model, sets, tok, cpu, "memory", dtype="float32")
+    model.freeze(3)
+    deepened = build_frozen_cache(model, sets, tok, cpu, "memory", dtype="float32", base=at1)
+    direct = build_frozen_cache(model, sets, tok, cpu, "memory", dtype="float32")
+    assert deepened.layer == direct.layer == 3 and deepened.origin == "1:" and direct.origin == ""
+    for t in sets:
+        np.testing.assert_allclose(deepened.states[t][0].data, direct.states[t][0].data, rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match="cannot give the states entering layer"):
+        model.freeze(1)
+        build_frozen_cache(model, sets, tok, cpu, "memory", base=deepened)
+
+
+# ----------------------------------------------------------------------------- exact resume
+
+CHILD = """
+import os, signal, sys
+import training.stepper as T
+K = int(sys.argv[1])
+step = T.Stepper.step
+def step_then_signal(self, batches, n):
+    out = step(self, batches, n)
+    if n + 1 == K:
+        os.kill(os.getpid(), signal.SIGTERM)
+    return out
+T.Stepper.step = step_then_signal
+from training.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def _args(root, out, schedule):
+    # 9 steps an epoch (12 examples per task, batch 4), three layers; head dropout draws random numbers
+    return ["--model", str(root / "encoder3"), "--data-dir", str(root / "data"), "--out-dir", str(out),
+            "--predictions-dir", str(out / "pred"), "--epochs", "2", "--batch-size", "4", "--lr", "1e-2",
+            "--head-dropout", "0.3", "--save-every", "1", "--log-every", "1", "--frozen-cache", "memory",
+            "--unfreeze-schedule", schedule, "--device", "cpu", "--precision", "fp32"]
+
+
+@pytest.mark.parametrize("schedule, k", [
+    ("lp-ft:5steps", 3),  # in the frozen phase
+    ("lp-ft:5steps", 5),  # at the boundary: the next step is the first of the next phase
+    ("gradual:1epoch,floor=1", 12),  # in the second phase (a cache from the tokens)
+    ("adaptive:2steps,threshold=0.3", 7),
+    ("adaptive:2steps,threshold=0.3", 13),  # after the prefix deepened: a cache deepened from another
+])
+def test_resume_in_any_phase_equals_an_uninterrupted_run(root, tmp_path, schedule, k):
+    assert cli_main(_args(root, tmp_path / "straight", schedule)) == 0
+    out = tmp_path / "interrupted"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    r = subprocess.run([sys.executable, "-c", CHILD, str(k), *_args(root, out, schedule)], env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 143, r.stderr
+    assert cli_main(_args(root, out, schedule) + ["--resume", "auto"]) == 0
+    assert epoch_rows(out) == epoch_rows(tmp_path / "straight")
+    changes = [json.loads(x) for x in (tmp_path / "straight" / "metrics.jsonl").read_text().splitlines()
+               if "frozen_depth" in x]
+    assert changes, "the schedule changed nothing: the test would prove nothing"
+    a = torch.load(out / "best.pt", weights_only=False)["model"]
+    b = torch.load(tmp_path / "straight" / "best.pt", weights_only=False)["model"]
+    for name in a:
+        assert torch.equal(a[name], b[name]), name

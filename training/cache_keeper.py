@@ -1,0 +1,95 @@
+"""The frozen-prefix caches of a run, kept at the frozen depth of each phase of its freezing schedule.
+
+A run holds at most one training cache (float16) and one dev cache (float32), both of the states entering
+the model's first trainable layer. When the frozen prefix deepens (adaptive freezing), the new caches are
+computed from the old ones through the newly frozen layers alone, and the old ones go once the new ones are
+complete (two caches at once for that moment). When it gets shallower (LP-FT, gradual unfreezing), states
+entering a deeper layer cannot give those entering a shallower one: the old caches go first and the new ones
+are computed from the token ids, one pass of the new prefix, so memory never holds more than one of each.
+
+Under --frozen-cache auto a scheduled phase is cached only when it is long enough to repay the pass that
+builds its cache: when its steps visit at least as many training examples as the cache holds (an uncached
+step runs the frozen prefix without a graph on its own batch; the cache runs it once on every example).
+A fixed depth is cached for the whole run, as before.
+
+For exact resume the keeper remembers the depths its caches went through since they were last computed from
+the tokens (`chain`): a resumed run recomputes them the same way, to the same bits.
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+from .build import dev_frozen_cache, maybe_frozen_cache
+
+log = logging.getLogger(__name__)
+
+
+class CacheKeeper:
+    def __init__(self, cfg, model, data, tokenizer, device, amp_dtype, dist=None):
+        self.cfg, self.model, self.data, self.tokenizer = cfg, model, data, tokenizer
+        self.device, self.amp_dtype, self.dist = device, amp_dtype, dist
+        self.train = None  # FrozenCache of the training sets, or None
+        self.dev = None  # FrozenCache of the dev sets (one process only: see build.dev_frozen_cache)
+        self.chain: list[int] = []  # the layers the caches entered since they were built from the tokens
+        self.seconds: float | None = None  # time spent building caches since the last epoch record
+
+    def worth_caching(self, steps: int | None) -> bool:
+        """Whether a scheduled phase of `steps` updates repays its cache (module docstring); None: a fixed depth."""
+        if steps is None or self.cfg.frozen_cache != "auto":
+            return True
+        examples = self.cfg.batch_size * self.cfg.grad_accum_steps * steps
+        return examples >= sum(len(d) for d in self.data.train.values())
+
+    def serve(self, phase_steps: int | None = None) -> None:
+        """Caches for the model's frozen depth as it is now (the model was just frozen to it)."""
+        layer = self.model.first_trainable_layer
+        if self.train is not None and self.train.layer == layer:
+            return
+        if layer >= 1 and self.train is not None and self.train.layer < layer and self.dist is None:
+            return self._build(deepen=True)
+        self.drop()  # shallower, or nothing frozen: these states serve no more
+        if layer >= 1 and self.worth_caching(phase_steps):
+            self._build(deepen=False)
+        elif layer >= 1:
+            log.info("frozen-prefix cache: not built for the %d steps of this phase (they visit fewer examples "
+                     "than the cache would hold; --frozen-cache memory or disk builds it anyway)", phase_steps)
+
+    def _build(self, deepen: bool) -> None:
+        """The caches entering the first trainable layer: from the current ones (deepen) or the tokens."""
+        cfg, model, data, t0 = self.cfg, self.model, self.data, time.perf_counter()
+        if not deepen:
+            self.train = maybe_frozen_cache(cfg, model, data.train, self.tokenizer, self.device, self.dist,
+                                            self.amp_dtype)
+            if self.train is not None and self.dist is None:
+                self.dev = dev_frozen_cache(cfg, model, data.dev, self.tokenizer, self.device, self.amp_dtype)
+        else:
+            from .frozen_cache import build_frozen_cache
+            common = dict(tokenizer=self.tokenizer, device=self.device, mode=cfg.frozen_cache,
+                          cache_dir=cfg.cache_dir, compute_dtype=self.amp_dtype)
+            train, dev = self.train, self.dev
+            self.train = build_frozen_cache(model, data.train, base=train, **common)
+            self.dev = build_frozen_cache(model, data.dev, dtype="float32", base=dev, **common) if dev else None
+        if self.train is not None:
+            self.chain = self.chain + [self.train.layer] if deepen else [self.train.layer]
+            self.seconds = (self.seconds or 0.0) + time.perf_counter() - t0
+
+    def drop(self) -> None:
+        self.train, self.dev, self.chain = None, None, []
+
+    def state_dict(self) -> dict:
+        return {"chain": list(self.chain)}
+
+    def restore(self, state: dict | None, phase_steps: int | None = None) -> None:
+        """A resumed run's caches, computed as the run that wrote the checkpoint computed them (each layer
+        of the chain is still frozen, the model being at the checkpoint's depth or deeper)."""
+        chain = (state or {}).get("chain") or []
+        if not chain:
+            return self.serve(phase_steps)
+        depth = self.model.frozen_upto
+        try:
+            for k, layer in enumerate(chain):
+                self.model.frozen_upto = layer  # what first_trainable_layer tells the builders
+                self._build(deepen=k > 0)
+        finally:
+            self.model.frozen_upto = depth
