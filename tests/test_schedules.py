@@ -45,12 +45,15 @@ def test_depths_by_step_and_epoch():
 def test_unfrozen_layers_warm_up_on_their_own():
     s = FreezeSchedule(parse_schedule("gradual:10steps,warmup=4"), None, 2, 10, 40, 0)  # 2 then 1 then none
     # layer_depth: 0 embeddings, 1 layer 0, 2 layer 1, 3 heads
-    assert [s.warmup_factor(3, t) for t in (0, 25)] == [1.0, 1.0]
-    assert [s.warmup_factor(2, t) for t in range(10, 15)] == [0.25, 0.5, 0.75, 1.0, 1.0]
-    assert [s.warmup_factor(1, t) for t in range(20, 25)] == [0.25, 0.5, 0.75, 1.0, 1.0]
-    assert [s.warmup_factor(0, t) for t in (20, 23)] == [0.25, 1.0]
+    assert [s.lr_factor(3, t) for t in (0, 25)] == [1.0, 1.0]
+    assert [s.lr_factor(2, t) for t in range(10, 15)] == [0.25, 0.5, 0.75, 1.0, 1.0]
+    assert [s.lr_factor(1, t) for t in range(20, 25)] == [0.25, 0.5, 0.75, 1.0, 1.0]
+    assert [s.lr_factor(0, t) for t in (20, 23)] == [0.25, 1.0]
     default = FreezeSchedule(parse_schedule("lp-ft:10steps"), None, 2, 10, 40, 6)  # the run's warm-up: 6
-    assert default.warmup_factor(1, 10) == pytest.approx(1 / 6) and default.warmup_factor(1, 15) == 1.0
+    assert default.lr_factor(1, 10) == pytest.approx(1 / 6) and default.lr_factor(1, 15) == 1.0
+    probe = FreezeSchedule(parse_schedule("lp-ft:10steps,probe-lr=1e-3"), None, 2, 10, 40, 0, lr=1e-4)
+    assert [probe.lr_factor(3, t) for t in (0, 9, 10, 30)] == [pytest.approx(10.0)] * 2 + [1.0, 1.0]
+    assert probe.lr_factor(1, 10) == 1.0  # the encoder: the run's rate (no warm-up asked for: 0)
 
 
 @pytest.mark.parametrize("text, says", [
@@ -63,6 +66,8 @@ def test_unfrozen_layers_warm_up_on_their_own():
     ("lp-ft:1epoch,floor=2", "not a setting of lp-ft"),
     ("adaptive:5steps,threshold=0", "threshold must be a number > 0"),
     ("adaptive:5steps,threshold=nan", "threshold must be a number > 0"),
+    ("lp-ft:5steps,probe-lr=-1", "probe-lr must be a number > 0"),
+    ("gradual:5steps,probe-lr=1e-3", "not a setting of gradual"),
     ("fixed:3", "fixed takes nothing"),
 ])
 def test_a_bad_schedule_is_one_line_naming_the_flag(text, says):

@@ -169,7 +169,8 @@ class TrainConfig:
                                         "9 of 12; 0%%: the embeddings only)", "optimisation", metavar="N|P%",
                                         default_text="nothing frozen")
     unfreeze_schedule: str = opt("fixed", "when layers freeze or unfreeze (docs/freezing.md): fixed, --freeze-upto N "
-                                 "all run; lp-ft:K, the heads alone (or --freeze-upto N) for K, then everything; "
+                                 "all run; lp-ft:K[,probe-lr=R], the heads alone (or --freeze-upto N) for K (at rate R), then "
+                                 "everything; "
                                  "gradual:K[,layers=S][,floor=F][,warmup=W], heads alone first, then S more layers "
                                  "from the top every K, down to depth F (all: nothing frozen); "
                                  "adaptive:K[,threshold=T][,ceiling=C], every K freeze the lowest layers whose "

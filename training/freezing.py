@@ -1,8 +1,9 @@
 """Freezing schedules (--unfreeze-schedule): which encoder layers train at each step.
 
     fixed                                  --freeze-upto N for the whole run (the default)
-    lp-ft:K                                linear probing, then fine-tuning (Kumar et al. 2022): the heads
-                                           alone (or --freeze-upto N) for K, then everything
+    lp-ft:K[,probe-lr=R]                   linear probing, then fine-tuning (Kumar et al. 2022): the heads
+                                           alone (or --freeze-upto N) for K, at rate R if given (a probe
+                                           wants more than fine-tuning does), then everything at --lr
     gradual:K[,layers=S][,floor=F]         gradual unfreezing (Howard & Ruder 2018, ULMFiT): frozen as lp-ft
                                            starts, then S more layers (default 1) from the top every K, down
                                            to depth F (default all: nothing frozen, the embeddings neither)
@@ -42,8 +43,8 @@ log = logging.getLogger(__name__)
 
 FLAG = "--unfreeze-schedule"
 KINDS = ("fixed", "lp-ft", "gradual", "adaptive")
-KEYS = {"lp-ft": {"warmup"}, "gradual": {"layers", "floor", "warmup"}, "adaptive": {"threshold", "ceiling"},
-        "fixed": set()}
+KEYS = {"lp-ft": {"warmup", "probe-lr"}, "gradual": {"layers", "floor", "warmup"},
+        "adaptive": {"threshold", "ceiling"}, "fixed": set()}
 _INTERVAL = re.compile(r"^(\d+)\s*(steps?|epochs?)$")
 
 
@@ -58,6 +59,7 @@ class ScheduleSpec:
     warmup: int | None = None  # lp-ft, gradual: warm-up steps of a newly unfrozen layer (None: the run's)
     threshold: float = 0.1  # adaptive: relative change of a layer's gradient norm under which it freezes
     ceiling: int | str | None = None  # adaptive: the deepest depth it may reach (None: all layers)
+    probe_lr: float | None = None  # lp-ft: the peak rate of what trains in the first phase (None: --lr)
 
 
 def parse_schedule(text: str) -> ScheduleSpec:
@@ -84,20 +86,21 @@ def parse_schedule(text: str) -> ScheduleSpec:
         if not eq or key not in KEYS[kind]:
             allowed = ", ".join(sorted(KEYS[kind])) or "nothing"
             raise ValueError(f"{FLAG} {text}: {part!r} is not a setting of {kind} (it takes {allowed})")
-        spec = replace(spec, **{key: _setting(text, key, value.strip())})
+        spec = replace(spec, **{key.replace("-", "_"): _setting(text, key, value.strip())})
     return spec
 
 
 def _setting(text: str, key: str, value: str):
     """One key=value of a schedule, checked on its own."""
     where = f"{FLAG} {text}: {key}"
-    if key == "threshold":
+    if key in ("threshold", "probe-lr"):
         try:
             number = float(value)
         except ValueError:
             number = math.nan
         if not 0 < number < math.inf:
-            raise ValueError(f"{where} must be a number > 0 (a relative change, e.g. 0.1), not {value!r}")
+            what = "a relative change, e.g. 0.1" if key == "threshold" else "a learning rate, e.g. 1e-3"
+            raise ValueError(f"{where} must be a number > 0 ({what}), not {value!r}")
         return number
     if key in ("floor", "ceiling") and (value == "all" or parse_share(value) is not None):
         return None if value == "all" else value
@@ -197,8 +200,8 @@ class FreezeSchedule:
     `adaptive` the convergence test's state."""
 
     def __init__(self, spec: ScheduleSpec, freeze_upto: int | None, num_layers: int, steps_per_epoch: int,
-                 total_steps: int, run_warmup: int):
-        self.spec, self.num_layers, self.total_steps = spec, num_layers, total_steps
+                 total_steps: int, run_warmup: int, lr: float = 1.0):
+        self.spec, self.num_layers, self.total_steps, self.lr = spec, num_layers, total_steps, lr
         self.start = start_depth(spec, freeze_upto, num_layers)
         self.every = spec.every * (steps_per_epoch if spec.unit == "epochs" else 1)
         self.floor = freeze_depth(spec.floor, num_layers)
@@ -261,10 +264,14 @@ class FreezeSchedule:
             return 0
         return next(at for at, d in self.changes if trainable_at(param_depth, d))
 
-    def warmup_factor(self, param_depth: int, step: int) -> float:
-        """The newly unfrozen layers' own warm-up: 1 for a layer trained from the start."""
+    def lr_factor(self, param_depth: int, step: int) -> float:
+        """What the schedule multiplies the run's rate by for a parameter at layer_depth param_depth: the
+        newly unfrozen layers' own warm-up; lp-ft's probe rate over --lr in its first phase."""
         t = self.unfrozen_at(param_depth)
-        if t == 0 or self.warmup <= 0:
+        if t == 0:
+            probing = self.spec.probe_lr is not None and step < self.every
+            return self.spec.probe_lr / self.lr if probing else 1.0
+        if self.warmup <= 0:
             return 1.0
         return min(1.0, max(0.0, (step - t + 1) / self.warmup))
 

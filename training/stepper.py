@@ -155,7 +155,7 @@ class Stepper:
             return cls(model, cfg, optimizer, scheduler, device, amp_dtype, total_steps, dist)
         model.freeze(schedule.widest)
         optimizer = build_optimizer(model, cfg, device, by_layer=True)
-        factors = [lambda step, k=k: schedule.warmup_factor(k, step) for k in group_depths(model, optimizer)]
+        factors = [lambda step, k=k: schedule.lr_factor(k, step) for k in group_depths(model, optimizer)]
         scheduler = linear_warmup_decay(optimizer, total_steps, cfg.warmup_ratio, factors)
         stepper = cls(model, cfg, optimizer, scheduler, device, amp_dtype, total_steps, dist)
         stepper.freezer = schedule.freezer

@@ -197,7 +197,7 @@ class Run:
         total = self.steps_per_epoch * cfg.epochs
         self.schedule = FreezeSchedule(parse_schedule(cfg.unfreeze_schedule), self.model.frozen_upto,
                                        self.model.encoder.num_layers, self.steps_per_epoch, total,
-                                       int(total * cfg.warmup_ratio))
+                                       int(total * cfg.warmup_ratio), cfg.lr)
         if self.schedule.check_length():
             raise ConfigError(self.schedule.check_length())
         self.stepper = Stepper.build(self.model, cfg, total, self.device, self.amp_dtype, dist, self.schedule)
