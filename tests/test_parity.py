@@ -255,5 +255,15 @@ def test_cpu_dropout_keeps_1_minus_p_scales_like_nn_dropout_and_passes_gradients
     a = drop.train()(x)
     torch.manual_seed(1)
     assert torch.equal(drop(x), a)  # seeded by torch's generator, like nn.Dropout
-    half = drop(x.detach().bfloat16())  # other dtypes: nn.Dropout itself
-    assert half.dtype == torch.bfloat16 and abs((half != 0).float().mean().item() - 0.9) < 0.002
+    # bf16 (autocast's activations): the same draw, so the same seed keeps the same units as in float32;
+    # the scale rounded to bf16, as nn.Dropout rounds it there; the gradient through the same mask
+    xb = x.detach().bfloat16().requires_grad_()
+    torch.manual_seed(1)
+    half = drop(xb)
+    assert half.dtype == torch.bfloat16 and torch.equal(half != 0, a != 0)
+    bscale = torch.tensor(1 / 0.9).bfloat16()
+    assert torch.equal(half[a != 0], xb.detach()[a != 0] * bscale)
+    half.backward(g.bfloat16())
+    assert torch.equal(xb.grad, torch.where(a != 0, g.bfloat16() * bscale, torch.zeros((), dtype=torch.bfloat16)))
+    reference = torch.nn.functional.dropout(torch.ones(10, dtype=torch.bfloat16), 0.1, training=True)
+    assert set(reference.unique().tolist()) <= {0.0, bscale.item()}  # nn.Dropout's own bf16 scale
