@@ -328,3 +328,34 @@ def test_resume_in_any_phase_equals_an_uninterrupted_run(root, tmp_path, schedul
     b = torch.load(tmp_path / "straight" / "best.pt", weights_only=False)["model"]
     for name in a:
         assert torch.equal(a[name], b[name]), name
+
+
+@pytest.mark.parametrize("options", [{"ema_decay": 0.5}, {"smart": True, "smart_perturb_at": "first-trainable"},
+                                     {"pcgrad": True}])
+def test_ema_smart_and_pcgrad_see_each_phase(root, tmp_path, monkeypatch, options):
+    """LP-FT for 2 steps: the encoder gets no gradient, keeps its pretrained bits (in the weight average
+    too), then trains, under each component that holds a set of parameters of its own."""
+    seen = spy_updates(monkeypatch)
+    averages = []
+    if "ema_decay" in options:
+        from training.ema import WeightEMA
+        update = WeightEMA.update
+
+        def recording(self, model):
+            update(self, model)
+            averages.append(dict(zip(self.names, (s.clone() for s in self.shadow))))
+        monkeypatch.setattr(WeightEMA, "update", recording)
+    cfg = tiny_config(root, out_dir=str(tmp_path / "r"), predictions_dir=str(tmp_path / "p"),
+                      unfreeze_schedule="lp-ft:2steps", **options)
+    train(cfg)
+    first = seen[0]["values"]
+    encoder = {n for n in encoder_names(first) if frozen_by_hand(n, 2)}  # all but the pooler
+    for t, update in enumerate(seen):
+        trained = encoder_names(update["grad"]) & encoder
+        assert (trained == set()) if t < 2 else (trained == encoder), (t, options)
+        if t < 2:
+            assert all(torch.equal(update["values"][n], first[n]) for n in encoder)
+    for t, avg in enumerate(averages[:2]):  # the average of a frozen parameter: its pretrained value
+        assert all(torch.equal(avg[n], first[n]) for n in encoder), t
+    if averages:
+        assert not all(torch.equal(averages[-1][n], first[n]) for n in encoder)
