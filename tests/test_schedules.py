@@ -67,6 +67,8 @@ def test_unfrozen_layers_warm_up_on_their_own():
     ("adaptive:5steps,threshold=0", "threshold must be a number > 0"),
     ("adaptive:5steps,threshold=nan", "threshold must be a number > 0"),
     ("lp-ft:5steps,probe-lr=-1", "probe-lr must be a number > 0"),
+    ("adaptive:5steps,percentile=100", "between 0 and 100"),
+    ("adaptive:5steps,threshold=0.2,percentile=50", "two tests: give one"),
     ("gradual:5steps,probe-lr=1e-3", "not a setting of gradual"),
     ("fixed:3", "fixed takes nothing"),
 ])
@@ -194,11 +196,12 @@ def test_unfrozen_layers_get_the_warm_up_written_out(root, tmp_path, monkeypatch
             assert lrs[g] == pytest.approx(1e-2 * 0.5 ** (3 - depth) * base(t) * own), (t, g)
 
 
-def test_adaptive_freezing_follows_the_test_computed_by_hand(root, tmp_path, monkeypatch):
+@pytest.mark.parametrize("rule", ["threshold=0.3", "percentile=50"])
+def test_adaptive_freezing_follows_the_test_computed_by_hand(root, tmp_path, monkeypatch, rule):
     seen = spy_updates(monkeypatch)
-    K, T = 2, 0.3
+    K = 2
     cfg = tiny_config(root, out_dir=str(tmp_path / "r"), predictions_dir=str(tmp_path / "p"), epochs=8,
-                      unfreeze_schedule=f"adaptive:{K}steps,threshold={T}")
+                      unfreeze_schedule=f"adaptive:{K}steps,{rule}")
     train(cfg)
     # by hand: mean norm per layer over each interval, relative change, freeze from the bottom
     depth, previous, sums, count, expected = None, None, [0.0, 0.0], 0, []
@@ -211,8 +214,10 @@ def test_adaptive_freezing_follows_the_test_computed_by_hand(root, tmp_path, mon
         if (t + 1) % K == 0 and low < 2:
             means = [s / count for s in sums]
             if previous is not None:
+                changes = [abs(means[i] - previous[i]) / previous[i] if i >= low else None for i in range(2)]
+                T = 0.3 if rule.startswith("threshold") else float(np.percentile(changes[low:], 50))
                 layer = low
-                while layer < 2 and abs(means[layer] - previous[layer]) / previous[layer] < T:
+                while layer < 2 and changes[layer] < T:
                     layer += 1
                 depth = layer if layer > low else depth
             previous, sums, count = means, [0.0, 0.0], 0

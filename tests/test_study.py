@@ -371,7 +371,7 @@ def test_a_table_plans_its_rows_alone_and_the_schedules_recipe_checks():
     recipe = load_recipe("schedules").resolve(6)
     keys = recipe.plan([])
     rows = [(recipe.depth(r["depth"]), r["arm"]) for r in recipe.rows]
-    assert [(k.depth, k.arm) for k in keys] == rows * 3 and [k.seed for k in keys] == [1] * 6 + [2] * 6 + [3] * 6
+    assert [(k.depth, k.arm) for k in keys] == rows * 3 and [k.seed for k in keys] == [1] * 7 + [2] * 7 + [3] * 7
     for arm, options in recipe.arms.items():  # every schedule it names is one the trainer takes
         cfg = TrainConfig(**{**recipe.train, **options})
         assert not [e for e in validate(cfg) if "unfreeze" in e], (arm, validate(cfg))

@@ -173,8 +173,9 @@ class TrainConfig:
                                  "everything; "
                                  "gradual:K[,layers=S][,floor=F][,warmup=W], heads alone first, then S more layers "
                                  "from the top every K, down to depth F (all: nothing frozen); "
-                                 "adaptive:K[,threshold=T][,ceiling=C], every K freeze the lowest layers whose "
-                                 "gradient norm changed by less than T (0.1) since the last K, up to depth C. "
+                                 "adaptive:K[,threshold=T|percentile=P][,ceiling=C], every K freeze the lowest layers "
+                                 "whose gradient norm changed by less than T (0.1; or the P-th percentile of the "
+                                 "layers' changes) since the last K, up to depth C. "
                                  "K: Nsteps or Nepochs; W: warm-up steps of each unfrozen layer (the run's "
                                  "warm-up length)", "optimisation", metavar="SCHEDULE")
     frozen_cache: str = opt("auto", "with --freeze-upto N >= 1: compute the states entering layer N once and run "

@@ -7,7 +7,8 @@
     gradual:K[,layers=S][,floor=F]         gradual unfreezing (Howard & Ruder 2018, ULMFiT): frozen as lp-ft
                                            starts, then S more layers (default 1) from the top every K, down
                                            to depth F (default all: nothing frozen, the embeddings neither)
-    adaptive:K[,threshold=T][,ceiling=C]   adaptive freezing (Liu et al. 2021, AutoFreeze): everything (or
+    adaptive:K[,threshold=T|percentile=P][,ceiling=C]
+                                           adaptive freezing (Liu et al. 2021, AutoFreeze): everything (or
                                            what --freeze-upto N leaves) trains; every K the lowest trainable
                                            layers whose gradient norm has stopped changing are frozen, up to
                                            depth C (default: every layer), never unfrozen again
@@ -25,11 +26,15 @@ step t is also warmed up on its own, its rate scaled by min(1, (step - t + 1) / 
 with zero Adam moments. --layer-lr-decay scales each layer's rate as without a schedule.
 
 The convergence test of `adaptive` (our reading of AutoFreeze's, with an absolute threshold in place of the
-paper's percentile, so that it is the same test on a 6-layer and a 24-layer model): over each interval of K
-updates, the mean gradient norm of each trainable encoder layer (the L2 norm over its parameters, before
-clipping) n_l; with the previous interval's m_l, the relative change r_l = |n_l - m_l| / m_l. From the lowest
-trainable layer up, each layer with r_l < T (default 0.1) is frozen, stopping at the first that is still
-changing, so the frozen layers stay a prefix the frozen-prefix cache can serve.
+paper's percentile by default, so that it is the same test on a 6-layer and a 24-layer model): over each
+interval of K updates, the mean gradient norm of each trainable encoder layer (the L2 norm over its
+parameters, before clipping) n_l; with the previous interval's m_l, the relative change r_l = |n_l - m_l| /
+m_l. From the lowest trainable layer up, each layer with r_l < T (default 0.1) is frozen, stopping at the
+first that is still changing, so the frozen layers stay a prefix the frozen-prefix cache can serve.
+`percentile=P` is the paper's own cut instead: T is then, at each test, the P-th percentile (linear
+interpolation) of the trainable layers' changes (its authors found the median, P = 50, to agree best with
+their offline measure of convergence), a relative test that freezes whenever the lowest layer is among
+the calmer ones.
 """
 from __future__ import annotations
 
@@ -44,7 +49,7 @@ log = logging.getLogger(__name__)
 FLAG = "--unfreeze-schedule"
 KINDS = ("fixed", "lp-ft", "gradual", "adaptive")
 KEYS = {"lp-ft": {"warmup", "probe-lr"}, "gradual": {"layers", "floor", "warmup"},
-        "adaptive": {"threshold", "ceiling"}, "fixed": set()}
+        "adaptive": {"threshold", "percentile", "ceiling"}, "fixed": set()}
 _INTERVAL = re.compile(r"^(\d+)\s*(steps?|epochs?)$")
 
 
@@ -60,6 +65,7 @@ class ScheduleSpec:
     threshold: float = 0.1  # adaptive: relative change of a layer's gradient norm under which it freezes
     ceiling: int | str | None = None  # adaptive: the deepest depth it may reach (None: all layers)
     probe_lr: float | None = None  # lp-ft: the peak rate of what trains in the first phase (None: --lr)
+    percentile: float | None = None  # adaptive: T is this percentile of each test's changes instead
 
 
 def parse_schedule(text: str) -> ScheduleSpec:
@@ -87,17 +93,21 @@ def parse_schedule(text: str) -> ScheduleSpec:
             allowed = ", ".join(sorted(KEYS[kind])) or "nothing"
             raise ValueError(f"{FLAG} {text}: {part!r} is not a setting of {kind} (it takes {allowed})")
         spec = replace(spec, **{key.replace("-", "_"): _setting(text, key, value.strip())})
+    if spec.percentile is not None and "threshold=" in rest:
+        raise ValueError(f"{FLAG} {text}: threshold and percentile are two tests: give one")
     return spec
 
 
 def _setting(text: str, key: str, value: str):
     """One key=value of a schedule, checked on its own."""
     where = f"{FLAG} {text}: {key}"
-    if key in ("threshold", "probe-lr"):
+    if key in ("threshold", "probe-lr", "percentile"):
         try:
             number = float(value)
         except ValueError:
             number = math.nan
+        if key == "percentile" and not 0 < number < 100:
+            raise ValueError(f"{where} must be a number between 0 and 100 (50: the median), not {value!r}")
         if not 0 < number < math.inf:
             what = "a relative change, e.g. 0.1" if key == "threshold" else "a learning rate, e.g. 1e-3"
             raise ValueError(f"{where} must be a number > 0 ({what}), not {value!r}")
@@ -211,7 +221,7 @@ class FreezeSchedule:
         if spec.kind == "adaptive":
             ceiling = freeze_depth(spec.ceiling, num_layers)
             self.freezer = AdaptiveFreezer(num_layers, self.every, spec.threshold,
-                                           num_layers if ceiling is None else ceiling, self.start)
+                                           num_layers if ceiling is None else ceiling, self.start, spec.percentile)
 
     @property
     def scheduled(self) -> bool:
@@ -291,8 +301,10 @@ class AdaptiveFreezer:
     """AutoFreeze's test (module docstring): each update's per-layer gradient norms summed over an
     interval; at its end, the lowest layers whose mean has stopped changing freeze."""
 
-    def __init__(self, num_layers: int, every: int, threshold: float, ceiling: int, depth: int | None):
+    def __init__(self, num_layers: int, every: int, threshold: float, ceiling: int, depth: int | None,
+                 percentile: float | None = None):
         self.num_layers, self.every, self.threshold, self.ceiling = num_layers, every, threshold, ceiling
+        self.percentile = percentile
         self.depth = depth
         self.sums = [0.0] * num_layers  # this interval's summed gradient norms, layer by layer
         self.count = 0  # updates observed in this interval
@@ -327,15 +339,17 @@ class AdaptiveFreezer:
         low = self.first_trainable()
         means = [s / self.count for s in self.sums]
         changes = None
+        cut = None
         if self.previous is not None:
             changes = [abs(m - p) / p if p > 0 else math.inf for m, p in zip(means, self.previous)]
+            cut = self.threshold if self.percentile is None else percentile(changes[low:], self.percentile)
             layer = low
-            while layer < self.ceiling and changes[layer] < self.threshold:
+            while layer < self.ceiling and changes[layer] < cut:
                 layer += 1
             if layer > low:
                 self.depth = layer
         self.history.append({"step": step, "grad_norms": means[low:], "changes": changes[low:] if changes else None,
-                             "first_layer": low, "depth": self.depth})
+                             "cut": cut, "first_layer": low, "depth": self.depth})
         self.previous, self.sums, self.count = means, [0.0] * self.num_layers, 0
         return self.depth
 
@@ -346,3 +360,12 @@ class AdaptiveFreezer:
     def load_state_dict(self, state: dict) -> None:
         self.depth, self.sums, self.count = state["depth"], list(state["sums"]), state["count"]
         self.previous, self.history = state["previous"], list(state["history"])
+
+
+def percentile(values: list[float], p: float) -> float:
+    """The p-th percentile of values, interpolating linearly between the closest ranks (numpy's default)."""
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * p / 100
+    below = math.floor(rank)
+    above = min(below + 1, len(ordered) - 1)
+    return ordered[below] + (ordered[above] - ordered[below]) * (rank - below)
