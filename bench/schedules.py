@@ -26,9 +26,9 @@ from training.config import TrainConfig  # noqa: E402
 from training.trainer import train  # noqa: E402
 
 ARMS = {"full fine-tuning": {}, "fixed: 2 layers frozen": {"freeze_upto": 2},
-        "LP-FT: heads 1 epoch, then all": {"unfreeze_schedule": "lp-ft:1epoch"},
+        "LP-FT: heads 1 epoch, then all": {"unfreeze_schedule": "lp-ft:1epoch,probe-lr=1e-3"},
         "gradual: a layer every 8 steps": {"unfreeze_schedule": "gradual:8steps"},
-        "adaptive: test every 10 steps": {"unfreeze_schedule": "adaptive:10steps"}}
+        "adaptive: median rule, every 10": {"unfreeze_schedule": "adaptive:10steps,percentile=50"}}
 
 
 def run_arm(base: dict, options: dict, out: Path, clock) -> tuple[float, float, list]:
