@@ -2,7 +2,6 @@
 adaptive test recomputed from gradient norms recorded independently; frozen parameters bit-identical until
 their phase; exact resume in every phase and across a boundary; the cache serving each phase."""
 import json
-import math
 import os
 import subprocess
 import sys
@@ -12,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from test_resume import CHILD  # the CLI in a child that sends itself SIGTERM after step K
 from tiny_runs import make_encoder, tiny_config, write_data
 from training.cli import main as cli_main
 from training.config import TrainConfig, validate
@@ -286,22 +286,6 @@ def test_a_deepened_cache_equals_one_computed_from_the_tokens(root):
 
 # ----------------------------------------------------------------------------- exact resume
 
-CHILD = """
-import os, signal, sys
-import training.stepper as T
-K = int(sys.argv[1])
-step = T.Stepper.step
-def step_then_signal(self, batches, n):
-    out = step(self, batches, n)
-    if n + 1 == K:
-        os.kill(os.getpid(), signal.SIGTERM)
-    return out
-T.Stepper.step = step_then_signal
-from training.cli import main
-sys.exit(main(sys.argv[2:]))
-"""
-
-
 def _args(root, out, schedule):
     # 9 steps an epoch (12 examples per task, batch 4), three layers; head dropout draws random numbers
     return ["--model", str(root / "encoder3"), "--data-dir", str(root / "data"), "--out-dir", str(out),
@@ -333,6 +317,11 @@ def test_resume_in_any_phase_equals_an_uninterrupted_run(root, tmp_path, schedul
     b = torch.load(tmp_path / "straight" / "best.pt", weights_only=False)["model"]
     for name in a:
         assert torch.equal(a[name], b[name]), name
+    # the resumed run predicts dev again with best.pt, whose frozen layers may predate the last freeze
+    predictions = sorted((tmp_path / "straight" / "pred").glob("*-dev-output.csv"))
+    assert len(predictions) == 3
+    for f in predictions:
+        assert (out / "pred" / f.name).read_text() == f.read_text(), f.name
 
 
 @pytest.mark.parametrize("options", [{"ema_decay": 0.5}, {"smart": True, "smart_perturb_at": "first-trainable"},
@@ -364,3 +353,33 @@ def test_ema_smart_and_pcgrad_see_each_phase(root, tmp_path, monkeypatch, option
         assert all(torch.equal(avg[n], first[n]) for n in encoder), t
     if averages:
         assert not all(torch.equal(averages[-1][n], first[n]) for n in encoder)
+
+
+def test_a_resumed_run_predicts_dev_with_best_pt_not_with_a_cache_of_later_weights(root, tmp_path, monkeypatch):
+    """Adaptive freezing can freeze layers after the best evaluation: best.pt then holds other weights in
+    them than the cache's states came from. A resumed run (which no longer has the best evaluation's
+    predictions) must predict dev from best.pt itself, as the uninterrupted run wrote them."""
+    from training import trainer
+    scores = iter(range(100))
+
+    def first_is_best(dev, preds):  # the first evaluation stays the best: best.pt predates any freeze
+        m = metrics_of(dev, preds)
+        return {**m, "overall": m["overall"] - next(scores)}
+
+    metrics_of = trainer.metrics_of
+    monkeypatch.setattr(trainer, "metrics_of", first_is_best)
+    options = dict(model=str(root / "encoder3"), batch_size=4, epochs=3, lr=1e-2, head_dropout=0.3,
+                   save_every=1, keep_last=100, frozen_cache="memory", unfreeze_schedule="adaptive:2steps,threshold=0.3")
+    straight = tiny_config(root, out_dir=str(tmp_path / "straight"), predictions_dir=str(tmp_path / "sp"), **options)
+    train(straight)
+    changes = [json.loads(x) for x in (tmp_path / "straight" / "metrics.jsonl").read_text().splitlines()
+               if "frozen_depth" in x]
+    assert changes and changes[0]["step"] > 9, changes  # a freeze after the first epoch's evaluation
+    k = changes[-1]["step"] + 1  # resumed after the last freeze: the cache is the deepest one
+    resumed = tiny_config(root, out_dir=str(tmp_path / "straight"), predictions_dir=str(tmp_path / "rp"),
+                          resume=str(tmp_path / "straight" / "checkpoints" / f"step-{k:07d}.pt"), **options)
+    evaluated = sum(1 for r in epoch_rows(tmp_path / "straight") if r["step"] < k)
+    scores = iter(range(evaluated, 100))  # the resumed evaluations get the straight run's offsets
+    train(resumed)
+    for f in sorted((tmp_path / "sp").glob("*-dev-output.csv")):
+        assert (tmp_path / "rp" / f.name).read_text() == f.read_text(), f.name

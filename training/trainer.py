@@ -507,6 +507,9 @@ class Run:
         if not self.main:  # the others return rank 0's best metrics when it is done
             return dist.broadcast_object(None)
         self.metrics_log.close()
+        # best.pt's frozen layers are not always those the caches were computed from (adaptive freezing
+        # freezes layers after the best evaluation): its predictions run uncached
+        self.caches.drop()
         best = load_model_state(self.model, self.out_dir / "best.pt", self.device)
         self.write_predictions(best)
         if self.cfg.export_hf:  # the encoder in the Hugging Face layout, the heads and a model card
