@@ -30,6 +30,7 @@ import torch
 from common import step_bench_parser  # noqa: E402  (puts the repository on sys.path)
 from smart_cost import task_batches  # noqa: E402
 
+from data.batching import make_batch  # noqa: E402
 from minbert import Tokenizer, resolve_checkpoint  # noqa: E402
 from training.compiling import compile_layers  # noqa: E402
 from training.config import TrainConfig  # noqa: E402
@@ -68,7 +69,7 @@ def main(argv=None) -> None:
     first = next(iter(arms.values()))
     tokenizer = Tokenizer.from_checkpoint(resolve_checkpoint(args.model))
     dev = pick_device(args.device)
-    batches = [b.to(dev) for b in task_batches(first.cfg, tokenizer)]
+    batches = [make_batch(d, range(len(d)), tokenizer).to(dev) for d in task_batches(first.cfg, tokenizer)]
 
     keys = list(arms)
     times: dict[str, list[float]] = {k: [] for k in keys}
