@@ -131,7 +131,8 @@ def main(argv=None) -> None:
         print(f"\n{precision}: the step's GEMMs alone run at {rate / 1e9:.0f} GFLOP/s")
         for name in names:
             med = statistics.median(times[name])
-            line = f"  {name:18s} {med * 1000:8.0f} ms  {flops / med / 1e9:6.0f} GFLOP/s  {flops / med / rate:5.0%} of GEMM"
+            line = (f"  {name:18s} {med * 1000:8.0f} ms  {flops / med / 1e9:6.0f} GFLOP/s  "
+                    f"{flops / med / rate:5.0%} of GEMM")
             for other in ("transformers", "ours, nn.Dropout"):
                 if other in times and other != name:
                     r, q1, q3 = paired_ratios(times[name], times[other])

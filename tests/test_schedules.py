@@ -369,7 +369,8 @@ def test_a_resumed_run_predicts_dev_with_best_pt_not_with_a_cache_of_later_weigh
     metrics_of = trainer.metrics_of
     monkeypatch.setattr(trainer, "metrics_of", first_is_best)
     options = dict(model=str(root / "encoder3"), batch_size=4, epochs=3, lr=1e-2, head_dropout=0.3,
-                   save_every=1, keep_last=100, frozen_cache="memory", unfreeze_schedule="adaptive:2steps,threshold=0.3")
+                   save_every=1, keep_last=100, frozen_cache="memory",
+                   unfreeze_schedule="adaptive:2steps,threshold=0.3")
     straight = tiny_config(root, out_dir=str(tmp_path / "straight"), predictions_dir=str(tmp_path / "sp"), **options)
     train(straight)
     changes = [json.loads(x) for x in (tmp_path / "straight" / "metrics.jsonl").read_text().splitlines()
