@@ -71,6 +71,7 @@ def test_unfrozen_layers_warm_up_on_their_own():
     ("adaptive:5steps,threshold=0.2,percentile=50", "two tests: give one"),
     ("gradual:5steps,probe-lr=1e-3", "not a setting of gradual"),
     ("fixed:3", "fixed takes nothing"),
+    ("lp-ft:3epochs", "after epoch 3, and the run has 3 (--epochs)"),
 ])
 def test_a_bad_schedule_is_one_line_naming_the_flag(text, says):
     errors = validate(TrainConfig(unfreeze_schedule=text, data_dir="/nonexistent"))

@@ -486,9 +486,14 @@ def _schedule_errors(cfg: TrainConfig) -> list[str]:
     """--unfreeze-schedule on its own and beside the options it cannot work with (its depths against the
     model's layers are checked with the model: training.preflight)."""
     try:
-        kind = parse_schedule(cfg.unfreeze_schedule).kind
+        spec = parse_schedule(cfg.unfreeze_schedule)
     except ValueError as e:
         return [str(e)]
+    kind = spec.kind
+    if kind != "fixed" and spec.unit == "epochs" and spec.every >= cfg.epochs:
+        return [f"--unfreeze-schedule {cfg.unfreeze_schedule}: its first "
+                f"{'test' if kind == 'adaptive' else 'unfreezing'} would come after epoch {spec.every}, and the "
+                f"run has {cfg.epochs} (--epochs): shorten the interval or train longer"]
     if kind == "adaptive" and cfg.ema_decay is not None:
         return ["--unfreeze-schedule adaptive cannot be used with --ema-decay: the weight average of a layer "
                 "frozen mid-run is not the frozen weights the layers above it train on (and the cache serves)"]
