@@ -385,3 +385,27 @@ def test_a_resumed_run_predicts_dev_with_best_pt_not_with_a_cache_of_later_weigh
     train(resumed)
     for f in sorted((tmp_path / "sp").glob("*-dev-output.csv")):
         assert (tmp_path / "rp" / f.name).read_text() == f.read_text(), f.name
+
+
+@pytest.mark.parametrize("mode, cached", [("auto", False), ("memory", True)])
+def test_auto_caches_a_phase_only_when_it_repays_the_building(root, tmp_path, mode, cached):
+    """gradual:1step: one-step phases of 4 examples against 36 cached examples: not worth it under auto."""
+    cfg = tiny_config(root, model=str(root / "encoder3"), out_dir=str(tmp_path / "r"),
+                      predictions_dir=str(tmp_path / "p"), batch_size=4, epochs=1,
+                      unfreeze_schedule="gradual:1step", frozen_cache=mode)
+    train(cfg)
+    log = (tmp_path / "r" / "train.log").read_text()
+    assert ("frozen-prefix cache: states entering layer 3" in log) == cached
+    assert ("not built for the 1 steps of this phase" in log) == (not cached)
+
+
+def test_schedules_combine_with_accumulation_and_evaluations_within_epochs(root, tmp_path, monkeypatch):
+    seen = spy_updates(monkeypatch)
+    cfg = tiny_config(root, out_dir=str(tmp_path / "r"), predictions_dir=str(tmp_path / "p"), batch_size=4,
+                      grad_accum_steps=3, evals_per_epoch=3, unfreeze_schedule="gradual:2steps")
+    train(cfg)  # 9 steps an epoch, 3 updates: the depth follows the updates
+    assert [len(encoder_names(u["grad"]) & {n for n in encoder_names(seen[0]["values"])
+                                            if frozen_by_hand(n, 2)}) > 0 for u in seen[:5]] == \
+        [False, False, True, True, True]
+    rows = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    assert len([r for r in rows if "dev_overall" in r]) == 9
