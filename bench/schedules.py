@@ -50,6 +50,9 @@ def main():
     p.add_argument("--eval-examples", type=int, default=500, help="dev examples per task (default: %(default)s)")
     p.add_argument("--epochs", type=int, default=2, help="(default: %(default)s)")
     p.add_argument("--rounds", type=int, default=3, help="runs of every arm (default: %(default)s)")
+    p.add_argument("--arms", nargs="+", type=int, default=list(range(len(ARMS))), metavar="I",
+                   help="which arms, by their place in the table (0: full fine-tuning, always run; "
+                        f"{', '.join(f'{i}: {n}' for i, n in enumerate(ARMS) if i)})")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
     add_clock_arg(p)
     args = p.parse_args()
@@ -60,7 +63,7 @@ def main():
     base = dict(model=args.model, data_dir=args.data_dir, max_train_examples=args.examples, epochs=args.epochs,
                 max_eval_examples=args.eval_examples, pooling="mean", precision="fp32", device="cpu",
                 test_predictions=False, frozen_cache="auto", log_every=1000)
-    names = list(ARMS)
+    names = [n for i, n in enumerate(ARMS) if i == 0 or i in args.arms]
     times = {n: [] for n in names}
     scores = {n: [] for n in names}
     depths = {}
@@ -81,7 +84,9 @@ def main():
         mean_score = sum(scores[name]) / len(scores[name])
         print(f"{name:34s} {sum(times[name]) / len(times[name]):7.1f} s  speed-up vs full {med:.2f}x "
               f"[IQR {q1:.2f}-{q3:.2f}]  dev overall {mean_score:.4f}")
-    print(f"\nadaptive freezes (step, depth) in its last run: {depths[names[-1]] or 'none'}")
+    adaptive = [n for n in names if n.startswith("adaptive")]
+    if adaptive:
+        print(f"\nadaptive freezes (step, depth) in its last run: {depths[adaptive[0]] or 'none'}")
 
 
 if __name__ == "__main__":
