@@ -93,8 +93,9 @@ def updates_for_epoch(cfg: TrainConfig, train: dict[str, TaskData], epoch: int) 
 
 
 def maybe_frozen_cache(cfg: TrainConfig, model: MultitaskBert, train: dict[str, TaskData], tokenizer, device,
-                       dist=None, amp_dtype: torch.dtype | None = None):
-    """The frozen-prefix cache when it applies (frozen encoder layers, nothing needing their gradients)."""
+                       dist=None, amp_dtype: torch.dtype | None = None, base=None):
+    """The frozen-prefix cache when it applies (frozen encoder layers, nothing needing their gradients).
+    base: the cache of a shallower prefix, to compute the new states from (one process)."""
     if cfg.frozen_cache == "off":
         return None
     if model.first_trainable_layer < 1:
@@ -112,14 +113,14 @@ def maybe_frozen_cache(cfg: TrainConfig, model: MultitaskBert, train: dict[str, 
                                      amp_dtype)
     from .frozen_cache import build_frozen_cache  # numpy memory maps, hashing: only where a cache applies
     return build_frozen_cache(model, train, tokenizer, device, cfg.frozen_cache, cfg.cache_dir,
-                              compute_dtype=amp_dtype)
+                              compute_dtype=amp_dtype, base=base)
 
 
 def dev_frozen_cache(cfg: TrainConfig, model: MultitaskBert, dev: dict[str, TaskData], tokenizer, device,
-                     amp_dtype: torch.dtype | None = None):
+                     amp_dtype: torch.dtype | None = None, base=None):
     """The dev sets' frozen-prefix states, stored in float32, for the evaluations during training: each
     then runs only the trainable layers. Where the training cache applies and one process evaluates
     (under torchrun, rank 0 alone evaluates: its own cache would be the only one, so none is made)."""
     from .frozen_cache import build_frozen_cache
     return build_frozen_cache(model, dev, tokenizer, device, cfg.frozen_cache, cfg.cache_dir, dtype="float32",
-                              compute_dtype=amp_dtype)
+                              compute_dtype=amp_dtype, base=base)

@@ -58,18 +58,11 @@ class CacheKeeper:
     def _build(self, deepen: bool) -> None:
         """The caches entering the first trainable layer: from the current ones (deepen) or the tokens."""
         cfg, model, data, t0 = self.cfg, self.model, self.data, time.perf_counter()
-        if not deepen:
-            self.train = maybe_frozen_cache(cfg, model, data.train, self.tokenizer, self.device, self.dist,
-                                            self.amp_dtype)
-            if self.train is not None and self.dist is None:
-                self.dev = dev_frozen_cache(cfg, model, data.dev, self.tokenizer, self.device, self.amp_dtype)
-        else:
-            from .frozen_cache import build_frozen_cache
-            common = dict(tokenizer=self.tokenizer, device=self.device, mode=cfg.frozen_cache,
-                          cache_dir=cfg.cache_dir, compute_dtype=self.amp_dtype)
-            train, dev = self.train, self.dev
-            self.train = build_frozen_cache(model, data.train, base=train, **common)
-            self.dev = build_frozen_cache(model, data.dev, dtype="float32", base=dev, **common) if dev else None
+        train, dev = (self.train, self.dev) if deepen else (None, None)
+        self.train = maybe_frozen_cache(cfg, model, data.train, self.tokenizer, self.device, self.dist,
+                                        self.amp_dtype, base=train)
+        if self.train is not None and self.dist is None:
+            self.dev = dev_frozen_cache(cfg, model, data.dev, self.tokenizer, self.device, self.amp_dtype, base=dev)
         if self.train is not None:
             self.chain = self.chain + [self.train.layer] if deepen else [self.train.layer]
             self.seconds = (self.seconds or 0.0) + time.perf_counter() - t0

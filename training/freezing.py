@@ -87,13 +87,15 @@ def parse_schedule(text: str) -> ScheduleSpec:
         raise ValueError(f"{FLAG} {text}: the interval must be a whole number >= 1 of steps or epochs "
                          f"(e.g. 200steps, 1epoch), not {parts[0]!r}")
     spec = ScheduleSpec(kind, int(match.group(1)), "epochs" if match.group(2).startswith("epoch") else "steps")
+    given = set()
     for part in parts[1:]:
         key, eq, value = part.partition("=")
         if not eq or key not in KEYS[kind]:
             allowed = ", ".join(sorted(KEYS[kind])) or "nothing"
             raise ValueError(f"{FLAG} {text}: {part!r} is not a setting of {kind} (it takes {allowed})")
         spec = replace(spec, **{key.replace("-", "_"): _setting(text, key, value.strip())})
-    if spec.percentile is not None and "threshold=" in rest:
+        given.add(key)
+    if {"threshold", "percentile"} <= given:
         raise ValueError(f"{FLAG} {text}: threshold and percentile are two tests: give one")
     return spec
 
@@ -154,11 +156,18 @@ def schedule_error(text: str, freeze_upto, num_layers: int) -> str | None:
 
 
 def optimised_depth(text: str, freeze_upto: int | None, num_layers: int) -> int | None:
-    """The shallowest depth a run of this schedule reaches: the optimiser holds what trains there."""
+    """The shallowest depth a run of this schedule reaches (the optimiser holds what trains there), from
+    --freeze-upto already resolved on the model."""
     spec = parse_schedule(text)
+    return widest_depth(spec, start_depth(spec, freeze_upto, num_layers), freeze_depth(spec.floor, num_layers))
+
+
+def widest_depth(spec: ScheduleSpec, start: int | None, floor: int | None) -> int | None:
+    """lp-ft ends with nothing frozen, gradual at its floor (below its start: schedule_error sees to it);
+    fixed and adaptive never train more than at their start."""
     if spec.kind == "lp-ft":
         return None
-    return freeze_depth(spec.floor, num_layers) if spec.kind == "gradual" else freeze_upto
+    return floor if spec.kind == "gradual" else start
 
 
 def start_depth(spec: ScheduleSpec, freeze_upto: int | None, num_layers: int) -> int | None:
@@ -264,9 +273,7 @@ class FreezeSchedule:
     @property
     def widest(self) -> int | None:
         """The shallowest depth of the run: its trainable parameters are the optimiser's."""
-        if self.freezer is not None:
-            return self.start
-        return min([self.start] + [d for _, d in self.changes], key=_rank)
+        return widest_depth(self.spec, self.start, self.floor)
 
     def unfrozen_at(self, param_depth: int) -> int:
         """The first update at which a parameter at layer_depth param_depth trains."""

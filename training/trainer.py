@@ -198,8 +198,8 @@ class Run:
         self.schedule = FreezeSchedule(parse_schedule(cfg.unfreeze_schedule), self.model.frozen_upto,
                                        self.model.encoder.num_layers, self.steps_per_epoch, total,
                                        int(total * cfg.warmup_ratio), cfg.lr)
-        if self.schedule.check_length():
-            raise ConfigError(self.schedule.check_length())
+        if problem := self.schedule.check_length():
+            raise ConfigError(problem)
         self.stepper = Stepper.build(self.model, cfg, total, self.device, self.amp_dtype, dist, self.schedule)
         self._log_model()
         if cfg.compile:  # after the Stepper: SMART's teacher is a deep copy and must stay eager
