@@ -19,14 +19,13 @@ arm (below 1: ours is faster).
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import statistics
 import time
 
 import torch
 
-from common import REPO  # noqa: E402  (puts the repository on sys.path)
+from common import data_parser  # noqa: E402  (puts the repository on sys.path)
 from data.batching import encode_task  # noqa: E402
 from data.loaders import load_task_file  # noqa: E402
 from heads import MultitaskBert  # noqa: E402
@@ -35,10 +34,7 @@ from training.evaluate import raw_outputs  # noqa: E402
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data-dir", default=str(REPO.parent / "shared" / "data" / "cs224n"),
-                   help="folder with quora-dev.csv (default: %(default)s)")
-    p.add_argument("--model", default="minilm-l6", help="checkpoint alias or directory (default: %(default)s)")
+    p = data_parser(__doc__, "folder with quora-dev.csv")
     p.add_argument("--batch-size", type=int, default=256, help="pairs per batch, as --eval-batch-size "
                    "(default: %(default)s)")
     p.add_argument("--pooling", choices=["cls", "mean"], default="mean",

@@ -12,12 +12,11 @@ per-step ratios (the same batch in both arms) with its interquartile range.
 """
 from __future__ import annotations
 
-import argparse
 import datetime
 
 import torch
 
-from common import REPO, add_clock_arg, cpu_model, paired_ratios, pick_clock  # noqa: E402  (repo on sys.path)
+from common import add_clock_arg, cpu_model, data_parser, paired_ratios, pick_clock  # noqa: E402  (repo on sys.path)
 from data.sampler import epoch_schedule, mixed_schedule, padding_efficiency  # noqa: E402
 from training.config import TrainConfig  # noqa: E402
 from training.frozen_cache import build_frozen_cache  # noqa: E402
@@ -46,10 +45,7 @@ def prepare(cfg: TrainConfig, cached: bool, max_steps: int | None):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data-dir", default=str(REPO.parent / "shared" / "data" / "cs224n"),
-                   help="folder with the course CSV files (default: %(default)s)")
-    p.add_argument("--model", default="minilm-l6", help="checkpoint alias or directory (default: %(default)s)")
+    p = data_parser(__doc__)
     p.add_argument("--examples", type=int, default=1000, help="training examples per task")
     p.add_argument("--max-steps", type=int, default=None, help="run only the first N steps of the epoch")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps first, per arm (default: %(default)s)")

@@ -8,7 +8,6 @@ score to steps of 1/32 above 4).
 """
 from __future__ import annotations
 
-import contextlib
 import sys
 from pathlib import Path
 

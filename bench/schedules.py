@@ -12,7 +12,6 @@ much shorter than theirs, so adaptive freezing has fewer steps left to save on.
 """
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import logging
@@ -21,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from common import REPO, add_clock_arg, cpu_model, paired_ratios, pick_clock  # noqa: E402  (repo on sys.path)
+from common import add_clock_arg, cpu_model, data_parser, paired_ratios, pick_clock  # noqa: E402  (repo on sys.path)
 from training.config import TrainConfig  # noqa: E402
 from training.trainer import train  # noqa: E402
 
@@ -42,10 +41,7 @@ def run_arm(base: dict, options: dict, out: Path, clock) -> tuple[float, float, 
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data-dir", default=str(REPO.parent / "shared" / "data" / "cs224n"),
-                   help="folder with the course CSV files (default: %(default)s)")
-    p.add_argument("--model", default="minilm-l6", help="checkpoint alias or directory (default: %(default)s)")
+    p = data_parser(__doc__)
     p.add_argument("--examples", type=int, default=500, help="training examples per task (default: %(default)s)")
     p.add_argument("--eval-examples", type=int, default=500, help="dev examples per task (default: %(default)s)")
     p.add_argument("--epochs", type=int, default=2, help="(default: %(default)s)")

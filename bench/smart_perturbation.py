@@ -11,13 +11,12 @@ delta and noise / (||noise||_token + norm_eps), over real tokens): near 0 means 
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import platform
 
 import torch
 
-from common import REPO  # noqa: E402  (puts the repository on sys.path)
+from common import data_parser  # noqa: E402  (puts the repository on sys.path)
 from heads import KIND  # noqa: E402
 from smart_cost import task_batches  # noqa: E402
 from training.config import TrainConfig  # noqa: E402
@@ -26,10 +25,7 @@ from training.build import build_model  # noqa: E402
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data-dir", default=str(REPO.parent / "shared" / "data" / "cs224n"),
-                   help="folder with the course CSV files (default: %(default)s)")
-    p.add_argument("--model", default="minilm-l6", help="checkpoint alias or directory (default: %(default)s)")
+    p = data_parser(__doc__)
     p.add_argument("--batch-size", type=int, default=32, help="examples per task batch (default: %(default)s)")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
     p.add_argument("--seed", type=int, default=11711, help="schedule, head and noise seed (default: %(default)s)")
