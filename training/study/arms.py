@@ -143,6 +143,48 @@ def versus(recipe, records: list[dict], results: Path, dev_labels: dict[str, np.
     return out
 
 
+# --------------------------------------------------------------------------- the embeddings question
+
+
+def split_scores(recipe, records: list[dict], results: Path, dev_labels: dict[str, np.ndarray],
+                 unseen: dict[str, list[int]], reference: str | None = None) -> list[dict]:
+    """Per point and task: its dev metric on the examples holding a word piece no training example holds
+    ("unseen") and on the others ("seen"), mean over the reporting seeds, and its paired difference from
+    the reference on each part (mean over the seeds both have)."""
+    protocol = Protocol(recipe, records)
+    reference = reference or recipe.points[0]["label"]
+    ref_runs = protocol.reporting(reference)
+    ref_scores = {s: _part_scores(read_predictions(results, r), dev_labels, unseen) for s, r in ref_runs.items()
+                  if r.get("dev_predictions")}
+    rows = []
+    for point in recipe.points:
+        runs = {s: r for s, r in protocol.reporting(point["label"]).items() if r.get("dev_predictions")}
+        if not runs:
+            continue
+        scores = {s: _part_scores(read_predictions(results, r), dev_labels, unseen) for s, r in runs.items()}
+        for task in dev_labels:
+            n_unseen = len(unseen.get(task, []))
+            row = {"label": point["label"], "task": task, "n_unseen": n_unseen, "n_seen": len(dev_labels[task]) - n_unseen}
+            for part in ("unseen", "seen"):
+                row[part] = float(np.mean([sc[task][part] for sc in scores.values()]))
+                paired = [scores[s][task][part] - ref_scores[s][task][part] for s in scores if s in ref_scores]
+                row[f"{part}_diff"] = float(np.mean(paired)) if paired else math.nan
+            rows.append(row)
+    return rows
+
+
+def _part_scores(preds: dict[str, np.ndarray], dev_labels: dict[str, np.ndarray], unseen: dict[str, list[int]]) -> dict:
+    from ..evaluate import score
+
+    out = {}
+    for task, labels in dev_labels.items():
+        mask = np.zeros(len(labels), dtype=bool)
+        mask[unseen.get(task, [])] = True
+        out[task] = {"unseen": score(task, preds[task][mask], labels[mask]) if mask.any() else math.nan,
+                     "seen": score(task, preds[task][~mask], labels[~mask]) if (~mask).any() else math.nan}
+    return out
+
+
 def _bootstrap(results: Path, a_runs: list[dict], b_runs: list[dict], dev_labels: dict[str, np.ndarray],
                reps: int, seed: int) -> dict[str, np.ndarray]:
     if not all(r.get("dev_predictions") for r in a_runs + b_runs):

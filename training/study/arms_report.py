@@ -11,7 +11,7 @@ import numpy as np
 from data.loaders import COURSE_FILES, load_task_file
 
 from ..sweep import RESULTS, RunKey, read_results
-from .arms import METRICS, point_rows, versus
+from .arms import METRICS, point_rows, split_scores, versus
 from .baselines import read_baselines
 from .protocol import Protocol, tune_score
 
@@ -129,6 +129,19 @@ def versus_lines(tests: list[dict], reference: str) -> list[str]:
     return lines
 
 
+def unseen_lines(rows: list[dict], reference: str) -> list[str]:
+    lines = ["The embeddings of word pieces that no training example holds are never updated by fine-tuning; "
+             "freezing the embeddings keeps every row as pretrained instead. Each task's dev set split by whether "
+             f"an example holds such a piece; each point's metric on either part (mean over the reporting seeds) "
+             f"and its difference from {reference} (paired by seed).", "",
+             "| point | task | unseen: n | unseen: score | unseen: difference | seen: n | seen: score | seen: difference |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['label']} | {r['task']} | {r['n_unseen']} | {_f(r['unseen'])} | {_f(r['unseen_diff'], sign=True)} "
+                     f"| {r['n_seen']} | {_f(r['seen'])} | {_f(r['seen_diff'], sign=True)} |")
+    return lines
+
+
 def arms_markdown(recipe, results: Path) -> tuple[str, list[dict]]:
     records = read_results(Path(results) / RESULTS)
     baselines = read_baselines(results)
@@ -142,8 +155,13 @@ def arms_markdown(recipe, results: Path) -> tuple[str, list[dict]]:
               "trivial), per seed against the full fine-tuning run of the same seed, then averaged; Lee ratio: "
               "score / full, likewise.", ""] + results_lines(rows)
     if records:
-        tests = versus(recipe, records, results, dev_labels(records, recipe.tasks), reference)
+        labels = dev_labels(records, recipe.tasks)
+        tests = versus(recipe, records, results, labels, reference)
         lines += ["", f"## Against {reference}", ""] + versus_lines(tests, reference)
+        if baselines and baselines.get("unseen"):
+            lines += ["", "## Dev examples with word pieces training never saw", ""]
+            lines += unseen_lines(split_scores(recipe, records, results, labels, baselines["unseen"], reference),
+                                  reference)
     return "\n".join(lines) + "\n", rows
 
 
@@ -152,9 +170,12 @@ CSV_COLUMNS = ["point", "depth", "arm", "lr", "metric", "seeds", "mean", "ci_low
 
 
 def write_arms_report(recipe, results: Path, report: Path) -> Path:
+    from .arms_figures import arms_figures
+
     text, rows = arms_markdown(recipe, results)
     report.mkdir(parents=True, exist_ok=True)
     (report / "report.md").write_text(text)
+    arms_figures(recipe, read_results(Path(results) / RESULTS), rows, read_baselines(results), report)
     with open(report / "report.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=CSV_COLUMNS, lineterminator="\n")
         w.writeheader()

@@ -3,6 +3,8 @@ the untrained model's own zero-shot scores. Written once per study to OUT/baseli
 
 - trivial: the training part's majority class for SST and Quora, a constant for STS (Pearson 0, the
   convention training.evaluate.score uses where a correlation is undefined), and their course overall.
+- unseen: for the embeddings question, the dev examples holding a word piece that no training example
+  of any task holds (the pieces whose embedding rows training never updates), per task, by index.
 - zero-shot: the pretrained encoder, untouched, each sentence pooled as the study pools it (mean or
   [CLS]), the cosine of a pair's two vectors: STS's Pearson on dev needs nothing more; Quora's accuracy
   takes the cosine threshold that is best on the tuning split. SST has no zero-shot score here.
@@ -80,7 +82,7 @@ def compute_baselines(base: TrainConfig, tasks: list[str], subsets: dict, seed: 
     dev_labels = {t: [e.label for e in ex] for t, ex in dev.items()}
     train_labels = {t: [e.label for e in subsets[t, seed][size]] for t in tasks if t != "sts"}
     out = {"trivial": trivial_scores(train_labels, dev_labels), "model": base.model, "pooling": base.pooling,
-           "zero_shot": {}}
+           "zero_shot": {}, "unseen": unseen_by_task(base, tasks, {t: subsets[t, seed][size] for t in tasks}, dev)}
     if "sts" in tasks:
         cos = zero_shot_cosines(base.model, base.pooling, dev["sts"], base.max_length)
         out["zero_shot"]["sts_pearson"] = score("sts", cos, dev_labels["sts"])
@@ -94,10 +96,35 @@ def compute_baselines(base: TrainConfig, tasks: list[str], subsets: dict, seed: 
     return out
 
 
+def pieces(tokenizer, examples, max_length: int) -> list[set[int]]:
+    """Each example's word-piece ids (both sentences of a pair; [CLS], [SEP] and padding aside)."""
+    special = {tokenizer.backend.token_to_id(t) for t in ("[CLS]", "[SEP]", "[PAD]")}
+    out = []
+    for e in examples:
+        ids = set(tokenizer.encode([e.text_a], max_length=max_length)[0][0])
+        if e.text_b is not None:
+            ids |= set(tokenizer.encode([e.text_b], max_length=max_length)[0][0])
+        out.append(ids - special)
+    return out
+
+
+def unseen_examples(train_pieces: set[int], dev_pieces: list[set[int]]) -> list[int]:
+    """Indices of the dev examples holding a piece outside train_pieces."""
+    return [i for i, p in enumerate(dev_pieces) if p - train_pieces]
+
+
+def unseen_by_task(base: TrainConfig, tasks: list[str], train: dict[str, list], dev: dict[str, list]) -> dict:
+    from minbert import Tokenizer, resolve_checkpoint
+
+    tokenizer = Tokenizer.from_checkpoint(resolve_checkpoint(base.model))
+    seen = set().union(*(p for t in tasks for p in pieces(tokenizer, train[t], base.max_length)))
+    return {t: unseen_examples(seen, pieces(tokenizer, dev[t], base.max_length)) for t in tasks}
+
+
 def write_baselines(recipe, base: TrainConfig, subsets: dict, results: Path) -> dict:
     """OUT/baselines.json, computed once (it depends on the model, the data and the tuning split only)."""
     path = results / FILE
-    if path.is_file():
+    if path.is_file() and "unseen" in json.loads(path.read_text()):  # an older file lacks the unseen pieces
         return json.loads(path.read_text())
     log.info("computing the baselines (trivial predictors, the untrained model's zero-shot scores)")
     found = compute_baselines(base, recipe.tasks, subsets, recipe.seeds[0], recipe.sizes[0])
