@@ -7,7 +7,11 @@ rate, and only their dev scores are reported. The dev sets choose nothing.
     "tuning_split": {"share": 0.1, "seed": 0},       held out of each training file, stratified
     "lr_grid": {"lrs": [1e-4, 3e-4, 1e-3], "tuning_seeds": [101], "max_extensions": 2},
     "points": [{"label": "full", "depth": "none", "arm": "", "lrs": [3e-5, 1e-4, 3e-4]},
-               {"label": "full at heads-only's rate", "depth": "none", "arm": "", "lr_of": "heads only"}, ...]
+               {"label": "full at heads-only's rate", "depth": "none", "arm": "", "lr_of": "heads only"},
+               {"label": "1000 per task, full", "depth": "none", "arm": "e12", "size": 1000}, ...]
+
+A point's "size" (one of the recipe's sizes; default its first) trains on that many examples per task; a
+size study gives smaller sizes more epochs through their arm, so that every size gets the same updates.
 
 A point's grid is its "lrs" (else lr_grid's). When the best rate of a point sits on the edge of the rates
 tried, the next rate beyond it on the 1-3-10 ladder is tried too (at most max_extensions times each
@@ -69,7 +73,8 @@ class Protocol:
         self.points = {p["label"]: p for p in recipe.points}
 
     def key(self, point: dict, seed: int, lr: float) -> RunKey:
-        return RunKey(self.tasks, self.recipe.depth(point["depth"]), self.size, seed, run_arm(point["arm"], lr))
+        return RunKey(self.tasks, self.recipe.depth(point["depth"]), point.get("size", self.size), seed,
+                      run_arm(point["arm"], lr))
 
     def tried(self, point: dict) -> tuple[list[float], float | None]:
         """(the rates the point's tuning needs so far, its chosen rate or None while runs are missing)."""
