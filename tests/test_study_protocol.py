@@ -290,3 +290,20 @@ def test_split_scores_by_hand(tmp_path):
     assert rows["emb"]["unseen"] == pytest.approx(emb_unseen) and rows["emb"]["seen"] == pytest.approx(emb_seen)
     assert rows["emb"]["unseen_diff"] == pytest.approx(emb_unseen - full_unseen)
     assert rows["emb"]["n_unseen"] == 2 and rows["emb"]["n_seen"] == 4
+
+
+def test_a_study_with_out_writes_there_and_leaves_the_projects_record_alone(tmp_path):
+    data, enc = tiny_runs.inputs(tmp_path)
+    record = Path(__file__).resolve().parents[1] / "docs" / "freezing-study"
+    before = {p: p.stat().st_mtime_ns for p in record.rglob("*") if p.is_file()}
+    raw = json.loads((Path(C.__file__).parent / "recipes" / "depth.json").read_text())
+    raw.update(depths=["none", 1], sizes=[6], seeds=[1], lr_grid={"lrs": [0.003], "tuning_seeds": [1]},
+               cost={"seeds": [1], "overrides": {"frozen_cache": "off"}},
+               train={"epochs": 1, "batch_size": 4, "device": "cpu", "precision": "fp32"})
+    path = tmp_path / "depth.json"
+    path.write_text(json.dumps(raw))
+    out = tmp_path / "mine"
+    assert C.main([str(path), "--model", str(enc), "--data-dir", str(data), "--in-process", "--threads", "1",
+                   "--runs-dir", str(tmp_path / "runs"), "--out", str(out)]) == 0
+    assert len(S.read_results(out / "results.jsonl")) == 4 and (out / "depth" / "report.md").is_file()
+    assert {p: p.stat().st_mtime_ns for p in record.rglob("*") if p.is_file()} == before
