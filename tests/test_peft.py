@@ -4,6 +4,7 @@ transformers' BERT, step 0 equal to the pretrained model, merged equal to unmerg
 bit for bit, the merged export read by transformers, the frozen-prefix cache, the one-line refusals, and
 the records (train.log, metrics.jsonl, the sweep, a study with PEFT arms)."""
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -250,3 +251,140 @@ def test_lora_above_a_frozen_prefix_trains_the_same_with_the_cache(tmp_path):
     assert any(".lora_" in n for n, _ in cached.named_parameters() if n.startswith("encoder.layers.1."))
     for (n, p), q in zip(cached.named_parameters(), ref.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5, msg=n)
+
+
+# ----------------------------------------------------------------------------- a trained LoRA run
+
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory):
+    cfg, _ = tiny_runs.tiny_run(tmp_path_factory.mktemp("lora"), peft="lora:r=2", epochs=2, lr=5e-2)
+    return cfg
+
+
+def lora_count(hidden, inter, layers, r):
+    """LoRA's factors on every linear map, written out: A (r x in) and B (out x r) for q, k, v, attn_out
+    (hidden -> hidden), ffn_in (hidden -> inter), ffn_out (inter -> hidden)."""
+    return layers * (4 * (r * hidden + hidden * r) + (r * hidden + inter * r) + (r * inter + hidden * r))
+
+
+def test_the_records_count_what_trains_and_its_share(lora_run):
+    H, I, L = 32, 64, 2  # tiny_runs.make_encoder
+    heads = (H * H + H + H * 5 + 5) + (H + 1) + (H + 1)  # sst MLP, para linear, sts linear (cross)
+    bert = BertConfig(vocab_size=len(tiny_runs.VOCAB), hidden_size=H, num_hidden_layers=L, num_attention_heads=2,
+                      intermediate_size=I, max_position_embeddings=128).num_parameters()
+    trainable = lora_count(H, I, L, 2) + (H * H + H) + heads  # the factors, the pooler, the heads
+    total = bert + heads + lora_count(H, I, L, 2)
+    records = [json.loads(x) for x in (Path(lora_run.out_dir) / "metrics.jsonl").read_text().splitlines()]
+    epochs = [r for r in records if "train_seconds" in r]
+    assert len(epochs) == 2
+    for r in epochs:
+        assert r["trainable_params"] == trainable and r["trainable_share"] == pytest.approx(trainable / total, rel=1e-5)
+    log = (Path(lora_run.out_dir) / "train.log").read_text()
+    assert f"{trainable} trainable = {100 * trainable / total:.4f}%" in log and "peft lora:r=2" in log
+
+
+def test_the_merged_export_loads_in_transformers_as_our_encoder(lora_run, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    transformers = pytest.importorskip("transformers")
+    from training.api import load
+    from training.checkpointing import model_from_checkpoint
+    from training.export import main as export_main
+    out = tmp_path / "export"
+    assert export_main([lora_run.out_dir, str(out)]) == 0
+    network, _, _ = model_from_checkpoint(Path(lora_run.out_dir) / "best.pt")
+    ours = network.encoder.eval()
+    B = lora_modules(ours)[0].lora_B[0]
+    assert B.abs().max() > 0  # trained: the update is not zero, so the merge matters
+    hf = transformers.BertModel.from_pretrained(str(out), attn_implementation="eager").eval()
+    batch = Tokenizer.from_checkpoint(out)(["apple river stone", "tiger", "ocean desert lamp piano"],
+                                          ["cloud", "honey silver", "violin"])
+    with torch.no_grad():
+        want = ours(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])  # unmerged
+        got = hf(**batch)
+    # fp32; W + (alpha/r) BA rounded once against the two products added: the states are LayerNorm'd (~1)
+    torch.testing.assert_close(got.last_hidden_state, want.last_hidden_state, rtol=0, atol=1e-5)
+    torch.testing.assert_close(got.pooler_output, want.pooler_output, rtol=0, atol=1e-5)
+    exported, original = load(out, device="cpu"), load(lora_run.out_dir, device="cpu")
+    assert not lora_modules(exported.network)
+    from data.loaders import COURSE_FILES, load_task_file
+    for task in ("sst", "para", "sts"):
+        ex = load_task_file(Path(lora_run.data_dir) / COURSE_FILES[task]["dev"], task, labelled=True).examples
+        np.testing.assert_allclose(exported.outputs(task, ex).numpy(), original.outputs(task, ex).numpy(), atol=1e-5)
+    card, meta = (out / "README.md").read_text(), json.loads((out / "heads.json").read_text())
+    trained = meta["trained_parameters"]
+    assert "--peft lora:r=2" in card and f"Trained: {trained['trainable']:,} of {trained['total']:,}" in card
+    records = [json.loads(x) for x in (Path(lora_run.out_dir) / "metrics.jsonl").read_text().splitlines()]
+    assert trained["trainable"] == [r for r in records if "trainable_params" in r][-1]["trainable_params"]
+    capsys.readouterr()
+
+
+def test_predictions_and_best_pt_of_a_lora_run(lora_run):
+    ckpt = read_checkpoint(Path(lora_run.out_dir) / "best.pt")
+    assert any(".lora_A." in k for k in ckpt["model"]) and ckpt["config"]["peft"] == "lora:r=2"
+    files = sorted(p.name for p in Path(lora_run.predictions_dir).glob("*-output.csv"))
+    assert len(files) == 6
+
+
+# ----------------------------------------------------------------------------- with everything else
+
+@pytest.mark.parametrize("peft", ["lora:r=2", "bitfit"])
+@pytest.mark.parametrize("name, options", [
+    ("pcgrad", dict(pcgrad=True)),
+    ("smart", dict(smart=True, smart_lambda=1.0, smart_mu=1.0)),
+    ("ema", dict(ema_decay=0.5)),
+    ("accumulation", dict(grad_accum_steps=2, batch_size=6)),
+    ("frozen-prefix-smart", dict(freeze_upto=1, smart=True, smart_perturb_at="first-trainable")),
+])
+def test_peft_trains_beside_every_trick_and_keeps_the_pretrained_weights(tmp_path, peft, name, options):
+    cfg, metrics = tiny_runs.tiny_run(tmp_path, peft=peft, epochs=1, lr=5e-2, **options)
+    assert math.isfinite(metrics["overall"])
+    pretrained = load_bert(cfg.model).state_dict()
+    best = {k[len("encoder."):]: v for k, v in read_checkpoint(Path(cfg.out_dir) / "best.pt")["model"].items()
+            if k.startswith("encoder.")}
+    first = cfg.freeze_upto or 0
+    changed = []
+    for k, v in pretrained.items():
+        layer = int(k.split(".")[1]) if k.startswith("layers.") else -1
+        trains = k.startswith("pooler.") or (peft == "bitfit" and k.endswith(".bias") and
+                                             (layer >= first if cfg.freeze_upto is not None else True))
+        if not trains:
+            assert torch.equal(best[k], v), k  # bit for bit
+        elif not torch.equal(best[k], v):
+            changed.append(k)
+    if peft == "bitfit":
+        assert any(k.startswith("layers.") for k in changed)
+    else:
+        assert any(".lora_B." in k and v.abs().max() > 0 for k, v in best.items())
+
+
+# ----------------------------------------------------------------------------- the sweep and the study
+
+def test_the_sweep_takes_peft_and_records_the_share():
+    from training import sweep as S
+    args = S.build_parser().parse_args(["--tasks", "sst", "--sizes", "4", "--peft", "lora:r=4"])
+    assert args.peft == "lora:r=4"
+    assert "peft" in S.SWEEP_OPTIONS
+
+
+def test_a_study_runs_lora_and_bitfit_arms(tmp_path):
+    from training import sweep as S
+    from training.study import cli as C
+    data, enc = tiny_runs.inputs(tmp_path)
+    recipe = {"title": "t", "kind": "depth", "results": str(tmp_path / "results"), "report": str(tmp_path / "report"),
+              "tasks": ["sst", "para", "sts"], "depths": ["none", 1], "sizes": [6], "seeds": [1],
+              "train": {"epochs": 1, "batch_size": 4, "lr": 1e-3, "device": "cpu", "precision": "fp32"},
+              "arms": {"": {}, "lora4": {"peft": "lora:r=4"}, "bitfit": {"peft": "bitfit"}}}
+    path = tmp_path / "peft.json"
+    path.write_text(json.dumps(recipe))
+    assert C.main([str(path), "--model", str(enc), "--data-dir", str(data), "--in-process", "--threads", "1",
+                   "--runs-dir", str(tmp_path / "runs")]) == 0
+    records = S.read_results(tmp_path / "results" / "results.jsonl")
+    by = {(r["depth"], r.get("arm", "")): r for r in records}
+    assert len(by) == 6
+    for depth in (None, 1):
+        full, lora, bitfit = by[depth, ""], by[depth, "lora4"], by[depth, "bitfit"]
+        assert lora["overrides"] == {"peft": "lora:r=4"}
+        assert bitfit["trainable_params"] < full["trainable_params"]
+        for r in (full, lora, bitfit):
+            assert r["trainable_share"] == pytest.approx(r["trainable_params"] / r["total_params"], rel=1e-5)
+    assert by[None, ""]["trainable_share"] == 1.0
