@@ -25,7 +25,7 @@ TARGETS = ("q", "k", "v", "attn_out", "ffn_in", "ffn_out")
 
 class LoRALinear(nn.Linear):
     """`base`'s weight and bias (the same Parameters: its state-dict keys stay weight and bias), plus
-    one LoRA pair per block of output rows in `blocks` [(lo, hi), ...]."""
+    one LoRA pair per block of output rows in `blocks` [(lo, hi), ...], in increasing order."""
 
     def __init__(self, base: nn.Linear, blocks: list[tuple[int, int]], r: int, alpha: float, dropout: float,
                  generator: torch.Generator | None = None):
@@ -49,11 +49,15 @@ class LoRALinear(nn.Linear):
         if self.merged:
             return y
         xd = self.lora_drop(x)
+        pieces, at = [], lo  # y's columns in order: unadapted runs as they are, adapted blocks plus their update
         for (b_lo, b_hi), A, B in zip(self.blocks, self.lora_A, self.lora_B):
             s, e = max(lo, b_lo), min(hi, b_hi)  # the rows of this block that are asked for
-            if s < e:  # in place on a slice: F.linear's backward does not need its output
-                y[..., s - lo:e - lo] += self.scale * F.linear(F.linear(xd, A), B[s - b_lo:e - b_lo])
-        return y
+            if s < e:  # (not in place: y is a leaf when W, b and x need no gradient)
+                pieces += [y[..., at - lo:s - lo]] if at < s else []
+                pieces.append(y[..., s - lo:e - lo] + self.scale * F.linear(F.linear(xd, A), B[s - b_lo:e - b_lo]))
+                at = e
+        pieces += [y[..., at - lo:]] if at < hi else []
+        return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=-1)
 
     def delta(self) -> torch.Tensor:
         """The update (alpha / r) B A as a dense (out, in) matrix, zero outside the adapted blocks."""

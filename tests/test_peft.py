@@ -59,6 +59,10 @@ def test_lora_linear_is_the_formula_written_out():
     torch.testing.assert_close(lora(x), want, rtol=0, atol=1e-6)
     torch.testing.assert_close(lora.rows(x, 4, 12), want[..., 4:12], rtol=0, atol=1e-6)  # the K/V rows alone
     assert lora.weight is base.weight and lora.bias is base.bias  # the pretrained Parameters themselves
+    # frozen W and an input without a gradient (a cached frozen prefix's states): the factors still get theirs
+    base.requires_grad_(False)
+    lora.rows(x[:, :1], 0, 12).sum().backward()
+    assert all(p.grad is not None for p in (*lora.lora_A, *lora.lora_B)) and base.weight.grad is None
 
 
 @pytest.mark.parametrize("targets", [TARGETS, ("q", "v"), ("k", "ffn_out")])
