@@ -145,6 +145,7 @@ class MultitaskBert(nn.Module):
         self.heads = nn.ModuleDict({"sst": SentimentHead(H, dropout), "para": ParaphraseHead(H, dropout, siamese),
                                     "sts": SimilarityHead(H, dropout, siamese, eye)})
         self.frozen_upto: int | None = None  # see freeze()
+        self.frozen_dropout = False  # keep dropout in the frozen modules (a confound arm of the freezing study)
         self.peft = "none"  # none, bitfit or lora: what of the encoder may train (training/peft.py sets it)
         self.freeze(None)
 
@@ -184,8 +185,9 @@ class MultitaskBert(nn.Module):
 
     def train(self, mode: bool = True):
         super().train(mode)
-        for m in self.frozen_modules():
-            m.eval()
+        if not self.frozen_dropout:
+            for m in self.frozen_modules():
+                m.eval()
         return self
 
     # ------------------------------------------------------------------ forward

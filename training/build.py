@@ -39,6 +39,7 @@ def build_model(cfg: TrainConfig) -> tuple[MultitaskBert, Tokenizer, Path]:
                           f"has {encoder.config.vocab_size} rows; the vocabulary belongs to another model")
     torch.manual_seed(cfg.seed)  # head initialisation
     model = MultitaskBert(encoder, cfg.pair_encoding, cfg.head_dropout, cfg.pooling, cfg.siamese_init)
+    model.frozen_dropout = cfg.frozen_dropout
     try:
         model.freeze(freeze_depth(cfg.freeze_upto, encoder.num_layers))
     except ValueError as e:
@@ -104,6 +105,10 @@ def maybe_frozen_cache(cfg: TrainConfig, model: MultitaskBert, train: dict[str, 
         if cfg.frozen_cache != "auto":
             log.warning("--frozen-cache %s does nothing here: no encoder layer is frozen (it caches the states "
                         "entering the first trainable layer, with --freeze-upto N >= 1)", cfg.frozen_cache)
+        return None
+    if cfg.frozen_dropout:
+        log.info("frozen-prefix cache off: --frozen-dropout keeps dropout in the frozen layers, so their output "
+                 "is no fixed function of the input")
         return None
     if cfg.perturbs_embeddings():
         log.info("frozen-prefix cache off: SMART perturbs the embeddings, which needs gradients through the "

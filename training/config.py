@@ -191,6 +191,9 @@ class TrainConfig:
                             "only layers N.. each step (auto: in memory when it fits, else a memory-mapped file in "
                             "--cache-dir)", "optimisation", choices=("auto", "memory", "disk", "off"),
                             resume_may_differ=True)  # but not between off and on: see rundir.check_resumable
+    frozen_dropout: bool = opt(False, "keep dropout on in the frozen embeddings and layers, as while they trained "
+                               "(freezing switches it off there, which changes the model besides what trains); with "
+                               "--freeze-upto N >= 1 the frozen-prefix cache is then off", "optimisation")
     cache_dir: str = opt(".cache/frozen", "where the frozen-prefix cache keeps its files when on disk "
                          "(--frozen-cache disk, or auto when it does not fit in memory)", "optimisation",
                          resume_may_differ=True)
@@ -483,6 +486,9 @@ def _combination_errors(cfg: TrainConfig) -> list[str]:
     if cfg.pcgrad and len(cfg.tasks) < 2:
         errors.append("--pcgrad needs at least two --tasks")
     errors += _schedule_errors(cfg) + _peft_errors(cfg)
+    if cfg.frozen_dropout and cfg.frozen_cache in ("memory", "disk"):
+        errors.append(f"--frozen-dropout cannot use --frozen-cache {cfg.frozen_cache}: with dropout the frozen layers' "
+                      f"output changes every step, so there is nothing to cache (use auto or off)")
     if cfg.smart:
         if cfg.smart_lambda < 0 or cfg.smart_mu < 0 or math.isnan(cfg.smart_lambda) or math.isnan(cfg.smart_mu):
             errors.append(f"--smart-lambda and --smart-mu must be >= 0, not {cfg.smart_lambda} and {cfg.smart_mu}")

@@ -60,6 +60,8 @@ from .signals import exit_on_sigterm, exit_with_parent
 log = logging.getLogger(__name__)
 
 RESULTS = "results.jsonl"
+TUNE = "tune"  # training_subsets' key of a task's tuning split: (task, TUNE)
+PREDICTIONS = "dev-predictions"  # beside results.jsonl: each run's per-example dev predictions, for the bootstrap
 MARKER = "sweep-run.json"  # written into each run directory: the sweep may clean it on a rerun
 # TrainConfig fields that differ between the runs of one sweep or do not change results.
 # The training options a sweep passes on to every run (the rest are per run, or TrainConfig's defaults).
@@ -133,6 +135,16 @@ def stratified_nested_subsets(labels: Sequence[Hashable], sizes: Sequence[int], 
     order = {k: [members[k][j] for j in rng.permutation(len(members[k]))] for k in sorted(members, key=_sort_key)}
     counts = nested_counts({k: len(v) for k, v in members.items()}, sizes)
     return {n: sorted(i for k, c in counts[n].items() for i in order[k][:c]) for n in sizes}
+
+
+def tuning_split(labels: Sequence[Hashable], share: float, seed: int) -> tuple[list[int], list[int]]:
+    """(tuning indices, the rest), both sorted: a stratified share of the examples, fixed by its own seed
+    (not a run's), held out of training to choose each run's epoch and each arm's learning rate, so that
+    the dev sets only report. The share is rounded to whole examples, at least one."""
+    n = min(max(round(share * len(labels)), 1), len(labels) - 1)
+    tune = stratified_nested_subsets(labels, [n], seed)[n]
+    held = set(tune)
+    return tune, [i for i in range(len(labels)) if i not in held]
 
 
 def strata(task: str, labels: Sequence) -> list[int]:
@@ -243,8 +255,10 @@ def settings_of(cfg: TrainConfig) -> dict:
 
 # --------------------------------------------------------------------------- one run, measured
 
-def measure(cfg: TrainConfig, threads: int | None = None) -> dict:
-    """Train in this process and return the best dev metrics with time and memory figures."""
+def measure(cfg: TrainConfig, threads: int | None = None, report_dev: dict[str, str] | None = None) -> dict:
+    """Train in this process and return the best dev metrics with time and memory figures. With
+    report_dev ({task: dev file}; cfg's dev files are then a tuning split), the kept model (best.pt) is
+    also scored on those files once training is over: "report" holds their metrics and predictions."""
     import resource
 
     import torch
@@ -263,18 +277,37 @@ def measure(cfg: TrainConfig, threads: int | None = None) -> dict:
     wall = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     cuda_peak = torch.cuda.max_memory_allocated() / 2**20 if cuda else None
+    report = score_kept_model(cfg, report_dev) if report_dev else None
     model, _, _ = build_model(cfg)  # after the measurement: only to count what freezing (and --peft) left trainable
     trainable, total = trainable_counts(model)
     return {"metrics": metrics, "wall_seconds": wall, "peak_rss_mib": peak, "base_rss_mib": base,
             "cuda_peak_mib": cuda_peak, "trainable_params": trainable, "total_params": total,
-            "threads": torch.get_num_threads()}
+            "threads": torch.get_num_threads(), **({"report": report} if report else {})}
 
 
-def _child(cfg_dict: dict, threads: int | None, log_level: int, conn) -> None:
+def score_kept_model(cfg: TrainConfig, dev_files: dict[str, str]) -> dict:
+    """The run's kept model (OUT_DIR/best.pt) scored on each task's file: {"metrics": {sst_acc, ...,
+    overall}, "predictions": {task: [per-example prediction, in the file's order]}}."""
+    from heads import predict
+
+    from .api import load
+    from .evaluate import METRIC, overall, score
+
+    model = load(cfg.out_dir, device=cfg.device, batch_size=cfg.eval_batch_size)
+    metrics, predictions = {}, {}
+    for task, path in dev_files.items():
+        examples = load_task_file(path, task, labelled=True).examples
+        preds = predict(task, model.outputs(task, examples)).double().numpy()
+        metrics[METRIC[task]] = score(task, preds, [e.label for e in examples])
+        predictions[task] = [round(float(x), 6) for x in preds] if task == "sts" else [int(x) for x in preds]
+    return {"metrics": {**metrics, "overall": overall(metrics)}, "predictions": predictions}
+
+
+def _child(cfg_dict: dict, threads: int | None, log_level: int, conn, report_dev: dict | None = None) -> None:
     setup_logging(log_level)
     exit_with_parent()
     try:
-        conn.send(("ok", measure(TrainConfig.from_dict(cfg_dict), threads)))
+        conn.send(("ok", measure(TrainConfig.from_dict(cfg_dict), threads, report_dev)))
     except BaseException as e:  # noqa: BLE001 - reported to the parent, which decides
         import traceback
         conn.send(("error", f"{type(e).__name__}: {e}", traceback.format_exc()))
@@ -286,13 +319,14 @@ class RunFailed(RuntimeError):
     pass
 
 
-def measure_isolated(cfg: TrainConfig, threads: int | None = None) -> dict:
+def measure_isolated(cfg: TrainConfig, threads: int | None = None, report_dev: dict | None = None) -> dict:
     """measure(cfg) in a fresh spawned process (its own ru_maxrss and CUDA allocator)."""
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe(duplex=False)
-    p = ctx.Process(target=_child, args=(cfg.to_dict(), threads, logging.getLogger().getEffectiveLevel(), child),
+    p = ctx.Process(target=_child, args=(cfg.to_dict(), threads, logging.getLogger().getEffectiveLevel(), child,
+                                         report_dev),
                     name=f"sweep:{Path(cfg.out_dir).name}")
     p.start()
     child.close()
@@ -361,12 +395,13 @@ def run_sweep(args: argparse.Namespace) -> int:
 
 
 def work(args, base: TrainConfig, plan_of, arms: dict[str, dict], subsets: dict, out: Path, runs_dir: Path,
-         after_each=None) -> int:
+         after_each=None, annotate=None) -> int:
     """Run every planned key not yet in results.jsonl, one at a time, appending each result as it finishes.
 
     plan_of(records) gives the keys to have, in order, from the results so far (the study's later
     stages depend on earlier results), so it is asked again after every run, and after_each() is called
-    once each result is recorded (the study rewrites its report). Several workers (this
+    once each result is recorded (the study rewrites its report); annotate(key) adds fields to a record
+    (the study's seed role). arms: anything with .get(arm, default) giving an arm's overrides. Several workers (this
     command started again, in another shell) share the work: each run is claimed with a lock file in
     runs_dir, and a run claimed by a live process is left to it."""
     results_path, settings = out / RESULTS, settings_of(base)
@@ -391,8 +426,10 @@ def work(args, base: TrainConfig, plan_of, arms: dict[str, dict], subsets: dict,
         try:
             m = sweep_run(args, base, key, subsets, run_dir, out, arms.get(key.arm, {}))
             spent.append(m["wall_seconds"])
-            append_result(results_path, result_record(args, base, key, subsets, run_dir, m, settings,
-                                                      arms.get(key.arm, {})))
+            record = result_record(args, base, key, subsets, run_dir, m, settings, arms.get(key.arm, {}))
+            if "report" in m:
+                record["dev_predictions"] = write_dev_predictions(out, key, m["report"]["predictions"])
+            append_result(results_path, {**record, **(annotate(key) if annotate else {})})
         except RunFailed as e:
             log.error("run %s failed: %s", key.name, e)
             failures.append(key)
@@ -406,8 +443,8 @@ def work(args, base: TrainConfig, plan_of, arms: dict[str, dict], subsets: dict,
         if not args.keep_checkpoints:
             shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
             (run_dir / "best.pt").unlink(missing_ok=True)
-        log.info("%s done in %.0f s: %s", key.name, m["wall_seconds"],
-                 " ".join(f"{k} {v:.4f}" for k, v in m["metrics"].items()))
+        shown = m["report"]["metrics"] if "report" in m else m["metrics"]  # dev, not the tuning split
+        log.info("%s done in %.0f s: dev %s", key.name, m["wall_seconds"], " ".join(f"{k} {v:.4f}" for k, v in shown.items()))
         if after_each is not None:
             after_each()
     if failures:
@@ -473,10 +510,17 @@ def settings_clash(records: list[dict], settings: dict, results_path: Path) -> s
 
 def training_subsets(args: argparse.Namespace, base: TrainConfig) -> dict | str:
     """Every training subset, (task, seed) -> size -> examples, made before any training (a bad size fails
-    now, not an hour in); or the error."""
-    subsets: dict[tuple[str, int], dict[int | str, list[Example]]] = {}
+    now, not an hour in); or the error. With args.tuning_split ({"share", "seed"}; training.study's), a
+    stratified tuning split is first taken out of each training file, kept as (task, TUNE) -> examples,
+    and the subsets are drawn from the rest ("all": the whole rest)."""
+    subsets: dict[tuple[str, int | str], dict[int | str, list[Example]] | list[Example]] = {}
+    split = getattr(args, "tuning_split", None)
     for task in args.tasks:
         full = load_task_file(base.file(task, "train"), task, labelled=True).examples
+        if split:
+            tune, rest = tuning_split(strata(task, [e.label for e in full]), split["share"], split["seed"])
+            subsets[task, TUNE] = [full[i] for i in tune]
+            full = [full[i] for i in rest]
         wanted = [len(full) if n == "all" else n for n in args.sizes]
         too_big = [n for n in wanted if n > len(full)]
         if too_big:
@@ -494,17 +538,21 @@ def sweep_run(args, base: TrainConfig, key: RunKey, subsets: dict, run_dir: Path
     """One run of the grid in its own directory, on its training subsets, with its arm's overrides."""
     _clean_run_dir(run_dir, out)
     (run_dir / MARKER).write_text(json.dumps({**key.to_dict(), "out": str(out.resolve())}) + "\n")
-    files = {}
+    files, report_dev = {}, {}
     for task in args.tasks:
         path = run_dir / f"{task}-train-subset.csv"
         write_course_file(path, task, subsets[task, key.seed][key.size])
         files[f"{task}_train"] = str(path)
+        if (task, TUNE) in subsets:  # the tuning split stands in for dev during training; dev only reports
+            files[f"{task}_dev"] = str(run_dir / f"{task}-tune-split.csv")
+            write_course_file(files[f"{task}_dev"], task, subsets[task, TUNE])
+            report_dev[task] = base.file(task, "dev")
     cfg = TrainConfig.from_dict({**base.to_dict(), **(overrides or {}), "files": files, "freeze_upto": key.depth,
                                  "seed": key.seed,
                                  "out_dir": str(run_dir), "predictions_dir": str(run_dir / "predictions"),
                                  "cache_dir": str(run_dir.parent / ".frozen-cache")})
     runner = measure if args.in_process else measure_isolated
-    return runner(cfg, args.threads)
+    return runner(cfg, args.threads, report_dev) if report_dev else runner(cfg, args.threads)
 
 
 def result_record(args, base: TrainConfig, key: RunKey, subsets: dict, run_dir: Path, m: dict,
@@ -515,8 +563,15 @@ def result_record(args, base: TrainConfig, key: RunKey, subsets: dict, run_dir: 
     epochs = [r for r in rows if "train_seconds" in r]
     evals = [r for r in rows if r.get("dev_overall") is not None]
     best_epoch = max(evals, key=lambda r: r["dev_overall"])["epoch"] if evals else None
-    return {**key.to_dict(),
-            "dev": m["metrics"], "best_epoch": best_epoch, "epochs": base.epochs,
+    split = getattr(args, "tuning_split", None)
+    # With a tuning split the trainer's "dev" was that split: it chose the kept evaluation (best_epoch);
+    # the dev sets scored the kept model once, afterwards.
+    selection = {"dev": m["report"]["metrics"], "tune": m["metrics"],
+                 "split": {**split, "n_tune": {t: len(subsets[t, TUNE]) for t in args.tasks}},
+                 "tune_curve": [[r["step"], r["epoch"], round(r["dev_overall"], 6)] for r in evals],
+                 "lr": (overrides or {}).get("lr", base.lr)} if split else {"dev": m["metrics"]}
+    return {**key.to_dict(), **selection,
+            "best_epoch": best_epoch, "epochs": base.epochs, "epochs_run": len(epochs),
             "n_train": {t: len(subsets[t, key.seed][key.size]) for t in args.tasks},
             "wall_seconds": round(m["wall_seconds"], 2),
             "train_seconds": round(sum(r["train_seconds"] for r in epochs), 2),
@@ -527,9 +582,50 @@ def result_record(args, base: TrainConfig, key: RunKey, subsets: dict, run_dir: 
             "cuda_peak_mib": None if m["cuda_peak_mib"] is None else round(m["cuda_peak_mib"], 1),
             "trainable_params": m["trainable_params"], "total_params": m["total_params"],
             "trainable_share": share(m["trainable_params"], m["total_params"]),
-            "threads": m["threads"], "run_dir": str(run_dir),
+            "threads": m["threads"], "run_dir": str(run_dir), **provenance(),
             "finished": time.strftime("%Y-%m-%dT%H:%M:%S"), "settings": settings,
             **({"overrides": overrides} if overrides else {})}
+
+
+def provenance() -> dict:
+    """Where a record was made: the code's commit (and whether its tree had uncommitted changes) and the
+    CPU, since a study's runs span days, code changes and machines."""
+    import platform
+    import subprocess
+
+    here = Path(__file__).resolve().parent
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True,
+                                timeout=30).stdout.strip() or None
+        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                                    capture_output=True, text=True, timeout=30).stdout.strip())
+    except (OSError, subprocess.SubprocessError):
+        commit, dirty = None, None
+    return {"commit": commit, "dirty": dirty, "cpu": _cpu_name() or platform.processor() or platform.machine()}
+
+
+def _cpu_name() -> str | None:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
+def write_dev_predictions(out: Path, key: RunKey, predictions: dict) -> str:
+    """A run's per-example dev predictions, gzipped JSON beside results.jsonl (the run directory is not
+    kept): the bootstrap over dev examples reads them. Returns the path relative to out."""
+    import gzip
+
+    folder = out / PREDICTIONS
+    folder.mkdir(parents=True, exist_ok=True)
+    path, tmp = folder / f"{key.name}.json.gz", folder / f".{key.name}.json.gz.tmp"
+    with gzip.open(tmp, "wt", encoding="utf-8") as f:
+        json.dump(predictions, f)
+    os.replace(tmp, path)
+    return str(path.relative_to(out))
 
 
 def default_runs_dir(out: str | os.PathLike) -> Path:

@@ -1,13 +1,16 @@
 """python -m training.study RECIPE: run a study's missing runs, then write its report.
 
-    python -m training.study depth --data-dir ../shared/data/cs224n --threads 1
-    python -m training.study depth --report-only       # the tables and figures from the results so far
+    python -m training.study depth --out studies/minilm --data-dir data --threads 1
+    python -m training.study depth --out studies/minilm --report-only   # the report from the results so far
+    python -m training.study whole --out studies/bert-base --model bert-base-uncased --data-dir data
 
-RECIPE is one of the built-in recipes (depth, size, seed-report: training/study/recipes/) or a JSON
-file of one's own. Each finished run is appended to RESULTS/results.jsonl at once (training.sweep's
-format), so a killed study loses only the run in progress, and rerunning the command goes on where
-it stopped. Start the same command in a second shell to train on two workers: each run is claimed by
-one. The report (report.md, report.csv and the figures) is rewritten after every run.
+RECIPE is one of the built-in recipes (training/study/recipes/: whole, depth, size, seed-report,
+schedules) or a JSON file of one's own. Each finished run is appended to OUT/results.jsonl at once
+(training.sweep's format), so a killed study loses only the run in progress, and rerunning the command
+goes on where it stopped. Start the same command in a second shell to train on two workers: each run is
+claimed by one. The report (report.md, report.csv and the figures) is rewritten after every run, in
+OUT/<the recipe's report folder>. The project's own record is --out docs/freezing-study (the small
+studies) and docs/freezing-study/whole (the whole-file study).
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ from ..signals import exit_on_sigterm
 from ..sweep import (RESULTS, RunKey, default_runs_dir, model_layers, read_results, settings_clash, settings_of,
                      training_subsets, work)
 from .figures import FIGURES
+from .protocol import ArmOverrides, role_of
 from .recipe import Recipe, available, load_recipe
 from .tables import MARKDOWN, write_csv
 
@@ -36,6 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("recipe", help=f"a built-in recipe ({', '.join(available())}) or a recipe file (JSON)")
     for name in ("data_dir", "model"):
         add_option(p, TrainConfig.__dataclass_fields__[name], help_suffix=" (default: %(default)s)")
+    p.add_argument("--out", default=None, help="folder for results.jsonl and the report (default: the recipe's "
+                   "\"results\" if it names one, else runs/study)")
     p.add_argument("--runs-dir", default=None, help="folder for the run directories (default: runs/<name of "
                    "RESULTS>-<hash of its path>-runs, as training.sweep)")
     p.add_argument("--threads", type=int, default=None, help="torch threads per run (default: torch's choice); "
@@ -67,6 +73,9 @@ def check(recipe: Recipe, base: TrainConfig) -> list[str]:
 
 
 def write_report(recipe: Recipe, results: Path, report: Path) -> Path:
+    if recipe.kind == "arms":
+        from .arms_report import write_arms_report
+        return write_arms_report(recipe, results, report)
     records = read_results(results / RESULTS)
     report.mkdir(parents=True, exist_ok=True)
     (report / "report.md").write_text(MARKDOWN[recipe.kind](recipe, records))
@@ -93,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: error: --threads must be >= 1, not {args.threads}", file=sys.stderr)
         return 2
     errors = check(recipe, base)
-    results, report = Path(recipe.results), Path(recipe.report)
+    results = Path(args.out or recipe.results or "runs/study")
+    report = results / (recipe.report or recipe.path.stem)
     records = read_results(results / RESULTS, repair=not (args.dry_run or args.report_only))
     errors += [e for e in [settings_clash(records, settings_of(base), results / RESULTS)] if e]
     if errors:
@@ -107,21 +117,28 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     rc = 0
     if not args.report_only:
-        rc = train(recipe, base, args, results)
+        rc = train(recipe, base, args, results, report)
     path = write_report(recipe, results, report)
     log.info("report: %s", path)
     return rc
 
 
-def train(recipe: Recipe, base: TrainConfig, args, results: Path) -> int:
-    ns = argparse.Namespace(tasks=recipe.tasks, sizes=recipe.sizes, seeds=recipe.seeds, in_process=args.in_process,
+def train(recipe: Recipe, base: TrainConfig, args, results: Path, report: Path) -> int:
+    arms_study = recipe.kind == "arms"
+    seeds = recipe.seeds + (recipe.lr_grid["tuning_seeds"] if arms_study else [])
+    ns = argparse.Namespace(tasks=recipe.tasks, sizes=recipe.sizes, seeds=seeds, in_process=args.in_process,
                             threads=args.threads, keep_going=args.keep_going, keep_checkpoints=args.keep_checkpoints,
-                            test_predictions=False)
+                            test_predictions=False, tuning_split=recipe.tuning_split)
     subsets = training_subsets(ns, base)
     if isinstance(subsets, str):
         print(f"{PROG}: error: {subsets}", file=sys.stderr)
         return 2
     runs_dir = Path(args.runs_dir or default_runs_dir(results))
     results.mkdir(parents=True, exist_ok=True)
-    return work(ns, base, recipe.plan, recipe.all_arms(), subsets, results, runs_dir,
-                after_each=lambda: write_report(recipe, results, Path(recipe.report)))
+    arms, annotate = recipe.all_arms(), None
+    if arms_study:
+        from .baselines import write_baselines
+        write_baselines(recipe, base, subsets, results)
+        arms, annotate = ArmOverrides(recipe), lambda key: {"seed_role": role_of(recipe, key)}
+    return work(ns, base, recipe.plan, arms, subsets, results, runs_dir,
+                after_each=lambda: write_report(recipe, results, report), annotate=annotate)

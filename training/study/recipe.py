@@ -12,6 +12,14 @@ per depth, cost arms, a table's rows). recipes/ holds the freezing study's three
      "cost": {"seeds": [1], "overrides": {"frozen_cache": "off"}},  optional (depth)
      "rows": [{"label", "depth", "arm", "published"}], "compare": [[label, label]]}  (table)
 
+An "arms" recipe (the clean protocol: a tuning split, tuning seeds apart from the reporting seeds, every
+point's rate tuned) lists "points" instead of depths x arms, with "tuning_split" and "lr_grid":
+training/study/protocol.py says how its runs are planned.
+
+Where a study writes: `--out DIR` (results.jsonl there, shared by recipes of the same settings, and the
+report in DIR/<report>, "report" being a folder name, by default the recipe file's name); a recipe's
+"results" is the default of --out.
+
 Depths are numbers of layers or shares of them (P%, rounded as --freeze-upto rounds it), resolved on
 the model's depth when the study starts, so one recipe means the same on 6 and 12 layers.
 """
@@ -28,9 +36,10 @@ from ..errors import ConfigError
 from ..sweep import PER_RUN, RunKey
 
 RECIPES = Path(__file__).with_name("recipes")
-KINDS = ("depth", "size", "table")
+KINDS = ("depth", "size", "table", "arms")
 KEYS = {"title", "about", "kind", "results", "report", "tasks", "depths", "sizes", "seeds", "train", "arms",
-        "lr_grid", "cost", "rows", "compare"}
+        "lr_grid", "cost", "rows", "compare", "points", "tuning_split"}
+REQUIRED = {"title", "kind", "tasks", "depths", "sizes", "seeds", "train"}
 COST_ARM = "nocache"
 
 
@@ -44,18 +53,20 @@ class Recipe:
     title: str
     about: str
     kind: str
-    results: str
-    report: str
     tasks: list[str]
     depths: list  # as written: int, "none" or "P%"
     sizes: list
-    seeds: list[int]
+    seeds: list[int]  # the reporting seeds (an arms study tunes on lr_grid's tuning_seeds, apart from these)
     train: dict
+    results: str | None = None  # the default --out
+    report: str | None = None   # the report's folder inside --out (default: the recipe file's name)
     arms: dict[str, dict] = field(default_factory=lambda: {"": {}})
     lr_grid: dict | None = None
     cost: dict | None = None
     rows: list[dict] = field(default_factory=list)
     compare: list[list[str]] = field(default_factory=list)
+    points: list[dict] = field(default_factory=list)
+    tuning_split: dict | None = None
     layers: int | None = None  # the model's depth, once resolve() has read it
 
     # ------------------------------------------------------------------ the grid
@@ -73,9 +84,10 @@ class Recipe:
         return list(dict.fromkeys(self.depth(d) for d in self.depths))
 
     def all_arms(self) -> dict[str, dict]:
-        """Every arm's overrides: the recipe's, the learning-rate grid's, the cost arm's."""
+        """Every arm's overrides: the recipe's, the learning-rate grid's, the cost arm's (an arms study's
+        runs add their rate to their point's arm: protocol.ArmOverrides)."""
         arms = dict(self.arms)
-        if self.lr_grid:
+        if self.lr_grid and self.kind != "arms":
             arms.update({lr_arm(lr): {"lr": lr} for lr in self.lr_grid["lrs"]})
         if self.cost:
             arms[COST_ARM] = dict(self.cost["overrides"])
@@ -92,7 +104,10 @@ class Recipe:
     def plan(self, records: list[dict]) -> list[RunKey]:
         """Every run the study needs, given the results so far: the grid, then the learning-rate grid on
         its tuning seeds, then each depth's best rate on the other seeds (known once its tuning runs
-        are in), then the cost arm."""
+        are in), then the cost arm. An arms study: protocol.Protocol's plan."""
+        if self.kind == "arms":
+            from .protocol import Protocol
+            return Protocol(self, records).plan()
         keys = self.base_keys()
         if self.lr_grid:
             keys += self.tuning_keys() + self.tuned_keys(records)
@@ -142,7 +157,7 @@ class Recipe:
     def resolve(self, layers: int) -> "Recipe":
         """Fix the depths on a model of `layers` layers; a depth past it is a ConfigError."""
         self.layers = layers
-        for d in self.depths + [r["depth"] for r in self.rows]:
+        for d in self.depths + [r["depth"] for r in self.rows + self.points]:
             if d != "none" and not -1 <= freeze_depth(d, layers) <= layers:
                 raise ConfigError(f"{self.path}: depth {d} is out of range for a model of {layers} layers "
                                   f"(-1 to {layers}, or a share P%)")
@@ -175,7 +190,9 @@ def load_recipe(name: str) -> Recipe:
 def recipe_problem(raw: dict) -> str | None:
     """The first thing wrong with a recipe's contents, as '<key>: why', else None."""
     unknown = sorted(set(raw) - KEYS)
-    missing = sorted({"title", "kind", "results", "report", "tasks", "depths", "sizes", "seeds", "train"} - set(raw))
+    if raw.get("kind") == "arms" and "depths" not in raw and isinstance(raw.get("points"), list):
+        raw["depths"] = list(dict.fromkeys(p.get("depth") for p in raw["points"] if isinstance(p, dict)))
+    missing = sorted(REQUIRED - set(raw))
     if unknown or missing:
         return f"unknown key(s) {', '.join(unknown)}" if unknown else f"missing key(s) {', '.join(missing)}"
     raw.setdefault("about", "")
@@ -201,6 +218,8 @@ def recipe_problem(raw: dict) -> str | None:
 
 
 def _extras_problem(raw: dict) -> str | None:
+    if raw["kind"] == "arms":
+        return _arms_problem(raw)
     grid = raw.get("lr_grid")
     if grid is not None and not (isinstance(grid, dict) and set(grid) == {"lrs", "tuning_seeds"}
                                  and _list_of(grid["lrs"], (int, float)) and all(x > 0 for x in grid["lrs"])
@@ -226,6 +245,40 @@ def _extras_problem(raw: dict) -> str | None:
         if not (isinstance(pair, list) and len(pair) == 2 and set(pair) <= set(labels)):
             return f"compare: {pair!r} must be two of the rows' labels"
     return None
+
+
+def _arms_problem(raw: dict) -> str | None:
+    """An arms study's own keys: tuning_split, lr_grid (tuning seeds apart from the reporting seeds), points."""
+    split, grid, points = raw.get("tuning_split"), raw.get("lr_grid"), raw.get("points")
+    if not (isinstance(split, dict) and set(split) == {"share", "seed"} and isinstance(split["share"], float)
+            and 0 < split["share"] <= 0.5 and isinstance(split["seed"], int)):
+        return 'tuning_split must be {"share": a fraction in (0, 0.5], "seed": an integer}'
+    if not (isinstance(grid, dict) and {"lrs", "tuning_seeds"} <= set(grid) <= {"lrs", "tuning_seeds", "max_extensions"}
+            and _rates_ok(grid["lrs"]) and _list_of(grid["tuning_seeds"], int) and grid["tuning_seeds"]
+            and not set(grid["tuning_seeds"]) & set(raw["seeds"])
+            and isinstance(grid.get("max_extensions", 0), int) and grid.get("max_extensions", 0) >= 0):
+        return ('lr_grid must be {"lrs": [rates > 0], "tuning_seeds": [seeds apart from the reporting seeds], '
+                '"max_extensions": N >= 0 (optional)}')
+    arms = raw.get("arms", {"": {}})
+    if not (isinstance(points, list) and points):
+        return "points must be a list of {label, depth, arm[, lrs | lr_of]}"
+    labels = [p.get("label") for p in points if isinstance(p, dict)]
+    for p in points:
+        if not (isinstance(p, dict) and {"label", "depth", "arm"} <= set(p) <= {"label", "depth", "arm", "lrs", "lr_of", "size"}
+                and p.get("size", raw["sizes"][0]) in raw["sizes"]
+                and isinstance(p["label"], str) and labels.count(p["label"]) == 1 and _depth_ok(p["depth"])
+                and p["arm"] in arms and ("lrs" not in p or _rates_ok(p["lrs"]))
+                and ("lr_of" not in p or ("lrs" not in p and p["lr_of"] in labels))):
+            return (f"points: {p!r} needs a unique label, a depth, one of the arms, at most one of lrs "
+                    f"(rates > 0) or lr_of (another point's label), and a size among sizes, if any")
+    chained = [p["label"] for p in points if "lr_of" in p and "lr_of" in points[labels.index(p["lr_of"])]]
+    if chained:
+        return f"points: {chained[0]!r} takes its rate from a point that takes its own from another (lr_of)"
+    return None
+
+
+def _rates_ok(lrs) -> bool:
+    return _list_of(lrs, (int, float)) and bool(lrs) and all(x > 0 for x in lrs)
 
 
 def options_problem(options: dict) -> str | None:

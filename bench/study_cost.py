@@ -1,0 +1,129 @@
+"""What each point of the freezing study costs, measured apart from the study on an otherwise idle
+machine: the points trained one at a time, interleaved over rounds, end to end (model loading, the
+frozen-prefix cache's building, the epochs, an evaluation per epoch), each in a fresh process.
+
+    python bench/study_cost.py --threads 1 --examples 2000 --epochs 2 --rounds 3
+    python bench/study_cost.py --results docs/freezing-study/whole --points "full fine-tuning" "3 layers frozen"
+
+Per point: seconds per training epoch (median and interquartile range over rounds), the whole run's
+seconds, the cache's building, peak resident memory of the run's process, the time to reach a share
+(--share, 95%) of full fine-tuning's best dev overall of the same round (the cache's building and the
+training epochs up to the first evaluation at or above it), and, for points with frozen layers, the same
+run with `--frozen-cache off`: the cache's own gain. The rates are the study's choices where --results
+holds them, else the middle of each point's grid; the order of the points rotates from round to round so
+that background load hits all alike.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import statistics
+import tempfile
+from pathlib import Path
+
+from common import cpu_model, data_parser  # noqa: E402  (puts the repository on sys.path)
+from training.config import TrainConfig  # noqa: E402
+from training.study.protocol import Protocol  # noqa: E402
+from training.study.recipe import load_recipe  # noqa: E402
+from training.sweep import RESULTS, measure_isolated, model_layers, read_results  # noqa: E402
+
+NOCACHE = " (cache off)"
+
+
+def arms(recipe, records: list[dict], labels: list[str] | None) -> dict[str, dict]:
+    """label -> the point's options (its arm, depth and rate), and a cache-off twin for frozen depths."""
+    protocol = Protocol(recipe, records)
+    out = {}
+    for point in recipe.points:
+        if labels and point["label"] not in labels or "lr_of" in point:
+            continue
+        grid = sorted(point.get("lrs") or recipe.lr_grid["lrs"])
+        lr = protocol.chosen(point["label"]) or grid[len(grid) // 2]
+        depth = recipe.depth(point["depth"])
+        out[point["label"]] = {**recipe.arms[point["arm"]], "freeze_upto": depth, "lr": lr}
+        if depth is not None and depth >= 1:
+            out[point["label"] + NOCACHE] = {**out[point["label"]], "frozen_cache": "off"}
+    return out
+
+
+def one_run(base: dict, options: dict, out: Path, threads: int | None) -> dict:
+    cfg = TrainConfig(**{**base, **options, "out_dir": str(out), "predictions_dir": str(out / "pred"),
+                         "cache_dir": str(out / "cache")})
+    m = measure_isolated(cfg, threads)
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    epochs = [r for r in rows if "train_seconds" in r]
+    return {"wall": m["wall_seconds"], "epochs": [r["train_seconds"] for r in epochs], "rss": m["peak_rss_mib"],
+            "cache": sum(r.get("frozen_cache_seconds") or 0 for r in epochs),
+            "curve": [(r["epoch"], r["dev_overall"]) for r in rows if r.get("dev_overall") is not None]}
+
+
+def time_to(run: dict, target: float) -> float | None:
+    """The cache's building and the training epochs up to the first evaluation at or above target."""
+    spent = run["cache"]
+    for (epoch, score), seconds in zip(run["curve"], run["epochs"]):
+        spent += seconds
+        if score >= target:
+            return spent
+    return None
+
+
+def quartiles(xs: list[float]) -> tuple[float, float, float]:
+    if len(xs) < 2:
+        return xs[0], xs[0], xs[0]
+    q1, med, q3 = statistics.quantiles(xs, n=4, method="inclusive")
+    return med, q1, q3
+
+
+def main() -> None:
+    p = data_parser(__doc__)
+    p.add_argument("--recipe", default="whole", help="the study's recipe (default: %(default)s)")
+    p.add_argument("--results", default=None, help="the study's --out folder, for its chosen rates (default: none)")
+    p.add_argument("--points", nargs="+", default=None, help="the points' labels (default: every tuned point)")
+    p.add_argument("--examples", type=int, default=2000, help="training examples per task (default: %(default)s)")
+    p.add_argument("--eval-examples", type=int, default=1000, help="dev examples per task (default: %(default)s)")
+    p.add_argument("--epochs", type=int, default=2, help="(default: %(default)s)")
+    p.add_argument("--rounds", type=int, default=3, help="runs of every point (default: %(default)s)")
+    p.add_argument("--share", type=float, default=0.95, help="of full fine-tuning's best dev overall (default: %(default)s)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads per run (default: torch's choice)")
+    args = p.parse_args()
+    recipe = load_recipe(args.recipe).resolve(model_layers(args.model))
+    records = read_results(Path(args.results) / RESULTS) if args.results else []
+    points = arms(recipe, records, args.points)
+    base = {**recipe.train, "model": args.model, "data_dir": args.data_dir, "max_train_examples": args.examples,
+            "max_eval_examples": args.eval_examples, "epochs": args.epochs, "early_stop_patience": None,
+            "test_predictions": False, "save_every": 0, "keep_last": 1, "log_every": 1000, "frozen_cache":
+            recipe.train.get("frozen_cache", "auto")}
+    names, runs = list(points), {n: [] for n in points}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(args.rounds):
+            for i, name in enumerate(names[r % len(names):] + names[:r % len(names)]):
+                runs[name].append(one_run(base, points[name], Path(tmp) / f"r{r}-{i}", args.threads))
+                print(f"round {r + 1}: {name:48s} {runs[name][-1]['wall']:7.1f} s", flush=True)
+    report(args, names, runs)
+
+
+def report(args, names: list[str], runs: dict[str, list[dict]]) -> None:
+    full = runs[names[0]]  # the recipe's first point: full fine-tuning
+    print(f"\n# {cpu_model()}, {args.threads or 'default'} thread(s), {datetime.date.today()}; {args.examples} "
+          f"training and {args.eval_examples} dev examples per task, {args.epochs} epochs, {args.rounds} rounds")
+    print(f"{'point':48s} {'s/epoch median [IQR]':>24s} {'run s':>7s} {'cache s':>7s} {'peak MiB':>8s} "
+          f"{f'to {args.share:.0%} of full':>14s}")
+    for name in names:
+        per_epoch = [s for run in runs[name] for s in run["epochs"]]
+        med, q1, q3 = quartiles(per_epoch)
+        reach = [time_to(run, args.share * max(s for _, s in f["curve"])) for run, f in zip(runs[name], full)]
+        got = [x for x in reach if x is not None]
+        print(f"{name:48s} {med:8.1f} [{q1:6.1f}-{q3:6.1f}] {statistics.median(r['wall'] for r in runs[name]):7.1f} "
+              f"{statistics.median(r['cache'] for r in runs[name]):7.1f} "
+              f"{statistics.median(r['rss'] for r in runs[name]):8.0f} "
+              f"{(f'{statistics.median(got):10.1f} s' if got else 'not reached'):>14s}"
+              + (f" ({len(got)}/{len(reach)} rounds)" if got and len(got) < len(reach) else ""))
+    for name in names:
+        if name + NOCACHE in runs:
+            on = quartiles([s for run in runs[name] for s in run["epochs"]])[0]
+            off = quartiles([s for run in runs[name + NOCACHE] for s in run["epochs"]])[0]
+            print(f"cache gain per epoch, {name}: {off / on:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,292 @@
+"""The freezing study's clean protocol (training/study/protocol.py, arms.py, baselines.py): the tuning split,
+the rate ladder and its edge extension, what is tuned and what reports, the statistics against values
+computed by hand, and a tiny arms study run for real whose records and prediction files are checked
+against an independent scoring of the dev files."""
+import gzip
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import stats as sps
+
+import tiny_runs
+from training import sweep as S
+from training.study import arms as A
+from training.study import baselines as B
+from training.study import cli as C
+from training.study.protocol import Protocol, ladder, run_arm, split_run_arm
+from training.study.recipe import load_recipe
+
+TASKS = "sst+para+sts"
+
+
+def arms_recipe(tmp_path, **over) -> dict:
+    raw = {"title": "t", "kind": "arms", "tasks": ["sst", "para", "sts"], "sizes": ["all"], "seeds": [1, 2],
+           "train": {"epochs": 2, "batch_size": 4, "device": "cpu", "precision": "fp32", "frozen_cache": "disk"},
+           "tuning_split": {"share": 0.25, "seed": 0},
+           "lr_grid": {"lrs": [0.001, 0.003], "tuning_seeds": [7], "max_extensions": 1},
+           "arms": {"": {}, "b": {"head_dropout": 0.2}},
+           "points": [{"label": "full", "depth": "none", "arm": ""}, {"label": "one", "depth": 1, "arm": "b"},
+                      {"label": "full at one's", "depth": "none", "arm": "", "lr_of": "one"}], **over}
+    path = tmp_path / "arms.json"
+    path.write_text(json.dumps(raw))
+    return path
+
+
+def loaded(tmp_path, **over):
+    return load_recipe(str(arms_recipe(tmp_path, **over))).resolve(2)
+
+
+def tuning_record(depth, arm, lr, score, seed=7):
+    return {"tasks": TASKS, "depth": depth, "size": "all", "seed": seed, "arm": run_arm(arm, lr),
+            "tune": {"overall": score}, "dev": {"overall": 0.5}}
+
+
+# ----------------------------------------------------------------------------- the tuning split
+
+
+def test_the_tuning_split_is_stratified_disjoint_and_fixed_by_its_own_seed():
+    labels = [0] * 60 + [1] * 30 + [2] * 10
+    tune, rest = S.tuning_split(labels, 0.1, seed=0)
+    assert sorted(tune + rest) == list(range(100)) and not set(tune) & set(rest)
+    assert [sum(labels[i] == c for i in tune) for c in (0, 1, 2)] == [6, 3, 1]  # 10% of each class
+    assert S.tuning_split(labels, 0.1, seed=0) == (tune, rest)
+    assert S.tuning_split(labels, 0.1, seed=1)[0] != tune
+
+
+def test_training_subsets_never_hold_a_tuning_example(tmp_path):
+    data, _ = tiny_runs.inputs(tmp_path)
+    from argparse import Namespace
+    from training.config import TrainConfig
+    ns = Namespace(tasks=["sst", "para", "sts"], sizes=["all"], seeds=[1, 2], tuning_split={"share": 0.25, "seed": 0})
+    subsets = S.training_subsets(ns, TrainConfig(data_dir=str(data)))
+    for task in ns.tasks:
+        tune = {e.id for e in subsets[task, S.TUNE]}
+        train = {e.id for e in subsets[task, 1]["all"]}
+        assert len(tune) == 3 and len(train) == tiny_runs.N - 3 and not tune & train
+        assert train == {e.id for e in subsets[task, 2]["all"]}  # "all" is the whole rest, whatever the seed
+
+
+# ----------------------------------------------------------------------------- rates and the plan
+
+
+@pytest.mark.parametrize("lr, up, down", [(1e-4, 3e-4, 3e-5), (3e-4, 1e-3, 1e-4), (0.001, 0.003, 0.0003),
+                                          (3e-5, 1e-4, 1e-5)])
+def test_the_ladder_goes_one_three_ten(lr, up, down):
+    assert ladder(lr, True) == pytest.approx(up) and ladder(lr, False) == pytest.approx(down)
+
+
+def test_a_rate_off_the_ladder_moves_by_root_ten():
+    assert ladder(2e-4, True) == pytest.approx(float(f"{2e-4 * math.sqrt(10):.3g}"))
+
+
+def test_run_arms_name_the_rate_and_read_back():
+    assert run_arm("", 1e-4) == "lr0.0001" and run_arm("lora4", 3e-5) == "lora4-lr3e-05"
+    assert split_run_arm("lora4-lr3e-05") == ("lora4", 3e-5) and split_run_arm("lr0.001") == ("", 0.001)
+
+
+def test_tuning_comes_first_and_reporting_waits_for_the_choice(tmp_path):
+    recipe = loaded(tmp_path)
+    keys = [k.name for k in recipe.plan([])]
+    assert keys == [f"{TASKS}-freezenone-nall-seed7-lr0.001", f"{TASKS}-freezenone-nall-seed7-lr0.003",
+                    f"{TASKS}-freeze1-nall-seed7-b-lr0.001", f"{TASKS}-freeze1-nall-seed7-b-lr0.003"]
+
+
+def test_an_edge_choice_extends_the_grid_then_the_interior_choice_reports(tmp_path):
+    recipe = loaded(tmp_path)
+    records = [tuning_record(None, "", 0.001, 0.60), tuning_record(None, "", 0.003, 0.62)]  # best on the top edge
+    assert Protocol(recipe, records).tried(recipe.points[0]) == ([0.001, 0.003, 0.01], None)
+    records.append(tuning_record(None, "", 0.01, 0.55))  # 0.003 is now inside
+    protocol = Protocol(recipe, records)
+    assert protocol.tried(recipe.points[0]) == ([0.001, 0.003, 0.01], 0.003)
+    names = [k.name for k in recipe.plan(records)]
+    assert f"{TASKS}-freezenone-nall-seed1-lr0.003" in names and f"{TASKS}-freezenone-nall-seed2-lr0.003" in names
+    assert not any("seed1" in n and "freeze1" in n for n in names)  # point "one" is still tuning
+    assert protocol.chosen("full at one's") is None  # and so is the point that takes its rate
+
+
+def test_the_extension_stops_at_max_extensions_and_a_tie_takes_the_smaller_rate(tmp_path):
+    recipe = loaded(tmp_path)
+    records = [tuning_record(1, "b", lr, s) for lr, s in [(0.001, 0.5), (0.003, 0.6), (0.01, 0.7)]]
+    assert Protocol(recipe, records).tried(recipe.points[1]) == ([0.001, 0.003, 0.01], 0.01)  # 1 extension only
+    tie = [tuning_record(None, "", lr, 0.6) for lr in (0.0003, 0.001, 0.003)]
+    assert Protocol(recipe, tie).tried(recipe.points[0])[1] == 0.0003
+
+
+def test_lr_of_trains_at_the_other_points_rate(tmp_path):
+    recipe = loaded(tmp_path)
+    records = [tuning_record(1, "b", lr, s) for lr, s in [(0.0003, 0.4), (0.001, 0.5), (0.003, 0.45)]]
+    protocol = Protocol(recipe, records)
+    assert protocol.chosen("one") == 0.001 and protocol.chosen("full at one's") == 0.001
+    assert S.RunKey(TASKS, None, "all", 1, "lr0.001") in recipe.plan(records)
+
+
+@pytest.mark.parametrize("over, says", [
+    ({"lr_grid": {"lrs": [0.001], "tuning_seeds": [1]}}, "tuning_seeds"),  # a reporting seed
+    ({"tuning_split": {"share": 0.7, "seed": 0}}, "tuning_split"),
+    ({"points": [{"label": "a", "depth": "none", "arm": "x"}]}, "points"),
+    ({"points": [{"label": "a", "depth": "none", "arm": "", "lr_of": "a"},
+                 {"label": "b", "depth": "none", "arm": "", "lr_of": "a"}]}, "lr_of"),
+])
+def test_a_bad_arms_recipe_is_one_line_naming_its_key(tmp_path, over, says, capsys):
+    path = arms_recipe(tmp_path, **over)
+    assert C.main([str(path), "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and says in err and str(path) in err
+
+
+# ----------------------------------------------------------------------------- statistics, by hand
+
+
+def test_holm_steps_down_and_keeps_the_order():
+    # sorted 0.01, 0.03, 0.04 -> 3 * 0.01, max(0.03, 2 * 0.03), max(0.06, 1 * 0.04)
+    assert A.holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    assert A.holm([0.5, math.nan, 0.4]) == pytest.approx([0.8, math.nan, 0.8], nan_ok=True)  # nan is not counted
+    assert A.holm([0.9, 0.8]) == [1.0, 1.0]
+
+
+def test_the_t_interval_is_the_textbook_one():
+    xs = [0.70, 0.72, 0.71, 0.69, 0.73]
+    mean, sd = 0.71, math.sqrt(sum((x - 0.71) ** 2 for x in xs) / 4)
+    half = 2.7764451051977987 * sd / math.sqrt(5)  # t(0.975, 4 df), from a table
+    assert A.t_interval(xs) == pytest.approx((mean - half, mean + half))
+    assert all(math.isnan(v) for v in A.t_interval([0.7]))
+
+
+def test_the_sd_interval_is_the_chi_square_one():
+    xs = [0.70, 0.72, 0.71, 0.69, 0.73]
+    sd = float(np.std(xs, ddof=1))
+    # chi2(0.975, 4) = 11.1433, chi2(0.025, 4) = 0.4844 (tables)
+    assert A.sd_interval(xs) == pytest.approx((sd * math.sqrt(4 / 11.143287), sd * math.sqrt(4 / 0.484419)), rel=1e-5)
+
+
+def test_normalised_quality_puts_trivial_at_zero_and_full_at_one():
+    assert A.normalised(0.459, 0.459, 0.745) == 0 and A.normalised(0.745, 0.459, 0.745) == 1
+    assert A.normalised(0.432, 0.459, 0.745) == pytest.approx((0.432 - 0.459) / (0.745 - 0.459))  # below trivial: < 0
+
+
+def test_bootstrap_p_is_twice_the_smaller_tail():
+    assert A.bootstrap_p(np.array([0.1] * 97 + [-0.1] * 3)) == pytest.approx(0.06)
+    assert A.bootstrap_p(np.array([0.1] * 50 + [-0.1] * 50)) == 1.0
+
+
+def _reporting(depth, arm, lr, seed, overall):
+    dev = {"sst_acc": overall, "para_acc": overall, "sts_pearson": 2 * overall - 1, "overall": overall}
+    return {"tasks": TASKS, "depth": depth, "size": "all", "seed": seed, "arm": run_arm(arm, lr), "dev": dev,
+            "tune": {"overall": overall}, "best_epoch": 1, "trainable_params": 10, "total_params": 20}
+
+
+def test_reported_scores_leave_out_the_tuning_runs(tmp_path):
+    recipe = loaded(tmp_path)
+    records = ([tuning_record(None, "", lr, s) for lr, s in [(0.0003, 0.5), (0.001, 0.7), (0.003, 0.6)]]
+               + [tuning_record(1, "b", lr, s) for lr, s in [(0.0003, 0.5), (0.001, 0.4), (0.003, 0.35)]]
+               + [_reporting(None, "", 0.001, 1, 0.70), _reporting(None, "", 0.001, 2, 0.74),
+                  _reporting(1, "b", 0.0003, 1, 0.63), _reporting(1, "b", 0.0003, 2, 0.69)])
+    rows = {(r["label"], r["metric"]): r for r in A.point_rows(recipe, records, {"trivial": {"overall": 0.46}})}
+    full, one = rows["full", "overall"], rows["one", "overall"]
+    assert full["values"] == {1: 0.70, 2: 0.74} and full["mean"] == pytest.approx(0.72)  # not the 0.5 of seed 7
+    assert one["lr"] == 0.0003 and one["lee"] == pytest.approx((0.63 / 0.70 + 0.69 / 0.74) / 2)
+    assert one["normalised"] == pytest.approx(((0.63 - 0.46) / (0.70 - 0.46) + (0.69 - 0.46) / (0.74 - 0.46)) / 2)
+    assert ("full at one's", "overall") not in rows  # at one's rate, 0.0003: runs of its own, none yet
+
+
+# ----------------------------------------------------------------------------- baselines
+
+
+def test_trivial_scores_by_hand():
+    got = B.trivial_scores({"sst": [3, 3, 1, 2], "para": [0.0, 1.0, 0.0]},
+                           {"sst": [3, 1, 1, 3, 0], "para": [1.0, 0.0, 0.0, 0.0], "sts": [1.0, 2.5, 4.0]})
+    assert got["sst_acc"] == pytest.approx(2 / 5) and got["para_acc"] == pytest.approx(3 / 4)
+    assert got["sts_pearson"] == 0.0 and got["overall"] == pytest.approx((2 / 5 + 3 / 4 + 0.5) / 3)
+
+
+def test_the_threshold_is_the_best_midpoint():
+    cos = np.array([0.1, 0.4, 0.5, 0.9])
+    labels = np.array([0, 0, 1, 1])
+    assert B.best_threshold(cos, labels) == pytest.approx(0.45)
+
+
+# ----------------------------------------------------------------------------- a tiny arms study, for real
+
+
+def test_a_tiny_arms_study_reports_the_kept_models_dev_scores(tmp_path):
+    from data.loaders import COURSE_FILES, load_task_file
+    from training.evaluate import METRIC, score
+
+    data, enc = tiny_runs.inputs(tmp_path)
+    path = arms_recipe(tmp_path, points=[{"label": "full", "depth": "none", "arm": ""},
+                                         {"label": "one", "depth": 1, "arm": "b"}])
+    out = tmp_path / "out"
+    args = [str(path), "--model", str(enc), "--data-dir", str(data), "--in-process", "--threads", "1",
+            "--runs-dir", str(tmp_path / "runs"), "--out", str(out), "--keep-checkpoints"]
+    assert C.main(args) == 0
+    records = S.read_results(out / "results.jsonl")
+    roles = {r["seed"]: r["seed_role"] for r in records}
+    assert roles == {7: "tuning", 1: "reporting", 2: "reporting"}
+    for r in records:
+        assert r["commit"] and r["cpu"] and r["split"]["n_tune"] == {"sst": 3, "para": 3, "sts": 3}
+        assert r["lr"] == split_run_arm(r["arm"])[1]
+        # the kept evaluation is the best on the tuning split, by its metrics.jsonl (the dev sets chose nothing)
+        rows = [json.loads(x) for x in (Path(r["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
+        evals = [x for x in rows if x.get("dev_overall") is not None]
+        assert r["tune"]["overall"] == max(x["dev_overall"] for x in evals)
+        # the stored predictions score, on the real dev files, what the record says
+        with gzip.open(out / r["dev_predictions"], "rt") as f:
+            preds = json.load(f)
+        for task in ("sst", "para", "sts"):
+            labels = [e.label for e in load_task_file(data / COURSE_FILES[task]["dev"], task, labelled=True).examples]
+            assert score(task, np.array(preds[task]), labels) == pytest.approx(r["dev"][METRIC[task]], abs=1e-5)
+    assert (out / "baselines.json").is_file() and (out / "arms" / "report.md").is_file()
+    report = (out / "arms" / "report.md").read_text()
+    assert "## Against full" in report and "| one | overall | 2 |" in report
+    assert not (tmp_path / "docs").exists()
+
+
+# ----------------------------------------------------------------------------- the embeddings question
+
+
+def test_unseen_examples_hold_a_piece_outside_training():
+    assert B.unseen_examples({1, 2, 3}, [{1, 2}, {4}, {3, 5}, set()]) == [1, 2]
+
+
+def test_pieces_are_both_sentences_without_the_special_tokens(tmp_path):
+    from data.loaders import Example
+    from minbert import Tokenizer
+    _, enc = tiny_runs.inputs(tmp_path)
+    tok = Tokenizer.from_checkpoint(enc)
+    ids = {w: tok.backend.token_to_id(w) for w in ("apple", "river", "stone")}
+    got = B.pieces(tok, [Example("a", "apple river", "stone", 1.0), Example("b", "river", None, 2)], 16)
+    assert got == [{ids["apple"], ids["river"], ids["stone"]}, {ids["river"]}]
+
+
+def _write_predictions(results: Path, name: str, preds: dict) -> str:
+    folder = results / "p"
+    folder.mkdir(parents=True, exist_ok=True)
+    with gzip.open(folder / f"{name}.json.gz", "wt") as f:
+        json.dump(preds, f)
+    return f"p/{name}.json.gz"
+
+
+def test_split_scores_by_hand(tmp_path):
+    recipe = loaded(tmp_path, points=[{"label": "full", "depth": "none", "arm": ""},
+                                      {"label": "emb", "depth": -1, "arm": ""}])
+    labels = {"sst": np.array([0, 1, 2, 3, 4, 0])}
+    unseen = {"sst": [0, 5]}  # examples 0 and 5 hold an unseen piece
+    records = []
+    for depth, lr, seed, preds in [(None, 0.001, 1, [0, 1, 2, 0, 0, 1]), (None, 0.001, 2, [1, 1, 2, 3, 0, 1]),
+                                   (-1, 0.001, 1, [0, 1, 0, 0, 0, 0]), (-1, 0.001, 2, [0, 0, 2, 3, 4, 0])]:
+        r = _reporting(depth, "", lr, seed, 0.5)
+        r["dev_predictions"] = _write_predictions(tmp_path, f"{depth}-{seed}", {"sst": preds})
+        records.append(r)
+    for depth in (None, -1):  # tuning: 0.001 best of 0.0003, 0.001, 0.003
+        records += [tuning_record(depth, "", lr, s) for lr, s in [(0.0003, 0.4), (0.001, 0.5), (0.003, 0.45)]]
+    rows = {r["label"]: r for r in A.split_scores(recipe, records, tmp_path, labels, unseen)}
+    # full: unseen (0, 5) right 1 of 2 on seed 1, 0 of 2 on seed 2; seen (1-4) 2 of 4, then 3 of 4
+    full_unseen, full_seen = (1 / 2 + 0 / 2) / 2, (2 / 4 + 3 / 4) / 2
+    emb_unseen, emb_seen = (2 / 2 + 2 / 2) / 2, (1 / 4 + 3 / 4) / 2
+    assert rows["full"]["unseen"] == pytest.approx(full_unseen) and rows["full"]["seen"] == pytest.approx(full_seen)
+    assert rows["emb"]["unseen"] == pytest.approx(emb_unseen) and rows["emb"]["seen"] == pytest.approx(emb_seen)
+    assert rows["emb"]["unseen_diff"] == pytest.approx(emb_unseen - full_unseen)
+    assert rows["emb"]["n_unseen"] == 2 and rows["emb"]["n_seen"] == 4

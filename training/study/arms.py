@@ -1,0 +1,200 @@
+"""What an arms study (training/study/protocol.py) reports, from its records: each point's dev scores on
+the reporting seeds with a 95% interval, its quality as Lee et al.'s ratio and normalised between the
+trivial predictor and full fine-tuning, its spread over seeds, and each point against full fine-tuning
+(paired by seed, and by a bootstrap over dev examples) with Holm's correction over the points. Tuning
+runs never enter: they chose the rates. Plain functions of records, each checked by hand in the tests.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+from scipy import stats as sps
+
+from ..evaluate import METRIC
+from ..stats import bootstrap_diffs, interval, mean_sd, overall_diffs, paired_tests
+from .protocol import Protocol
+
+LEVEL = 0.95
+METRICS = ("sst_acc", "para_acc", "sts_pearson", "overall")
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+def t_interval(values, level: float = LEVEL) -> tuple[float, float]:
+    """The mean's t interval over seeds: mean -+ t(n-1) * sd / sqrt(n); nan with fewer than two."""
+    xs = np.asarray(values, dtype=np.float64)
+    if len(xs) < 2:
+        return math.nan, math.nan
+    half = sps.t.ppf((1 + level) / 2, len(xs) - 1) * xs.std(ddof=1) / math.sqrt(len(xs))
+    return float(xs.mean() - half), float(xs.mean() + half)
+
+
+def sd_interval(values, level: float = LEVEL) -> tuple[float, float]:
+    """The sample sd's chi-square interval: sd * sqrt((n-1) / chi2 quantiles), for normal scores."""
+    xs = np.asarray(values, dtype=np.float64)
+    n = len(xs)
+    if n < 2:
+        return math.nan, math.nan
+    sd = xs.std(ddof=1)
+    lo = sd * math.sqrt((n - 1) / sps.chi2.ppf((1 + level) / 2, n - 1))
+    hi = sd * math.sqrt((n - 1) / sps.chi2.ppf((1 - level) / 2, n - 1))
+    return float(lo), float(hi)
+
+
+def holm(pvalues: list[float]) -> list[float]:
+    """Holm's step-down adjusted p-values, in the input's order (nan stays nan, and is not counted)."""
+    real = [(p, i) for i, p in enumerate(pvalues) if not math.isnan(p)]
+    m, out, running = len(real), [math.nan] * len(pvalues), 0.0
+    for rank, (p, i) in enumerate(sorted(real)):
+        running = max(running, min(1.0, (m - rank) * p))
+        out[i] = running
+    return out
+
+
+def bootstrap_p(diffs: np.ndarray) -> float:
+    """Two-sided bootstrap p of a difference: twice the smaller share of resamples on either side of 0."""
+    diffs = np.asarray(diffs)
+    return float(min(1.0, 2 * min(np.mean(diffs <= 0), np.mean(diffs >= 0))))
+
+
+def normalised(score: float, trivial: float, full: float) -> float:
+    """Where a score sits between the trivial predictor (0) and full fine-tuning (1)."""
+    return (score - trivial) / (full - trivial) if full != trivial else math.nan
+
+
+# --------------------------------------------------------------------------- per point
+
+
+def point_rows(recipe, records: list[dict], baselines: dict | None, reference: str | None = None) -> list[dict]:
+    """One row per (point, metric) with reporting runs: per-seed values, mean, t interval, sd and its
+    interval, the mean of the per-seed ratios to the reference (full fine-tuning) of the same seed (Lee
+    et al.), and the mean normalised quality."""
+    protocol = Protocol(recipe, records)
+    reference = reference or recipe.points[0]["label"]
+    full = protocol.reporting(reference)
+    trivial = (baselines or {}).get("trivial", {})
+    rows = []
+    for point in recipe.points:
+        runs = protocol.reporting(point["label"])
+        if not runs:
+            continue
+        for metric in METRICS:
+            values = {s: r["dev"][metric] for s, r in runs.items() if metric in r["dev"]}
+            if not values:
+                continue
+            paired = [s for s in values if s in full]
+            ratio = [values[s] / full[s]["dev"][metric] for s in paired if full[s]["dev"][metric]]
+            norm = ([normalised(values[s], trivial[metric], full[s]["dev"][metric]) for s in paired]
+                    if metric in trivial else [])
+            mean, sd = mean_sd(list(values.values()))
+            rows.append({"label": point["label"], "depth": recipe.depth(point["depth"]), "arm": point["arm"],
+                         "lr": protocol.chosen(point["label"]), "metric": metric, "values": values, "mean": mean,
+                         "ci": t_interval(list(values.values())), "sd": sd, "sd_ci": sd_interval(list(values.values())),
+                         "lee": float(np.mean(ratio)) if ratio else math.nan,
+                         "normalised": float(np.mean(norm)) if norm else math.nan,
+                         "best_epochs": [r.get("best_epoch") for r in runs.values()],
+                         "trainable_params": next(iter(runs.values())).get("trainable_params"),
+                         "total_params": next(iter(runs.values())).get("total_params")})
+    return rows
+
+
+# --------------------------------------------------------------------------- against full fine-tuning
+
+
+def read_predictions(results: Path, record: dict) -> dict[str, np.ndarray]:
+    with gzip.open(Path(results) / record["dev_predictions"], "rt", encoding="utf-8") as f:
+        return {task: np.asarray(p, dtype=np.float64) for task, p in json.load(f).items()}
+
+
+def versus(recipe, records: list[dict], results: Path, dev_labels: dict[str, np.ndarray], reference: str | None = None,
+           reps: int = 2000, seed: int = 0) -> list[dict]:
+    """Every point against the reference, per metric: the paired difference over the seeds both have (mean,
+    t interval, paired t p), the bootstrap over dev examples (each resample scores every run of both on the
+    same examples; the difference of their means over seeds: its 95% interval and p), and Holm's
+    adjustment of each p over the points (one family per metric and test)."""
+    protocol = Protocol(recipe, records)
+    reference = reference or recipe.points[0]["label"]
+    ref_runs, out = protocol.reporting(reference), []
+    for point in recipe.points:
+        runs = protocol.reporting(point["label"])
+        seeds = sorted(s for s in runs if s in ref_runs)
+        if not seeds or all(runs[s] is ref_runs[s] for s in seeds):  # the reference, or its very runs (same rate)
+            continue
+        boot = _bootstrap(results, [ref_runs[s] for s in seeds], [runs[s] for s in seeds], dev_labels, reps, seed)
+        for metric in METRICS:
+            a = [ref_runs[s]["dev"][metric] for s in seeds]
+            b = [runs[s]["dev"][metric] for s in seeds]
+            tests = paired_tests(a, b)
+            diffs = [y - x for x, y in zip(a, b)]
+            row = {"label": point["label"], "metric": metric, "seeds": seeds, **tests, "ci": t_interval(diffs)}
+            if metric in boot:
+                row |= {"boot_ci": interval(boot[metric], LEVEL), "boot_p": bootstrap_p(boot[metric])}
+            out.append(row)
+    for metric in METRICS:
+        mine = [r for r in out if r["metric"] == metric]
+        for test in ("t_p", "boot_p"):
+            for r, p in zip(mine, holm([r.get(test, math.nan) for r in mine])):
+                r[f"{test}_holm"] = p
+    return out
+
+
+# --------------------------------------------------------------------------- the embeddings question
+
+
+def split_scores(recipe, records: list[dict], results: Path, dev_labels: dict[str, np.ndarray],
+                 unseen: dict[str, list[int]], reference: str | None = None) -> list[dict]:
+    """Per point and task: its dev metric on the examples holding a word piece no training example holds
+    ("unseen") and on the others ("seen"), mean over the reporting seeds, and its paired difference from
+    the reference on each part (mean over the seeds both have)."""
+    protocol = Protocol(recipe, records)
+    reference = reference or recipe.points[0]["label"]
+    ref_runs = protocol.reporting(reference)
+    ref_scores = {s: _part_scores(read_predictions(results, r), dev_labels, unseen) for s, r in ref_runs.items()
+                  if r.get("dev_predictions")}
+    rows = []
+    for point in recipe.points:
+        runs = {s: r for s, r in protocol.reporting(point["label"]).items() if r.get("dev_predictions")}
+        if not runs:
+            continue
+        scores = {s: _part_scores(read_predictions(results, r), dev_labels, unseen) for s, r in runs.items()}
+        for task in dev_labels:
+            n_unseen = len(unseen.get(task, []))
+            row = {"label": point["label"], "task": task, "n_unseen": n_unseen, "n_seen": len(dev_labels[task]) - n_unseen}
+            for part in ("unseen", "seen"):
+                row[part] = float(np.mean([sc[task][part] for sc in scores.values()]))
+                paired = [scores[s][task][part] - ref_scores[s][task][part] for s in scores if s in ref_scores]
+                row[f"{part}_diff"] = float(np.mean(paired)) if paired else math.nan
+            rows.append(row)
+    return rows
+
+
+def _part_scores(preds: dict[str, np.ndarray], dev_labels: dict[str, np.ndarray], unseen: dict[str, list[int]]) -> dict:
+    from ..evaluate import score
+
+    out = {}
+    for task, labels in dev_labels.items():
+        mask = np.zeros(len(labels), dtype=bool)
+        mask[unseen.get(task, [])] = True
+        out[task] = {"unseen": score(task, preds[task][mask], labels[mask]) if mask.any() else math.nan,
+                     "seen": score(task, preds[task][~mask], labels[~mask]) if (~mask).any() else math.nan}
+    return out
+
+
+def _bootstrap(results: Path, a_runs: list[dict], b_runs: list[dict], dev_labels: dict[str, np.ndarray],
+               reps: int, seed: int) -> dict[str, np.ndarray]:
+    if not all(r.get("dev_predictions") for r in a_runs + b_runs):
+        return {}
+    a_preds = [read_predictions(results, r) for r in a_runs]
+    b_preds = [read_predictions(results, r) for r in b_runs]
+    diffs = {task: bootstrap_diffs(task, [p[task] for p in a_preds], [p[task] for p in b_preds], labels, reps,
+                                   np.random.default_rng([seed, k]))
+             for k, (task, labels) in enumerate(dev_labels.items())}
+    out = {METRIC[t]: d for t, d in diffs.items()}
+    if len(diffs) > 1:
+        out["overall"] = overall_diffs(diffs)
+    return out

@@ -1,0 +1,118 @@
+"""An arms study's figures (matplotlib, optional):
+
+- quality.png: each point's dev overall on every reporting seed (dots) and its mean with the 95% t
+  interval, beside the trivial predictor's line;
+- front.png: quality against cost, each point its mean dev overall (95% interval) against the median
+  training seconds of its reporting runs (as the study measured them: runs shared the machine; the cost
+  benchmark in bench/ measures on a quiet one);
+- curves.png: the learning curves, the tuning split's overall at each evaluation, mean over the
+  reporting seeds, one line per point;
+- tuning.png: the rate grid, each point's tuning-split score at every rate it tried.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+from ..sweep import RunKey
+from .figures import DPI, PANEL, _save, pyplot
+from .protocol import Protocol, tune_score
+
+
+def arms_figures(recipe, records: list[dict], rows: list[dict], baselines: dict | None, out: Path) -> list[Path]:
+    plt = pyplot()
+    if plt is None or not records:
+        return []
+    overall = [r for r in rows if r["metric"] == "overall"]
+    paths = []
+    if overall:
+        paths += [quality_figure(plt, overall, baselines, out / "quality.png"),
+                  front_figure(plt, recipe, records, overall, out / "front.png"),
+                  curves_figure(plt, recipe, records, out / "curves.png")]
+    paths.append(tuning_figure(plt, recipe, records, out / "tuning.png"))
+    return paths
+
+
+def quality_figure(plt, rows: list[dict], baselines: dict | None, path: Path) -> Path:
+    fig, ax = plt.subplots(figsize=(PANEL[0] * 2, PANEL[1] * 1.2), dpi=DPI)
+    for i, r in enumerate(rows):
+        ax.scatter([i] * len(r["values"]), list(r["values"].values()), color="grey", s=12, zorder=2)
+        lo, hi = r["ci"]
+        err = [[r["mean"] - lo], [hi - r["mean"]]] if not math.isnan(lo) else None
+        ax.errorbar([i + 0.15], [r["mean"]], yerr=err, marker="o", color="C0", capsize=4, zorder=3)
+    if baselines:
+        ax.axhline(baselines["trivial"]["overall"], color="C3", linestyle="--", linewidth=1,
+                   label="trivial predictor (majority class, constant)")
+        ax.legend(fontsize="small", loc="lower left")
+    ax.set_xticks(range(len(rows)), [r["label"] for r in rows], rotation=30, ha="right", fontsize="small")
+    ax.set_ylabel("dev overall (course score)")
+    ax.set_title("Dev overall per point: each reporting seed (grey) and the mean with its 95% interval")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return _save(fig, plt, path)
+
+
+def front_figure(plt, recipe, records: list[dict], rows: list[dict], path: Path) -> Path:
+    protocol = Protocol(recipe, records)
+    fig, ax = plt.subplots(figsize=(PANEL[0] * 1.6, PANEL[1] * 1.3), dpi=DPI)
+    for j, r in enumerate(rows):
+        seconds = [run["train_seconds"] for run in protocol.reporting(r["label"]).values() if run.get("train_seconds")]
+        if not seconds:
+            continue
+        lo, hi = r["ci"]
+        err = [[r["mean"] - lo], [hi - r["mean"]]] if not math.isnan(lo) else None
+        ax.errorbar([float(np.median(seconds))], [r["mean"]], yerr=err, marker="o", capsize=3, color=f"C{j % 10}",
+                    label=r["label"])
+    ax.set_xscale("log")
+    ax.set_xlabel("training seconds of a run (median over the reporting seeds; runs shared the machine)")
+    ax.set_ylabel("dev overall (mean, 95% interval)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="x-small", loc="best")
+    ax.set_title("Quality against cost")
+    fig.tight_layout()
+    return _save(fig, plt, path)
+
+
+def curves_figure(plt, recipe, records: list[dict], path: Path) -> Path:
+    protocol = Protocol(recipe, records)
+    fig, ax = plt.subplots(figsize=(PANEL[0] * 1.6, PANEL[1] * 1.3), dpi=DPI)
+    for j, point in enumerate(recipe.points):
+        curves = [run["tune_curve"] for run in protocol.reporting(point["label"]).values() if run.get("tune_curve")]
+        if not curves:
+            continue
+        n = min(len(c) for c in curves)  # early stopping ends runs at different evaluations
+        ax.plot(range(1, n + 1), [np.mean([c[i][2] for c in curves]) for i in range(n)], marker="o",
+                color=f"C{j % 10}", label=point["label"])
+    ax.set_xlabel("evaluation (epoch)")
+    ax.set_ylabel("tuning-split overall (mean over reporting seeds)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="x-small")
+    ax.set_title("Learning curves")
+    fig.tight_layout()
+    return _save(fig, plt, path)
+
+
+def tuning_figure(plt, recipe, records: list[dict], path: Path) -> Path:
+    protocol, runs = Protocol(recipe, records), {RunKey.of(r): r for r in records}
+    fig, ax = plt.subplots(figsize=(PANEL[0] * 1.6, PANEL[1] * 1.3), dpi=DPI)
+    for j, point in enumerate(p for p in recipe.points if "lr_of" not in p):
+        lrs, best = protocol.tried(point)
+        pts = []
+        for lr in lrs:
+            got = [runs.get(protocol.key(point, s, lr)) for s in recipe.lr_grid["tuning_seeds"]]
+            if all(got):
+                pts.append((lr, float(np.mean([tune_score(r) for r in got]))))
+        if pts:
+            ax.plot(*zip(*pts), marker="o", color=f"C{j % 10}", label=point["label"])
+        if best is not None:
+            ax.scatter([best], [dict(pts)[best]], s=120, facecolors="none", edgecolors=f"C{j % 10}")
+    ax.set_xscale("log")
+    ax.set_xlabel("peak learning rate")
+    ax.set_ylabel("tuning-split overall (tuning seeds)")
+    ax.set_title("The rate grid (circled: each point's choice)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="x-small")
+    fig.tight_layout()
+    return _save(fig, plt, path)

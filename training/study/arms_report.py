@@ -1,0 +1,188 @@
+"""An arms study's report: report.md (the protocol, the baselines, the tuning, each point's scores with
+intervals, each point against full fine-tuning) and report.csv, rewritten from the results so far."""
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+
+import numpy as np
+
+from data.loaders import COURSE_FILES, load_task_file
+
+from ..sweep import RESULTS, RunKey, read_results
+from .arms import METRICS, point_rows, split_scores, versus
+from .baselines import read_baselines
+from .protocol import Protocol, tune_score
+
+
+def _f(x, digits: int = 4, sign: bool = False) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    return f"{x:+.{digits}f}" if sign else f"{x:.{digits}f}"
+
+
+def _ci(lo_hi, digits: int = 4, sign: bool = False) -> str:
+    lo, hi = lo_hi
+    return "-" if math.isnan(lo) else f"[{_f(lo, digits, sign)}, {_f(hi, digits, sign)}]"
+
+
+def _p(p) -> str:
+    return "-" if p is None or math.isnan(p) else ("<0.001" if p < 0.001 else f"{p:.3f}")
+
+
+def dev_labels(records: list[dict], tasks: list[str]) -> dict[str, np.ndarray]:
+    """The dev labels the records were scored on (the data folder of their settings)."""
+    folder = Path(records[0]["settings"]["data_dir"])
+    return {t: np.array([e.label for e in load_task_file(folder / COURSE_FILES[t]["dev"], t, labelled=True).examples],
+                        dtype=np.float64) for t in tasks}
+
+
+def protocol_lines(recipe, records: list[dict]) -> list[str]:
+    s = records[0]["settings"] if records else {}
+    split = recipe.tuning_split
+    n_train = next((r["n_train"] for r in records), {})
+    n_tune = next((r["split"]["n_tune"] for r in records if "split" in r), {})
+    commits = sorted({(r.get("commit") or "?")[:10] for r in records})
+    cpus = sorted({r.get("cpu") or "?" for r in records})
+    grid = recipe.lr_grid
+    return [
+        f"Model `{s.get('model', '?')}` ({recipe.layers} layers), tasks {', '.join(recipe.tasks)} trained together; "
+        f"batch {s.get('batch_size', '?')}, up to {s.get('epochs', '?')} epochs with early stopping after "
+        f"{s.get('early_stop_patience') or '-'} evaluations without a gain, pooling {s.get('pooling', '?')}, "
+        f"precision {s.get('precision', '?')}.",
+        "",
+        f"Protocol: a stratified {split['share']:.0%} of each training file (seed {split['seed']}) is held out as "
+        f"the tuning split ({', '.join(f'{t} {n}' for t, n in n_tune.items())} examples; training on the rest: "
+        f"{', '.join(f'{t} {n}' for t, n in n_train.items())}). It alone chooses each run's kept epoch and each "
+        f"point's learning rate, on the tuning seed(s) {grid['tuning_seeds']}; the reporting seeds "
+        f"{recipe.seeds} then train each point at its chosen rate, and only they are reported, on the dev sets, "
+        f"which choose nothing. A rate chosen on the edge of the grid extends it along 1-3-10 (at most "
+        f"{grid.get('max_extensions', 2)} times each way).",
+        "",
+        f"Runs: {len(records)} recorded of {len(recipe.plan(records))} planned so far; code at commit(s) "
+        f"{', '.join(commits) or '-'}; CPU(s): {'; '.join(cpus) or '-'}.",
+    ]
+
+
+def baseline_lines(baselines: dict | None) -> list[str]:
+    if not baselines:
+        return ["Baselines: not computed yet."]
+    t, z = baselines["trivial"], baselines.get("zero_shot", {})
+    return ["| baseline | sst_acc | para_acc | sts_pearson | overall |", "|---|---:|---:|---:|---:|",
+            f"| trivial: majority class (SST, Quora), a constant (STS) | {_f(t.get('sst_acc'))} | {_f(t.get('para_acc'))} "
+            f"| {_f(t.get('sts_pearson'))} | {_f(t.get('overall'))} |",
+            f"| untrained model, zero-shot cosine ({baselines.get('pooling')} pooling; Quora's threshold chosen on "
+            f"the tuning split) | - | {_f(z.get('para_acc'))} | {_f(z.get('sts_pearson'))} | - |"]
+
+
+def tuning_lines(recipe, records: list[dict]) -> list[str]:
+    protocol, runs = Protocol(recipe, records), {RunKey.of(r): r for r in records}
+    lines = ["| point | rates tried: tuning-split overall (mean over tuning seeds) | chosen |", "|---|---|---|"]
+    for point in recipe.points:
+        if "lr_of" in point:
+            lines.append(f"| {point['label']} | (the rate of {point['lr_of']}) | {_lr(protocol.chosen(point['label']))} |")
+            continue
+        lrs, best = protocol.tried(point)
+        cells = []
+        for lr in lrs:
+            got = [runs.get(protocol.key(point, s, lr)) for s in recipe.lr_grid["tuning_seeds"]]
+            score = np.mean([tune_score(r) for r in got]) if all(got) else math.nan
+            cells.append(f"{lr:g}: {_f(score)}")
+        edge = " (edge: the ladder's limit)" if best is not None and best in (lrs[0], lrs[-1]) else ""
+        lines.append(f"| {point['label']} | {'; '.join(cells)} | {_lr(best)}{edge} |")
+    return lines
+
+
+def _lr(lr) -> str:
+    return "pending" if lr is None else f"{lr:g}"
+
+
+def results_lines(rows: list[dict]) -> list[str]:
+    lines = ["| point | trainable | lr | seeds | sst_acc | para_acc | sts_pearson | overall [95% CI] | normalised "
+             "| Lee ratio | sd of overall [95% CI] | kept epochs |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for label in dict.fromkeys(r["label"] for r in rows):
+        mine = {r["metric"]: r for r in rows if r["label"] == label}
+        o = mine.get("overall")
+        any_row = next(iter(mine.values()))
+        share = (f"{any_row['trainable_params'] / 1e6:.2f}M ({any_row['trainable_params'] / any_row['total_params']:.1%})"
+                 if any_row.get("trainable_params") else "-")
+        cells = [_f(mine[m]["mean"]) if m in mine else "-" for m in METRICS[:3]]
+        lines.append(f"| {label} | {share} | {_lr(any_row['lr'])} | {len(any_row['values'])} | " + " | ".join(cells)
+                     + (f" | {_f(o['mean'])} {_ci(o['ci'])} | {_f(o['normalised'], 3)} | {_f(o['lee'], 3)} "
+                        f"| {_f(o['sd'])} {_ci(o['sd_ci'])} | {', '.join(str(e) for e in o['best_epochs'])} |"
+                        if o else " | - | - | - | - | - |"))
+    return lines
+
+
+def versus_lines(tests: list[dict], reference: str) -> list[str]:
+    lines = [f"Each point minus {reference}, paired by seed; t: paired t-test; bootstrap: {reference} and the point "
+             "scored on the same resampled dev examples; Holm: adjusted over the points, per metric and test.", "",
+             "| point | metric | seeds | difference [95% t CI] | t p | Holm | bootstrap 95% CI | bootstrap p | Holm |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for t in tests:
+        lines.append(f"| {t['label']} | {t['metric']} | {len(t['seeds'])} | {_f(t['diff'], sign=True)} "
+                     f"{_ci(t['ci'], sign=True)} | {_p(t['t_p'])} | {_p(t['t_p_holm'])} | "
+                     f"{_ci(t.get('boot_ci', (math.nan, math.nan)), sign=True)} | {_p(t.get('boot_p', math.nan))} "
+                     f"| {_p(t.get('boot_p_holm', math.nan))} |")
+    return lines
+
+
+def unseen_lines(rows: list[dict], reference: str) -> list[str]:
+    lines = ["The embeddings of word pieces that no training example holds are never updated by fine-tuning; "
+             "freezing the embeddings keeps every row as pretrained instead. Each task's dev set split by whether "
+             f"an example holds such a piece; each point's metric on either part (mean over the reporting seeds) "
+             f"and its difference from {reference} (paired by seed).", "",
+             "| point | task | unseen: n | unseen: score | unseen: difference | seen: n | seen: score | seen: difference |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['label']} | {r['task']} | {r['n_unseen']} | {_f(r['unseen'])} | {_f(r['unseen_diff'], sign=True)} "
+                     f"| {r['n_seen']} | {_f(r['seen'])} | {_f(r['seen_diff'], sign=True)} |")
+    return lines
+
+
+def arms_markdown(recipe, results: Path) -> tuple[str, list[dict]]:
+    records = read_results(Path(results) / RESULTS)
+    baselines = read_baselines(results)
+    reference = recipe.points[0]["label"]
+    rows = point_rows(recipe, records, baselines, reference)
+    lines = [f"# {recipe.title}", "", recipe.about, ""] + protocol_lines(recipe, records)
+    lines += ["", "## Baselines (dev)", ""] + baseline_lines(baselines)
+    lines += ["", "## Tuning (the tuning split; tuning seeds only)", ""] + tuning_lines(recipe, records)
+    lines += ["", "## Dev scores of the reporting seeds", "",
+              "Mean over the reporting seeds with its 95% t interval; normalised: (score - trivial) / (full - "
+              "trivial), per seed against the full fine-tuning run of the same seed, then averaged; Lee ratio: "
+              "score / full, likewise.", ""] + results_lines(rows)
+    if records:
+        labels = dev_labels(records, recipe.tasks)
+        tests = versus(recipe, records, results, labels, reference)
+        lines += ["", f"## Against {reference}", ""] + versus_lines(tests, reference)
+        if baselines and baselines.get("unseen"):
+            lines += ["", "## Dev examples with word pieces training never saw", ""]
+            lines += unseen_lines(split_scores(recipe, records, results, labels, baselines["unseen"], reference),
+                                  reference)
+    return "\n".join(lines) + "\n", rows
+
+
+CSV_COLUMNS = ["point", "depth", "arm", "lr", "metric", "seeds", "mean", "ci_low", "ci_high", "sd", "sd_ci_low",
+               "sd_ci_high", "normalised", "lee", "trainable_params", "total_params"]
+
+
+def write_arms_report(recipe, results: Path, report: Path) -> Path:
+    from .arms_figures import arms_figures
+
+    text, rows = arms_markdown(recipe, results)
+    report.mkdir(parents=True, exist_ok=True)
+    (report / "report.md").write_text(text)
+    arms_figures(recipe, read_results(Path(results) / RESULTS), rows, read_baselines(results), report)
+    with open(report / "report.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=CSV_COLUMNS, lineterminator="\n")
+        w.writeheader()
+        for r in rows:
+            w.writerow({"point": r["label"], "depth": "none" if r["depth"] is None else r["depth"], "arm": r["arm"],
+                        "lr": r["lr"], "metric": r["metric"], "seeds": len(r["values"]), "mean": r["mean"],
+                        "ci_low": r["ci"][0], "ci_high": r["ci"][1], "sd": r["sd"], "sd_ci_low": r["sd_ci"][0],
+                        "sd_ci_high": r["sd_ci"][1], "normalised": r["normalised"], "lee": r["lee"],
+                        "trainable_params": r["trainable_params"], "total_params": r["total_params"]})
+    return report / "report.md"

@@ -1,0 +1,150 @@
+"""The clean protocol of an "arms" study: every point (a depth with an arm's options: full fine-tuning,
+a frozen depth, LoRA, BitFit, ...) gets its learning rate chosen on tuning seeds by the score on a
+tuning split held out of the training files; the reporting seeds then train each point at its chosen
+rate, and only their dev scores are reported. The dev sets choose nothing.
+
+    "kind": "arms",
+    "tuning_split": {"share": 0.1, "seed": 0},       held out of each training file, stratified
+    "lr_grid": {"lrs": [1e-4, 3e-4, 1e-3], "tuning_seeds": [101], "max_extensions": 2},
+    "points": [{"label": "full", "depth": "none", "arm": "", "lrs": [3e-5, 1e-4, 3e-4]},
+               {"label": "full at heads-only's rate", "depth": "none", "arm": "", "lr_of": "heads only"},
+               {"label": "1000 per task, full", "depth": "none", "arm": "e12", "size": 1000}, ...]
+
+A point's "size" (one of the recipe's sizes; default its first) trains on that many examples per task; a
+size study gives smaller sizes more epochs through their arm, so that every size gets the same updates.
+
+A point's grid is its "lrs" (else lr_grid's). When the best rate of a point sits on the edge of the rates
+tried, the next rate beyond it on the 1-3-10 ladder is tried too (at most max_extensions times each
+way), so that no chosen rate is an edge of its grid unless the ladder ran out. A point with "lr_of"
+is not tuned: it trains at another point's chosen rate (a confound arm: the rate without the freezing).
+Run keys name the rate in their arm ("lora4-lr0.001"), so every tuning run is a run of its own.
+"""
+from __future__ import annotations
+
+import math
+
+from ..sweep import RunKey
+
+SEED_ROLES = ("tuning", "reporting")
+
+
+def lr_name(lr: float) -> str:
+    return f"lr{lr:g}"
+
+
+def run_arm(arm: str, lr: float) -> str:
+    """The arm of a run key: the point's arm and its rate, "lr0.0001" or "lora4-lr0.0001"."""
+    return f"{arm}-{lr_name(lr)}" if arm else lr_name(lr)
+
+
+def split_run_arm(name: str) -> tuple[str, float]:
+    """run_arm's inverse: ("lora4", 0.001) of "lora4-lr0.001"."""
+    arm, _, lr = name.rpartition("lr")
+    return arm.rstrip("-"), float(lr)
+
+
+def ladder(lr: float, up: bool) -> float:
+    """The next rate on the 1-3-10 ladder (1e-4, 3e-4, 1e-3, ...), up or down; a rate off the ladder
+    moves by sqrt(10)."""
+    exponent = math.floor(math.log10(lr) + 1e-9)
+    mantissa = lr / 10 ** exponent
+    if math.isclose(mantissa, 1, rel_tol=1e-6):
+        factor = 3 if up else 1 / (10 / 3)
+    elif math.isclose(mantissa, 3, rel_tol=1e-6):
+        factor = 10 / 3 if up else 1 / 3
+    else:
+        factor = math.sqrt(10) if up else 1 / math.sqrt(10)
+    return float(f"{lr * factor:.3g}")
+
+
+def tune_score(record: dict) -> float:
+    """What chooses a rate: the tuning split's overall score of the run's kept evaluation."""
+    return record["tune"]["overall"]
+
+
+class Protocol:
+    """The runs of an arms study, given its results so far. recipe: a resolved training.study Recipe."""
+
+    def __init__(self, recipe, records: list[dict]):
+        self.recipe, self.tasks = recipe, "+".join(recipe.tasks)
+        self.size = recipe.sizes[0]
+        self.grid = recipe.lr_grid
+        self.runs = {RunKey.of(r): r for r in records}
+        self.points = {p["label"]: p for p in recipe.points}
+
+    def key(self, point: dict, seed: int, lr: float) -> RunKey:
+        return RunKey(self.tasks, self.recipe.depth(point["depth"]), point.get("size", self.size), seed,
+                      run_arm(point["arm"], lr))
+
+    def tried(self, point: dict) -> tuple[list[float], float | None]:
+        """(the rates the point's tuning needs so far, its chosen rate or None while runs are missing)."""
+        lrs = sorted(point.get("lrs") or self.grid["lrs"])
+        limit = self.grid.get("max_extensions", 2)
+        up = down = 0
+        while True:
+            scores = self.scores(point, lrs)
+            if scores is None:
+                return lrs, None
+            best = max(lrs, key=lambda lr: (scores[lr], -lr))  # a tie: the smaller rate
+            if best == lrs[-1] and up < limit:
+                lrs, up = lrs + [ladder(best, True)], up + 1
+            elif best == lrs[0] and down < limit:
+                lrs, down = [ladder(best, False)] + lrs, down + 1
+            else:
+                return lrs, best
+
+    def scores(self, point: dict, lrs: list[float]) -> dict[float, float] | None:
+        """lr -> the mean tuning-split score over the tuning seeds; None while a run is missing."""
+        out = {}
+        for lr in lrs:
+            runs = [self.runs.get(self.key(point, s, lr)) for s in self.grid["tuning_seeds"]]
+            if any(r is None for r in runs):
+                return None
+            out[lr] = sum(tune_score(r) for r in runs) / len(runs)
+        return out
+
+    def chosen(self, label: str) -> float | None:
+        """The point's rate for the reporting seeds: its own tuning's choice, or its lr_of point's."""
+        point = self.points[label]
+        if "lr_of" in point:
+            return self.chosen(point["lr_of"])
+        return self.tried(point)[1]
+
+    def plan(self) -> list[RunKey]:
+        """Tuning runs of every point first (in the recipe's order), then the reporting runs, seeds
+        outermost, of every point whose rate is known."""
+        keys = []
+        for point in self.recipe.points:
+            if "lr_of" not in point:
+                keys += [self.key(point, s, lr) for s in self.grid["tuning_seeds"] for lr in self.tried(point)[0]]
+        for seed in self.recipe.seeds:
+            for point in self.recipe.points:
+                lr = self.chosen(point["label"])
+                if lr is not None:
+                    keys.append(self.key(point, seed, lr))
+        return list(dict.fromkeys(keys))
+
+    def reporting(self, label: str) -> dict[int, dict]:
+        """seed -> the record of the point's reporting run at its chosen rate (the seeds that have one)."""
+        lr = self.chosen(label)
+        if lr is None:
+            return {}
+        point = self.points[label]
+        return {s: self.runs[k] for s in self.recipe.seeds for k in [self.key(point, s, lr)] if k in self.runs}
+
+
+def role_of(recipe, key: RunKey) -> str:
+    """A run's seed role: "tuning" (chooses rates; never reported) or "reporting"."""
+    return "tuning" if key.seed in recipe.lr_grid["tuning_seeds"] else "reporting"
+
+
+class ArmOverrides:
+    """The arms of a protocol study as training.sweep.work reads them (.get(arm, default)): computed from
+    the run's arm name, since edge extensions add rates while the study runs."""
+
+    def __init__(self, recipe):
+        self.recipe = recipe
+
+    def get(self, name: str, default=None) -> dict:
+        arm, lr = split_run_arm(name)
+        return {**self.recipe.arms.get(arm, {}), "lr": lr}
