@@ -392,3 +392,18 @@ def test_a_study_runs_lora_and_bitfit_arms(tmp_path):
         for r in (full, lora, bitfit):
             assert r["trainable_share"] == pytest.approx(r["trainable_params"] / r["total_params"], rel=1e-5)
     assert by[None, ""]["trainable_share"] == 1.0
+
+
+@pytest.mark.parametrize("peft, upto", [("lora:r=3", None), ("lora:r=2,targets=q+v+ffn_in", 1), ("bitfit", None),
+                                        ("bitfit", 1)])
+def test_the_preflight_memory_estimate_counts_what_peft_trains(tmp_path, peft, upto):
+    # the estimate from the config's sizes alone against the parameters the built model trains (its heads,
+    # which the estimate leaves out of both counts, taken off)
+    from training.preflight import footprint
+    data, enc = tiny_runs.inputs(tmp_path)
+    cfg = TrainConfig(model=str(enc), peft=peft, freeze_upto=upto)
+    model, _, _ = build_model(cfg)
+    heads = sum(p.numel() for p in model.heads.parameters())
+    need = footprint(model.encoder.config, cfg)
+    assert need.trainable == sum(p.numel() for p in model.parameters() if p.requires_grad) - heads
+    assert need.params == sum(p.numel() for p in model.parameters()) - heads
