@@ -308,6 +308,11 @@ def test_the_merged_export_loads_in_transformers_as_our_encoder(lora_run, tmp_pa
     # fp32; W + (alpha/r) BA rounded once against the two products added: the states are LayerNorm'd (~1)
     torch.testing.assert_close(got.last_hidden_state, want.last_hidden_state, rtol=0, atol=1e-5)
     torch.testing.assert_close(got.pooler_output, want.pooler_output, rtol=0, atol=1e-5)
+    for m in lora_modules(ours):  # the trained model merged in place: the same function, to the same 1e-5
+        m.merge()
+    with torch.no_grad():
+        merged = ours(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+    torch.testing.assert_close(merged.last_hidden_state, want.last_hidden_state, rtol=0, atol=1e-5)
     exported, original = load(out, device="cpu"), load(lora_run.out_dir, device="cpu")
     assert not lora_modules(exported.network)
     from data.loaders import COURSE_FILES, load_task_file
