@@ -52,7 +52,7 @@ class LoRALinear(nn.Linear):
         pieces, at = [], lo  # y's columns in order: unadapted runs as they are, adapted blocks plus their update
         for (b_lo, b_hi), A, B in zip(self.blocks, self.lora_A, self.lora_B):
             s, e = max(lo, b_lo), min(hi, b_hi)  # the rows of this block that are asked for
-            if s < e:  # (not in place: y is a leaf when W, b and x need no gradient)
+            if s < e:  # out of place: an in-place add into y failed autograd under torchrun above a cached prefix
                 pieces += [y[..., at - lo:s - lo]] if at < s else []
                 pieces.append(y[..., s - lo:e - lo] + self.scale * F.linear(F.linear(xd, A), B[s - b_lo:e - b_lo]))
                 at = e
