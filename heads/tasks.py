@@ -146,6 +146,7 @@ class MultitaskBert(nn.Module):
                                     "sts": SimilarityHead(H, dropout, siamese, eye)})
         self.frozen_upto: int | None = None  # see freeze()
         self.frozen_dropout = False  # keep dropout in the frozen modules (a confound arm of the freezing study)
+        self.peft = "none"  # none, bitfit or lora: what of the encoder may train (training/peft.py sets it)
         self.freeze(None)
 
     # ------------------------------------------------------------------ freezing
@@ -158,13 +159,20 @@ class MultitaskBert(nn.Module):
             raise ValueError(f"--freeze-upto {upto} is out of range: the model has {L} layers, "
                              f"so it must be between -1 (embeddings only) and {L} (all layers)")
         self.frozen_upto = upto
-        for p in self.encoder.parameters():
-            p.requires_grad_(True)
+        for name, p in self.encoder.named_parameters():
+            p.requires_grad_(self.peft_trains(name))
         for m in self.frozen_modules():
             m.requires_grad_(False)
         if self.pooling == "mean":  # unused: no gradient, not in the optimiser
             self.encoder.pooler.requires_grad_(False)
         self.train(self.training)
+
+    def peft_trains(self, name: str) -> bool:
+        """Whether the encoder's parameter `name` may train under self.peft: BitFit's bias terms (LayerNorm's
+        beta too), LoRA's factors (minbert/lora.py), and the pooler, which trains like the heads."""
+        if self.peft == "none" or name.startswith("pooler."):
+            return True
+        return name.endswith(".bias") if self.peft == "bitfit" else ".lora_" in name
 
     def frozen_modules(self) -> list[nn.Module]:
         if self.frozen_upto is None:

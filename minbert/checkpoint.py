@@ -405,10 +405,13 @@ def save_hf(model: Bert, out_dir: str | os.PathLike, vocab_src: Path | None = No
     """Write `model` in the Hugging Face layout (config.json + model.safetensors + vocabulary)."""
     from safetensors.torch import save
 
+    from .lora import merged_state_dict
+
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(model.config.to_hf_dict(), indent=2) + "\n")
-    sd = {k: v.detach().cpu().contiguous() for k, v in minbert_to_hf(model.state_dict()).items()}
+    # LoRA's updates folded into the weights (minbert/lora.py): a plain BertModel loads the folder
+    sd = {k: v.detach().cpu().contiguous() for k, v in minbert_to_hf(merged_state_dict(model)).items()}
     tmp = out / "model.safetensors.tmp"
     # serialised in memory and written by Python: safetensors' save_file creates its file 0600, whatever the umask
     tmp.write_bytes(save(sd, metadata={"format": "pt"}))

@@ -182,9 +182,8 @@ class Layer(nn.Module):
         if n_out is None:
             q, k, v = self.qkv(x).view(B, T, 3, nh, hd).permute(2, 0, 3, 1, 4)  # 3 x (B, nh, T, hd)
         else:  # outputs wanted for the first n_out positions only: their queries alone
-            w, b = self.qkv.weight, self.qkv.bias
-            q = F.linear(x[:, :n_out], w[:H], b[:H]).view(B, n_out, nh, hd).transpose(1, 2)  # (B, nh, n_out, hd)
-            k, v = F.linear(x, w[H:], b[H:]).view(B, T, 2, nh, hd).permute(2, 0, 3, 1, 4)  # 2 x (B, nh, T, hd)
+            q = linear_rows(self.qkv, x[:, :n_out], 0, H).view(B, n_out, nh, hd).transpose(1, 2)  # (B, nh, n_out, hd)
+            k, v = linear_rows(self.qkv, x, H, 3 * H).view(B, T, 2, nh, hd).permute(2, 0, 3, 1, 4)  # 2 x (B, nh, T, hd)
         p = self.attn_drop.p if self.attn_drop.training else 0.0
         if _use_sdpa(self.attn_impl, x.device, p, B * nh * q.shape[2] * T):
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=p)
@@ -204,6 +203,14 @@ class Layer(nn.Module):
         x = x if n_out is None else x[:, :n_out]
         x = self.attn_norm(x + self.drop(self.attn_out(a)))
         return self.ffn_norm(x + self.drop(self.ffn_out(self.act(self.ffn_in(x)))))
+
+
+def linear_rows(m: nn.Linear, x, lo: int, hi: int):
+    """Output features lo..hi-1 of the Linear m on x, without computing the others; a LoRA-adapted one
+    (minbert/lora.py) adds its update's rows."""
+    if hasattr(m, "rows"):
+        return m.rows(x, lo, hi)
+    return F.linear(x, m.weight[lo:hi], None if m.bias is None else m.bias[lo:hi])
 
 
 # On CPU, sdpa's tiled (flash) kernel beats the matmul path once a layer's scores (B x heads x

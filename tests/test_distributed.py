@@ -32,6 +32,7 @@ SCENARIOS = {
     "mtdnn": {},
     "pcgrad": {"pcgrad": True, "task_sampling": "mixed", "evals_per_epoch": 2},  # rank 0 evaluates mid-epoch too
     "frozen": {"freeze_upto": 1, "frozen_cache": "disk", "task_sampling": "mixed"},
+    "lora": {"peft": "lora:r=2", "freeze_upto": 1, "frozen_cache": "disk"},  # LoRA above a cached prefix
 }
 
 

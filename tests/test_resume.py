@@ -54,7 +54,10 @@ def _epoch_records(out):
 
 # mid-epoch, at an epoch's last step, with a weight EMA that must be restored too, and right after a
 # mid-epoch evaluation (which the resumed run must not repeat)
-@pytest.mark.parametrize("k, extra", [(3, ()), (6, ()), (3, ("--ema-decay", "0.5")), (9, ("--evals-per-epoch", "2"))])
+# and LoRA (its dropout draws from the restored stream) and BitFit above a cached frozen prefix
+@pytest.mark.parametrize("k, extra", [(3, ()), (6, ()), (3, ("--ema-decay", "0.5")), (9, ("--evals-per-epoch", "2")),
+                                      (4, ("--peft", "lora:r=2,dropout=0.1")),
+                                      (3, ("--peft", "bitfit", "--freeze-upto", "1"))])
 def test_sigterm_then_resume_equals_an_uninterrupted_run(files, tmp_path, k, extra):
     ckpt, data = files
     torch.set_num_threads(1)

@@ -18,6 +18,7 @@ from minbert import Tokenizer, load_bert, resolve_checkpoint
 
 from .config import TrainConfig, freeze_depth
 from .errors import ConfigError
+from .peft import apply_peft
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,7 @@ def build_model(cfg: TrainConfig) -> tuple[MultitaskBert, Tokenizer, Path]:
         model.freeze(freeze_depth(cfg.freeze_upto, encoder.num_layers))
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    apply_peft(model, cfg.peft, model.first_trainable_layer, cfg.seed)
     return model, tokenizer, ckpt
 
 

@@ -20,8 +20,9 @@ import torch
 from heads import MultitaskBert
 from minbert import Bert, BertConfig
 
-from .config import TrainConfig
+from .config import TrainConfig, freeze_depth
 from .errors import write_error
+from .peft import apply_peft
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +127,8 @@ def model_from_checkpoint(path, raw_weights: bool = False) -> tuple[MultitaskBer
     cfg = TrainConfig.from_dict(ckpt["config"])
     model = MultitaskBert(Bert(BertConfig(**ckpt["bert_config"]), attn_impl=cfg.attn_impl), cfg.pair_encoding,
                           cfg.head_dropout, cfg.pooling)
+    depth = freeze_depth(cfg.freeze_upto, model.encoder.num_layers)
+    apply_peft(model, cfg.peft, max(depth or 0, 0), cfg.seed)  # LoRA's factors where the run put them
     if raw_weights and "ema" not in ckpt:
         raise ValueError(f"{path}: holds one set of weights, no weight average beside them: --raw-weights is for "
                          f"the training checkpoints (checkpoints/step-N.pt) of an --ema-decay run")

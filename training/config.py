@@ -19,6 +19,7 @@ from data.loaders import COURSE_FILES, TASKS
 
 from .errors import ConfigError
 from .freezing import freeze_depth, parse_schedule, parse_share
+from .peft import parse_peft
 
 log = logging.getLogger(__name__)
 
@@ -178,6 +179,14 @@ class TrainConfig:
                                  "layers' changes) since the last K, up to depth C. "
                                  "K: Nsteps or Nepochs; W: warm-up steps of each unfrozen layer (the run's "
                                  "warm-up length)", "optimisation", metavar="SCHEDULE")
+    peft: str = opt("none", "parameter-efficient fine-tuning of the encoder (docs/peft.md); the heads and the pooler "
+                    "always train. bitfit: the encoder's bias terms alone, LayerNorm's beta included (Ben Zaken et al. "
+                    "2022); lora:r=R[,alpha=A][,dropout=D][,targets=T]: the pretrained weights frozen, a rank-R update "
+                    "(alpha / R) B A of each target map trained, B zero at the start (Hu et al. 2021; alpha 8, dropout "
+                    "0 by default). T: all (the default: every linear map, which Hu et al.'s fixed-budget comparison "
+                    "and later work found better than the attention's alone) or some of q, k, v, attn_out, ffn_in, "
+                    "ffn_out joined with '+' (q+v: Hu et al.'s). With --freeze-upto N, only the layers above the "
+                    "frozen prefix get them", "optimisation", metavar="none|bitfit|lora:r=R[,...]")
     frozen_cache: str = opt("auto", "with --freeze-upto N >= 1: compute the states entering layer N once and run "
                             "only layers N.. each step (auto: in memory when it fits, else a memory-mapped file in "
                             "--cache-dir)", "optimisation", choices=("auto", "memory", "disk", "off"),
@@ -476,7 +485,7 @@ def _combination_errors(cfg: TrainConfig) -> list[str]:
                       "gradient of a step at once): raise --batch-size instead")
     if cfg.pcgrad and len(cfg.tasks) < 2:
         errors.append("--pcgrad needs at least two --tasks")
-    errors += _schedule_errors(cfg)
+    errors += _schedule_errors(cfg) + _peft_errors(cfg)
     if cfg.frozen_dropout and cfg.frozen_cache in ("memory", "disk"):
         errors.append(f"--frozen-dropout cannot use --frozen-cache {cfg.frozen_cache}: with dropout the frozen layers' "
                       f"output changes every step, so there is nothing to cache (use auto or off)")
@@ -503,6 +512,20 @@ def _schedule_errors(cfg: TrainConfig) -> list[str]:
     if kind == "adaptive" and cfg.ema_decay is not None:
         return ["--unfreeze-schedule adaptive cannot be used with --ema-decay: the weight average of a layer "
                 "frozen mid-run is not the frozen weights the layers above it train on (and the cache serves)"]
+    return []
+
+
+def _peft_errors(cfg: TrainConfig) -> list[str]:
+    """--peft on its own, and beside a freezing schedule: a schedule moves the frozen depth mid-run, and
+    the LoRA factors or biases above it (made for one depth at the start) would then not be the ones a
+    cached prefix or a newly unfrozen layer needs."""
+    try:
+        spec = parse_peft(cfg.peft)
+    except ValueError as e:
+        return [str(e)]
+    if spec.kind != "none" and cfg.unfreeze_schedule.partition(":")[0].strip() != "fixed":
+        return [f"--peft {cfg.peft} cannot be used with --unfreeze-schedule {cfg.unfreeze_schedule}: LoRA and BitFit "
+                f"train a fixed part of the layers above --freeze-upto N (use --unfreeze-schedule fixed)"]
     return []
 
 

@@ -28,7 +28,9 @@ from pathlib import Path
 from minbert.checkpoint import VOCAB_FILES, WEIGHT_FILES, copy_tokenizer_files
 
 from .api import HEADS_FILE, HEADS_WEIGHTS, SENTIMENTS, LoadError, Model, load
+from .config import freeze_depth
 from .evaluate import METRIC
+from .peft import share, trainable_counts
 from .progress import setup_logging
 from .recipe import changed_options, recipe_command
 
@@ -116,15 +118,27 @@ def heads_meta(model: Model) -> dict:
     if (source / HEADS_FILE).is_file():  # an export of an export keeps the original's provenance
         earlier = json.loads((source / HEADS_FILE).read_text())
         checkpoint, trained = earlier.get("checkpoint"), earlier.get("trained")
+        parameters = earlier.get("trained_parameters")
     else:
         checkpoint, trained = str(source), _iso(source.stat().st_mtime)
+        parameters = trained_parameters(model)
     return {"format": "minbert-mt-heads", "version": 1, "tasks": list(model.tasks),
             "pair_encoding": cfg.pair_encoding, "pooling": cfg.pooling, "max_length": cfg.max_length,
             "predict_both_orders": model.both_orders, "precision": cfg.precision,
             "labels": {"sst": list(SENTIMENTS), "para": ["not a paraphrase", "paraphrase"], "sts": "score in [0, 5]"},
             "checkpoint": checkpoint, "epoch": model.epoch, "step": model.step, "trained": trained,
             "exported": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "dev_metrics": model.metrics, "training_config": cfg.to_dict()}
+            "dev_metrics": model.metrics, "trained_parameters": parameters, "training_config": cfg.to_dict()}
+
+
+def trained_parameters(model: Model) -> dict:
+    """What the run trained of the network, as its config sets it up (at the start of a freezing schedule):
+    {"trainable", "total" (LoRA's factors counted in both), "share"}. Sets the network's requires_grad as
+    the run's were (an exported model is not trained further)."""
+    network = model.network
+    network.freeze(freeze_depth(model.config.freeze_upto, network.encoder.num_layers))
+    trainable, total = trainable_counts(network)
+    return {"trainable": trainable, "total": total, "share": share(trainable, total)}
 
 
 def model_card(model: Model, meta: dict, name: str) -> str:
@@ -144,6 +158,7 @@ def model_card(model: Model, meta: dict, name: str) -> str:
              "## Recipe", "",
              "The options set away from their defaults" + (" (none: the defaults)" if not changed else "")
              + ", as the command that trains the same recipe:", "", "```bash", recipe_command(cfg), "```", ""]
+    lines += _trained_lines(cfg, meta.get("trained_parameters"))
     lines += ["## Dev metrics", ""]
     if model.metrics:
         lines += ["| metric | value |", "|---|---:|"] + [f"| {k} | {v:.4f} |" for k, v in model.metrics.items()]
@@ -167,6 +182,20 @@ def model_card(model: Model, meta: dict, name: str) -> str:
               f'tokenizer = AutoTokenizer.from_pretrained("{name}")', "```", "",
               f"Metric names: {', '.join(f'{METRIC[t]} ({TASK_NAMES[t]})' for t in model.tasks)}.", ""]
     return "\n".join(lines)
+
+
+def _trained_lines(cfg: dict, parameters: dict | None) -> list[str]:
+    """The model card's sentence on how much of the model trained, and how (--peft, --freeze-upto)."""
+    if not parameters:
+        return []
+    how = {"none": "all of the encoder that --freeze-upto left trainable",
+           "bitfit": "BitFit: the encoder's bias terms alone (LayerNorm's beta included)"}.get(
+        cfg.get("peft", "none"), f"LoRA (`--peft {cfg.get('peft')}`): low-rank updates of the encoder's linear maps, "
+                                 f"merged into the exported weights, so that the folder holds a plain BERT")
+    frozen = f", above a frozen prefix (`--freeze-upto {cfg['freeze_upto']}`)" if cfg.get("freeze_upto") is not None else ""
+    pooler = ", the pooler" if cfg.get("pooling") == "cls" else ""
+    return [f"Trained: {parameters['trainable']:,} of {parameters['total']:,} parameters "
+            f"({100 * parameters['share']:.3g}%): the heads{pooler} and {how}{frozen}.", ""]
 
 
 def main(argv: list[str] | None = None) -> int:

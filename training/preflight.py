@@ -21,6 +21,7 @@ from minbert.checkpoint import human_bytes, machine_ram, read_bert_config, refus
 from .config import TrainConfig, depth_error, freeze_depth
 from .errors import ConfigError
 from .freezing import optimised_depth, schedule_error
+from .peft import parse_peft
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +63,16 @@ def footprint(bert: BertConfig, cfg: TrainConfig) -> Footprint:
     per_layer = (params - embeddings - H * H - H) // L
     depth = optimised_depth(cfg.unfreeze_schedule, freeze_depth(cfg.freeze_upto, L), L)
     frozen = 0 if depth is None else embeddings + max(0, min(depth, L)) * per_layer
-    return Footprint(params, params - frozen, cfg.ema_decay is not None, cfg.smart)
+    spec = parse_peft(cfg.peft)
+    if spec.kind == "none":
+        return Footprint(params, params - frozen, cfg.ema_decay is not None, cfg.smart)
+    # --peft: the pooler, and in each layer above the prefix LoRA's factors r x (in + out) per target (added
+    # to the weights too) or BitFit's biases (qkv, attn_out, ffn_in, ffn_out, two LayerNorms' beta)
+    I, above = bert.intermediate_size, L - max(0, min(depth or 0, L))
+    sizes = {"q": 2 * H, "k": 2 * H, "v": 2 * H, "attn_out": 2 * H, "ffn_in": H + I, "ffn_out": I + H}
+    lora = above * spec.r * sum(sizes[t] for t in spec.targets) if spec.kind == "lora" else 0
+    biases = 0 if spec.kind == "lora" else above * (7 * H + I) + (H if depth is None else 0)
+    return Footprint(params + lora, H * H + H + lora + biases, cfg.ema_decay is not None, cfg.smart)
 
 
 def check_model(cfg: TrainConfig, device: torch.device) -> Footprint:

@@ -53,6 +53,7 @@ from data.loaders import COURSE_FILES, LABEL_COLUMN, TASKS, TEXT_COLUMNS, Exampl
 
 from .cli import add_option, config_from_args, depth_or_share
 from .config import TrainConfig, depth_error, freeze_depth, options, seed_error, validate
+from .peft import share, trainable_counts
 from .progress import setup_logging
 from .signals import exit_on_sigterm, exit_with_parent
 
@@ -66,7 +67,7 @@ MARKER = "sweep-run.json"  # written into each run directory: the sweep may clea
 # The training options a sweep passes on to every run (the rest are per run, or TrainConfig's defaults).
 SWEEP_OPTIONS = ("epochs", "lr", "batch_size", "eval_batch_size", "max_length", "pair_encoding", "pooling",
                  "head_dropout", "ema_decay", "predict_both_orders", "warmup_ratio", "weight_decay", "task_sampling",
-                 "frozen_cache", "device", "precision")
+                 "frozen_cache", "device", "precision", "peft")
 PER_RUN = ("out_dir", "predictions_dir", "test_predictions", "files", "freeze_upto", "seed", "max_train_examples",
            "tasks", "cache_dir", "resume", "log_every", "save_every", "keep_last", "export_hf")
 
@@ -277,9 +278,8 @@ def measure(cfg: TrainConfig, threads: int | None = None, report_dev: dict[str, 
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     cuda_peak = torch.cuda.max_memory_allocated() / 2**20 if cuda else None
     report = score_kept_model(cfg, report_dev) if report_dev else None
-    model, _, _ = build_model(cfg)  # after the measurement: only to count what freezing left trainable
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    total = sum(p.numel() for p in model.parameters())
+    model, _, _ = build_model(cfg)  # after the measurement: only to count what freezing (and --peft) left trainable
+    trainable, total = trainable_counts(model)
     return {"metrics": metrics, "wall_seconds": wall, "peak_rss_mib": peak, "base_rss_mib": base,
             "cuda_peak_mib": cuda_peak, "trainable_params": trainable, "total_params": total,
             "threads": torch.get_num_threads(), **({"report": report} if report else {})}
@@ -581,6 +581,7 @@ def result_record(args, base: TrainConfig, key: RunKey, subsets: dict, run_dir: 
             "base_rss_mib": None if args.in_process else round(m["base_rss_mib"], 1),
             "cuda_peak_mib": None if m["cuda_peak_mib"] is None else round(m["cuda_peak_mib"], 1),
             "trainable_params": m["trainable_params"], "total_params": m["total_params"],
+            "trainable_share": share(m["trainable_params"], m["total_params"]),
             "threads": m["threads"], "run_dir": str(run_dir), **provenance(),
             "finished": time.strftime("%Y-%m-%dT%H:%M:%S"), "settings": settings,
             **({"overrides": overrides} if overrides else {})}

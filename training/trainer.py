@@ -38,6 +38,7 @@ from .evaluate import metrics_of, predict_sets
 from .freezing import FreezeSchedule, parse_schedule
 from .predictions import check_predictions_dir, config_digest, write_prediction_set
 from .progress import progress
+from .peft import share, trainable_counts
 from .preflight import check_disk, check_model
 from .rundir import (MetricsLog, drop_earlier_log, earlier_run_to_replace, find_resume_checkpoint, remove_earlier_run,
                      remove_stale_temp_files, run_log)
@@ -211,13 +212,13 @@ class Run:
 
     def _log_model(self) -> None:
         model, cfg = self.model, self.cfg
-        n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        n_all = sum(p.numel() for p in model.parameters())
+        n_train, n_all = trainable_counts(model)
         upto = cfg.freeze_upto if model.frozen_upto == cfg.freeze_upto else f"{cfg.freeze_upto} = {model.frozen_upto}"
         schedule = f", then {cfg.unfreeze_schedule}" if self.schedule.scheduled else ""
-        log.info("model %s: %d layers, %.1fM parameters, %.1fM trainable (freeze-upto %s%s); device %s, %s",
-                 cfg.model, model.encoder.num_layers, n_all / 1e6, n_train / 1e6, upto, schedule, self.device,
-                 "bf16 autocast" if self.amp_dtype else "fp32")
+        peft = f", peft {cfg.peft}" if cfg.peft != "none" else ""
+        log.info("model %s: %d layers, %.1fM parameters, %d trainable = %.4f%% (freeze-upto %s%s%s); device %s, %s",
+                 cfg.model, model.encoder.num_layers, n_all / 1e6, n_train, 100 * n_train / n_all, upto, schedule,
+                 peft, self.device, "bf16 autocast" if self.amp_dtype else "fp32")
 
     def _written_dirs(self) -> list[Path]:
         """Where this run writes files through temp names (see rundir.remove_stale_temp_files)."""
@@ -441,8 +442,10 @@ class Run:
         """The epoch's record and dev evaluation (rank 0), then the loop state of the next epoch."""
         state = self.state
         if self.main:  # only rank 0 tracks the best score: the checkpoints are its
+            trainable, total = trainable_counts(self.model)  # as trained in this epoch's last step
             record = {"epoch": epoch, "step": state.global_step, "train_seconds": round(train_time, 1),
-                      "padding_efficiency": padding_eff,
+                      "padding_efficiency": padding_eff, "trainable_params": trainable,
+                      "trainable_share": share(trainable, total),
                       **({"frozen_cache_seconds": round(self.caches.seconds, 2)} if self.caches.seconds is not None else {}),
                       **{f"train_loss_{t}": float(np.mean(v)) for t, v in state.losses.items() if v}}
             self.evaluate_and_keep(epoch, record, f"epoch {epoch}", f" ({train_time:.0f} s training)")
