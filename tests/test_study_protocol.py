@@ -102,7 +102,8 @@ def test_an_edge_choice_extends_the_grid_then_the_interior_choice_reports(tmp_pa
     protocol = Protocol(recipe, records)
     assert protocol.tried(recipe.points[0]) == ([0.001, 0.003, 0.01], 0.003)
     names = [k.name for k in recipe.plan(records)]
-    assert f"{TASKS}-freezenone-nall-seed1-lr0.003" in names and f"{TASKS}-freezenone-nall-seed2-lr0.003" in names
+    assert names[3:5] == [f"{TASKS}-freezenone-nall-seed1-lr0.003", f"{TASKS}-freezenone-nall-seed2-lr0.003"]
+    assert names[5:] == [f"{TASKS}-freeze1-nall-seed7-b-lr{lr}" for lr in ("0.001", "0.003")]  # then the next point
     assert not any("seed1" in n and "freeze1" in n for n in names)  # point "one" is still tuning
     assert protocol.chosen("full at one's") is None  # and so is the point that takes its rate
 

@@ -111,17 +111,16 @@ class Protocol:
         return self.tried(point)[1]
 
     def plan(self) -> list[RunKey]:
-        """Tuning runs of every point first (in the recipe's order), then the reporting runs, seeds
-        outermost, of every point whose rate is known."""
+        """Point by point, in the recipe's order: its tuning runs, then (once its rate is chosen) its
+        reporting runs. A study stopped early holds whole points, the first ones complete; a second
+        worker goes on to the next point's tuning while the first point's last tuning run trains."""
         keys = []
         for point in self.recipe.points:
             if "lr_of" not in point:
                 keys += [self.key(point, s, lr) for s in self.grid["tuning_seeds"] for lr in self.tried(point)[0]]
-        for seed in self.recipe.seeds:
-            for point in self.recipe.points:
-                lr = self.chosen(point["label"])
-                if lr is not None:
-                    keys.append(self.key(point, seed, lr))
+            lr = self.chosen(point["label"])
+            if lr is not None:
+                keys += [self.key(point, s, lr) for s in self.recipe.seeds]
         return list(dict.fromkeys(keys))
 
     def reporting(self, label: str) -> dict[int, dict]:
