@@ -94,7 +94,21 @@ def test_a_run_with_steps_left_trains_them(run):
     checkpoints = sorted((run / "checkpoints").glob("step-*.pt"))
     assert [p.name for p in checkpoints] == ["step-0000005.pt", "step-0000006.pt"]
     checkpoints[-1].unlink()  # as if killed before the last step's checkpoint: step 6 is left to train
-    metrics = (run / "metrics.jsonl").read_text()
+    metrics = records(run)
     assert resume(run) == 0
     assert (run / "checkpoints" / "step-0000006.pt").is_file()
-    assert (run / "metrics.jsonl").read_text() == metrics  # step 6 and the last evaluation, written once again
+    assert records(run) == metrics  # step 6 and the last evaluation, written once again
+
+
+def records(run: Path) -> list[dict]:
+    """metrics.jsonl without its timings."""
+    return [{k: v for k, v in json.loads(line).items() if not k.endswith("seconds")}
+            for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_another_epochs_on_a_run_with_steps_left_says_why_too(run, capsys):
+    sorted((run / "checkpoints").glob("step-*.pt"))[-1].unlink()
+    assert resume(run, "--epochs", "3") == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "the checkpoint comes from an incompatible config: --epochs was 2, now 3. A run's " \
+                              "learning rate warms up and then decays linearly to 0" in err[0], err
