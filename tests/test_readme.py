@@ -1,5 +1,12 @@
-"""The README's quick start and CI must not drift apart."""
+"""The README's quick start and CI must not drift apart, and every command the README shows must exist
+with the flags it shows."""
+import argparse
+import contextlib
+import importlib
+import importlib.util
+import io
 import re
+import shlex
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -23,12 +30,6 @@ def test_quick_start_is_two_commands_and_ci_runs_the_test_one():
 
 
 # --------------------------------------------------------------------------- every command the README shows
-
-import argparse
-import contextlib
-import importlib
-import io
-import shlex
 
 # Flags the README shows ahead of their merge: (module, flag) -> why. An entry whose flag exists is stale
 # and fails the test, so that it is removed as soon as the flag lands.

@@ -133,7 +133,7 @@ def finished_run(cfg: TrainConfig, out_dir: Path) -> dict | None:
         return None
     state, old = found[1]["run_state"], found[1]["config"]
     patience = cfg.early_stop_patience
-    if state["epoch"] < old.get("epochs", 0) and (patience is None or state["evals_since_best"] < patience):
+    if state["epoch"] < old.get("epochs", 0) and (patience is None or state.get("evals_since_best", 0) < patience):
         return None
     changed = [k for k, v in cfg.to_dict().items() if k not in _NOT_IN_A_FINISHED_RUN and old.get(k) != v]
     if changed == ["epochs"]:
