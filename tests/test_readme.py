@@ -7,6 +7,7 @@ import importlib.util
 import io
 import re
 import shlex
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -179,12 +180,19 @@ def test_the_readme_check_finds_a_missing_flag_a_bad_value_and_a_missing_module(
     assert found[4].startswith("training.evaluate: no flag --nope")
 
 
-def test_table_shorthand_is_spelt_out_and_pending_flags_are_allowed_until_they_exist():
+def test_table_shorthand_is_spelt_out():
     shown = commands("| `python -m training.study depth\\|size --out DIR` | `python -m data.download [--dest DIR]` |"
                      " `python -m training.export / analyze / submit` |")
     assert shown == [("training.study", ["depth", "--out", "DIR"], True), ("training.study", ["size", "--out", "DIR"], True),
                      ("data.download", ["--dest", "DIR"], True), ("training.export", [], True),
                      ("training.analyze", [], True), ("training.submit", [], True)]
-    found = problems("training.study", ["depth", "--out", "DIR", "--bogus"], False)
+
+
+def test_a_pending_flag_is_allowed_until_it_exists(monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "PENDING_FLAGS", {("training.study", "--not-yet"): "a test's",
+                                                                  ("training.study", "--dry-run"): "landed"})
+    found = problems("training.study", ["depth", "--not-yet", "DIR", "--bogus"], False)
     assert found[0] == "training.study: no flag --bogus (shown as: depth --bogus)" and len(found) == 2, found
-    assert problems("training.study", ["depth", "--out", "DIR"], False) == []
+    assert problems("training.study", ["depth", "--not-yet", "DIR"], False) == []
+    assert problems("training.study", ["depth", "--dry-run"], False) == [
+        "training.study --dry-run: exists now; remove its PENDING_FLAGS entry (landed)"]
