@@ -12,8 +12,8 @@ import sys
 
 from data.loaders import COURSE_FILES, TASKS
 
-from .config import (GROUPS, TrainConfig, default_of, field_errors, flag_of, freeze_error, options, read_config_file,
-                     validate)
+from .config import (GROUPS, TrainConfig, data_dir_origin, default_of, field_errors, flag_of, freeze_error, options,
+                     read_config_file, validate)
 from .errors import ConfigError, NonFiniteLossError, TrainingInterrupted, WriteError
 from .progress import setup_logging
 
@@ -187,13 +187,17 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, TrainConfi
             parser.exit(2, "".join(f"{PROG}: error: --config {first.config}: {e}\n" for e in errors))
         parser.set_defaults(**defaults_from(values))
     args = parser.parse_args(argv)
+    typed = any(a == "--data-dir" or a.startswith("--data-dir=") for a in (sys.argv[1:] if argv is None else argv))
+    given = typed or args.data_dir != parser.get_default("data_dir")  # an abbreviation, --data-d X, too
+    config_file = first.config if first.config is not None and "data_dir" in values else None
+    args.data_dir_from = data_dir_origin(args.data_dir, given, config_file)  # for the line of a missing folder
     return args, config_from_args(args)
 
 
 def main(argv: list[str] | None = None) -> int:
     args, cfg = parse(argv)
     setup_logging(logging.DEBUG if args.verbose else logging.INFO)
-    errors = validate(cfg)
+    errors = validate(cfg, args.data_dir_from)
     if errors:
         for e in errors:
             print(f"{PROG}: error: {e}", file=sys.stderr)

@@ -371,15 +371,16 @@ def read_config_file(path: str | os.PathLike) -> dict:
 
 # --------------------------------------------------------------------------- validation
 
-def validate(cfg: TrainConfig) -> list[str]:
-    """Problems found without loading anything heavy; each is one line for the user."""
+def validate(cfg: TrainConfig, data_dir_from: str | None = None) -> list[str]:
+    """Problems found without loading anything heavy; each is one line for the user. data_dir_from: where
+    --data-dir's value came from, for the line of a missing folder (default: data_dir_origin's guess)."""
     errors = field_errors(cfg)
     if not errors:  # the rules between fields assume each field is of its type and in range
         errors += (_feature_errors(cfg) + _combination_errors(cfg) + _device_errors(cfg.device)
                    + _missing_packages(cfg))
     if all(_type_error(TrainConfig.__dataclass_fields__[n], getattr(cfg, n)) is None
            for n in ("tasks", "files", "data_dir")):
-        errors += _missing_files(cfg)
+        errors += _missing_files(cfg, data_dir_from or data_dir_origin(cfg.data_dir))
     return errors + path_errors(cfg)
 
 
@@ -554,15 +555,49 @@ def _device_errors(name: str) -> list[str]:
     return []
 
 
-def _missing_files(cfg: TrainConfig) -> list[str]:
+# where a --data-dir value came from, as the line of a missing folder says it
+DATA_DIR_FLAG, DATA_DIR_ENV, DATA_DIR_DEFAULT = "", "from $MINBERT_DATA_DIR", "the default; MINBERT_DATA_DIR is unset"
+
+
+def data_dir_origin(data_dir: str, given: bool = False, config_file: str | None = None) -> str:
+    """Where a --data-dir value came from: the flag, a --config file, $MINBERT_DATA_DIR (the flag's default
+    when set) or the default, data. Without `given` (a Python caller's TrainConfig) a value equal to the
+    environment's is taken to be it."""
+    if given:
+        return DATA_DIR_FLAG
+    if config_file:
+        return f"from data_dir in --config {config_file}"
+    env = os.environ.get("MINBERT_DATA_DIR")
+    if env and data_dir == env:
+        return DATA_DIR_ENV
+    return DATA_DIR_DEFAULT if data_dir == "data" and not env else DATA_DIR_FLAG
+
+
+def _missing_files(cfg: TrainConfig, data_dir_from: str) -> list[str]:
+    """The training and dev files the run reads. A data folder that is missing, or holds none of them,
+    is one line naming the folder and where its path came from (not one line per file)."""
+    needed = [(t, s) for t in cfg.tasks if t in TASKS for s in ("train", "dev")]
+    missing = [(t, s) for t, s in needed if not os.path.isfile(cfg.file(t, s))]
+    in_folder = [(t, s) for t, s in needed if not cfg.files.get(f"{t}_{s}")]
     errors = []
-    for task in (t for t in cfg.tasks if t in TASKS):
-        for split in ("train", "dev"):
-            path = cfg.file(task, split)
-            if not os.path.isfile(path):
-                errors.append(f"{path}: no such file ({task} {split}); run `python -m data.download` "
-                              f"or pass --data-dir / --{task}-{split}")
+    if in_folder and all(x in missing for x in in_folder):
+        errors.append(_data_dir_error(cfg.data_dir, data_dir_from, [COURSE_FILES[t][s] for t, s in in_folder]))
+        missing = [x for x in missing if x not in in_folder]
+    for task, split in missing:
+        errors.append(f"{cfg.file(task, split)}: no such file ({task} {split}); run `python -m data.download` "
+                      f"or pass --data-dir / --{task}-{split}")
     return errors
+
+
+def _data_dir_error(data_dir: str, origin: str, names: list[str]) -> str:
+    what = ("no such folder" if not os.path.exists(data_dir) else "not a folder" if not os.path.isdir(data_dir)
+            else f"holds none of the files the run reads ({', '.join(names)})")
+    fix = {DATA_DIR_ENV: "set MINBERT_DATA_DIR to the folder that holds the course's CSV files, or pass --data-dir",
+           DATA_DIR_DEFAULT: "fetch the course's CSV files there with `python -m data.download`, or pass --data-dir "
+                             "(or set MINBERT_DATA_DIR) to the folder that holds them"}.get(
+        origin, "pass --data-dir the folder that holds the course's CSV files (`python -m data.download --dest "
+                "DIR` fetches them)")
+    return f"--data-dir {data_dir}{f' ({origin})' if origin else ''}: {what}; {fix}"
 
 
 # --------------------------------------------------------------------------- output paths

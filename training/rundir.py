@@ -19,6 +19,7 @@ from minbert.checkpoint import human_bytes
 from .checkpointing import RollingCheckpoints, read_checkpoint
 from .config import TrainConfig, resume_may_differ
 from .errors import ConfigError, write_error
+from .predictions import read_manifest
 from .progress import LOG_FORMAT
 
 log = logging.getLogger(__name__)
@@ -48,7 +49,8 @@ def find_resume_checkpoint(cfg: TrainConfig, out_dir: Path) -> dict | None:
         diff.append(f"--frozen-cache was {old.get('frozen_cache')!r}, now {cfg.frozen_cache!r} (on and off give "
                     f"different numbers)")
     if diff:
-        raise ConfigError(f"--resume {path}: the checkpoint comes from an incompatible config: {'; '.join(diff)}")
+        hint = f". {more_epochs_hint(cfg, out_dir)}" if old.get("epochs") != cfg.epochs else ""
+        raise ConfigError(f"--resume {path}: the checkpoint comes from an incompatible config: {'; '.join(diff)}{hint}")
     _check_best_for_resume(ckpt, path, out_dir)
     log.info("resuming from %s", path)
     return ckpt
@@ -69,21 +71,25 @@ def read_training_checkpoint(path: Path, out_dir: Path) -> dict:
     return ckpt
 
 
-def _newest_readable_checkpoint(out_dir: Path) -> tuple[Path, dict] | None:
-    """The newest of OUT_DIR/checkpoints that reads as a training checkpoint, and its contents."""
+def _newest_readable_checkpoint(out_dir: Path, quiet: bool = False) -> tuple[Path, dict] | None:
+    """The newest of OUT_DIR/checkpoints that reads as a training checkpoint, and its contents. quiet: a
+    first look (finished_run), which leaves the warnings to the resume itself."""
     skipped = []
     for path in reversed(RollingCheckpoints(out_dir, 1).all()):
         try:
             ckpt = read_training_checkpoint(path, out_dir)
         except ConfigError as e:
             skipped.append(path)
-            log.warning("--resume auto: skipping the checkpoint %s", str(e).removeprefix("--resume "))
+            if not quiet:
+                log.warning("--resume auto: skipping the checkpoint %s", str(e).removeprefix("--resume "))
             continue
+        if quiet:
+            return path, ckpt
         if skipped:
             log.warning("--resume auto: resuming from %s, an older checkpoint than %s, which cannot be read; the "
                         "steps after it are trained again", path.name, ", ".join(p.name for p in skipped))
         return path, ckpt
-    if skipped:
+    if skipped and not quiet:
         raise ConfigError(f"--resume auto: none of the {len(skipped)} checkpoint(s) in {out_dir / 'checkpoints'} can "
                           f"be read (see the warnings above); pass --overwrite to start afresh")
     return None
@@ -106,6 +112,48 @@ def _check_best_for_resume(ckpt: dict, path: Path, out_dir: Path) -> None:
         raise ConfigError(f"--resume {path}: {best} holds another model (dev {saved.get('metrics')}) than the "
                           f"run's best epoch so far ({state['best_metrics']}); resume with the run's own "
                           f"--out-dir")
+
+
+# Options that change nothing a finished run has written (its checkpoints, best.pt, records, prediction
+# files): resuming one with other values of these finds nothing to redo. The others, where a resume may
+# change them (--predictions-dir, --max-eval-examples, --export-hf, the data location), make it write
+# its predictions again.
+_NOT_IN_A_FINISHED_RUN = {"resume", "overwrite", "out_dir", "device", "compile", "log_every", "report_to",
+                          "save_every", "keep_last", "max_bad_steps", "eval_batch_size", "eval_tokens",
+                          "evals_per_epoch", "early_stop_patience", "frozen_cache", "cache_dir"}
+
+
+def finished_run(cfg: TrainConfig, out_dir: Path) -> dict | None:
+    """--resume auto on a run that trained all its epochs (or stopped early, by this --early-stop-patience)
+    and wrote its prediction files with these settings: its run state, found by reading files only, so
+    that the command can say so and write nothing. None when there is work left (or no --resume auto).
+    A finished run asked for another --epochs is refused here: see more_epochs_hint."""
+    found = _newest_readable_checkpoint(out_dir, quiet=True) if cfg.resume == "auto" else None
+    if found is None:
+        return None
+    state, old = found[1]["run_state"], found[1]["config"]
+    patience = cfg.early_stop_patience
+    if state["epoch"] < old.get("epochs", 0) and (patience is None or state.get("evals_since_best", 0) < patience):
+        return None
+    changed = [k for k, v in cfg.to_dict().items() if k not in _NOT_IN_A_FINISHED_RUN and old.get(k) != v]
+    if changed == ["epochs"]:
+        raise ConfigError(f"--resume auto: {out_dir} holds a finished run of {old['epochs']} epoch(s), and "
+                          f"--epochs is now {cfg.epochs}. {more_epochs_hint(cfg, out_dir)}")
+    manifest = read_manifest(cfg.predictions_folder())
+    written = (isinstance(manifest, dict) and manifest.get("run") == str(out_dir.resolve())
+               and manifest.get("dev_metrics") == state["best_metrics"])
+    if changed or not written or (cfg.export_hf and not Path(cfg.export_hf).is_dir()):
+        return None  # the resume refuses another config, or writes the predictions (and export) again
+    return state
+
+
+def more_epochs_hint(cfg: TrainConfig, out_dir: Path) -> str:
+    """Why a run's --epochs cannot change on resume, and what to do instead."""
+    return (f"A run's learning rate warms up and then decays linearly to 0 over the epochs it was started "
+            f"with, so more (or fewer) epochs is another schedule from step 0, not that run continued; to "
+            f"train {cfg.epochs} epochs, start a new run with --epochs {cfg.epochs} and another --out-dir (or "
+            f"--overwrite); to train on from this run's weights, export them (python -m training.export "
+            f"{out_dir} DIR) and start a new run with --model DIR (its heads start afresh)")
 
 
 def earlier_run_files(out_dir: Path) -> list[Path]:

@@ -40,8 +40,8 @@ from .predictions import check_predictions_dir, config_digest, write_prediction_
 from .progress import progress
 from .peft import share, trainable_counts
 from .preflight import check_disk, check_model
-from .rundir import (MetricsLog, drop_earlier_log, earlier_run_to_replace, find_resume_checkpoint, remove_earlier_run,
-                     remove_stale_temp_files, run_log)
+from .rundir import (MetricsLog, drop_earlier_log, earlier_run_to_replace, find_resume_checkpoint, finished_run,
+                     remove_earlier_run, remove_stale_temp_files, run_log)
 from .signals import stop_on_signals
 from .stepper import Stepper
 
@@ -75,6 +75,13 @@ def train(cfg: TrainConfig, on_evaluation=None) -> dict:
     from .distributed import init_distributed
 
     run = Run(cfg)
+    finished = finished_run(cfg, run.out_dir)  # before anything, train.log included, is touched
+    if finished is not None:
+        stopped = "" if finished["epoch"] >= cfg.epochs else f", stopped early after {finished['epoch']}"
+        log.info("--resume auto: %s holds a finished run (%d epoch(s)%s; best dev %s), with its predictions in "
+                 "%s: nothing to do, nothing written", run.out_dir, cfg.epochs, stopped,
+                 _fmt(finished["best_metrics"]), cfg.predictions_folder())
+        return finished["best_metrics"]
     run.on_evaluation = on_evaluation
     with init_distributed(cfg.device) as dist:
         run.dist = dist
