@@ -32,13 +32,6 @@ def test_quick_start_is_two_commands_and_ci_runs_the_test_one():
 
 # --------------------------------------------------------------------------- every command the README shows
 
-# Flags the README shows ahead of their merge: (module, flag) -> why. An entry whose flag exists is stale
-# and fails the test, so that it is removed as soon as the flag lands.
-PENDING_FLAGS = {
-    # issue 43: the study writes into a folder of the user's (`--out DIR`), from the branch that rewrites
-    # training/study's command line; remove this entry when merging that branch.
-    ("training.study", "--out"): "the study's --out, from the study CLI's own branch",
-}
 NOT_OURS = {"pip", "pytest"}  # modules the README runs that this repository does not define
 
 
@@ -136,12 +129,6 @@ def problems(module: str | None, argv: list[str], inline: bool) -> list[str]:
     except ModuleNotFoundError as e:
         return [f"{name}: {e}"]
     known, found, argv = parser._option_string_actions, [], list(argv)
-    for (pending_module, flag), why in PENDING_FLAGS.items():
-        if pending_module == module and flag in argv:
-            if flag in known:
-                found.append(f"{name} {flag}: exists now; remove its PENDING_FLAGS entry ({why})")
-            i = argv.index(flag)
-            del argv[i: i + (2 if i + 1 < len(argv) and not argv[i + 1].startswith("-") else 1)]
     found += [f"{name}: no flag {w.split('=')[0]} (shown as: {' '.join(argv)})" for w in argv
               if w.startswith("-") and not re.fullmatch(r"-[\d.]+", w) and w.split("=")[0] not in known]
     err = io.StringIO()
@@ -186,13 +173,3 @@ def test_table_shorthand_is_spelt_out():
     assert shown == [("training.study", ["depth", "--out", "DIR"], True), ("training.study", ["size", "--out", "DIR"], True),
                      ("data.download", ["--dest", "DIR"], True), ("training.export", [], True),
                      ("training.analyze", [], True), ("training.submit", [], True)]
-
-
-def test_a_pending_flag_is_allowed_until_it_exists(monkeypatch):
-    monkeypatch.setattr(sys.modules[__name__], "PENDING_FLAGS", {("training.study", "--not-yet"): "a test's",
-                                                                  ("training.study", "--dry-run"): "landed"})
-    found = problems("training.study", ["depth", "--not-yet", "DIR", "--bogus"], False)
-    assert found[0] == "training.study: no flag --bogus (shown as: depth --bogus)" and len(found) == 2, found
-    assert problems("training.study", ["depth", "--not-yet", "DIR"], False) == []
-    assert problems("training.study", ["depth", "--dry-run"], False) == [
-        "training.study --dry-run: exists now; remove its PENDING_FLAGS entry (landed)"]
