@@ -144,11 +144,13 @@ def test_bf16_autocast_learns_on_cpu(tmp_path, inputs, caplog):
     assert "device cpu, bf16 autocast" in caplog.text
 
 
-@pytest.mark.parametrize("amx, expected", [(True, torch.bfloat16), (False, None)])
-def test_auto_precision_on_cpu_follows_amx(monkeypatch, amx, expected):
+@pytest.mark.parametrize("amx, avx512_bf16, expected", [(True, False, torch.bfloat16), (False, True, torch.bfloat16),
+                                                        (False, False, None)])
+def test_auto_precision_on_cpu_follows_native_bf16(monkeypatch, amx, avx512_bf16, expected):
     from training.device import autocast_dtype
 
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
     cpu = torch.device("cpu")
     assert autocast_dtype("auto", cpu) is expected
     assert autocast_dtype("fp32", cpu) is None
