@@ -275,7 +275,9 @@ class Stepper:
 
         ctx = contextlib.nullcontext() if self.smart.adv_dropout else dropout_disabled(model)
         # fp32 whatever --precision says: the perturbation (about 1e-5 to 1e-3) is below bf16's
-        # resolution, where R_s would measure rounding flips, not smoothness
+        # resolution, where R_s would measure rounding flips, not smoothness. Under fp16 the ascent takes
+        # the gradient of its own unscaled fp32 loss (torch.autograd.grad, never the loss scaler's), so
+        # it neither overflows nor depends on the scale; R_s then joins the scaled loss like any term.
         xs = tuple(h.float() for h in hs)
         with ctx, torch.autocast(self.device.type, enabled=False):
             clean = out.float()
