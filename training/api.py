@@ -12,7 +12,8 @@
 Inputs go through the model in batches of `batch_size`, sorted by length (as in training.evaluate, whose
 predictions these are). Pairs are predicted in both orders and averaged where the run did so
 (--predict-both-orders); `load(..., both_orders=True/False)` overrides it. The precision is the run's
-(--precision; bf16 autocast only where the hardware is fast at it) unless `precision=` says otherwise.
+(--precision; auto: bf16 where the device computes it natively, fp16 on a GPU without) unless `precision=`
+says otherwise.
 """
 from __future__ import annotations
 
