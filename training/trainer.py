@@ -208,18 +208,12 @@ class Run:
         return self
 
     def choose_device(self) -> None:
-        """The device, and the precision --precision means on it, logged once with why (a run under
-        auto must say what it used; each epoch's metrics.jsonl record names it too)."""
+        """The device, and the precision --precision means on it (logged with the model: _log_model)."""
         self.device = pick_device(self.cfg.device) if self.dist is None else self.dist.device
         self.precision, self.precision_reason = resolve_precision(self.cfg.precision, self.device)
         if self.precision == "fp16" and (problem := fp16_autocast_problem(self.device)):
             raise ConfigError(problem)
         self.amp_dtype = DTYPES[self.precision]
-        log.info("precision %s (%s)", self.precision, self.precision_reason)
-        amx_fp16 = getattr(torch.cpu, "_is_amx_fp16_supported", lambda: False)  # private; absent in some builds
-        if self.precision == "fp16" and self.device.type == "cpu" and not amx_fp16():
-            log.warning("--precision fp16 on a CPU without AMX-FP16: torch emulates float16 there, slower than "
-                        "fp32; fp16 is meant for CUDA devices without bf16 (use bf16 or fp32 on a CPU)")
 
     def _log_model(self) -> None:
         model, cfg = self.model, self.cfg
@@ -230,6 +224,12 @@ class Run:
         log.info("model %s: %d layers, %.1fM parameters, %.1fM trainable (freeze-upto %s%s); device %s, %s",
                  cfg.model, model.encoder.num_layers, n_all / 1e6, n_train / 1e6, upto, schedule, self.device,
                  f"{self.precision} autocast" if self.amp_dtype else "fp32")
+        # once, with why: a run under auto must say what it used (each epoch's record names it too)
+        log.info("precision %s (%s)", self.precision, self.precision_reason)
+        amx_fp16 = getattr(torch.cpu, "_is_amx_fp16_supported", lambda: False)  # private; absent in some builds
+        if self.precision == "fp16" and self.device.type == "cpu" and not amx_fp16():
+            log.warning("--precision fp16 on a CPU without AMX-FP16: torch emulates float16 there, slower than "
+                        "fp32; fp16 is meant for CUDA devices without bf16 (use bf16 or fp32 on a CPU)")
 
     def _written_dirs(self) -> list[Path]:
         """Where this run writes files through temp names (see rundir.remove_stale_temp_files)."""
