@@ -128,7 +128,7 @@ class LossScaler:
 
     def __init__(self, device: torch.device):
         self.scaler = torch.amp.GradScaler(device.type)
-        self.skipped = 0  # overflow steps, all run long (--max-bad-steps counts non-finite losses apart)
+        self.skipped = 0  # overflow steps over the whole run (--max-bad-steps counts non-finite losses apart)
 
     def scale(self, loss: torch.Tensor) -> torch.Tensor:
         return self.scaler.scale(loss)
@@ -393,9 +393,9 @@ class Stepper:
 
     def _overflowed(self, tasks: str, step: int) -> bool:
         """fp16, a non-finite gradient: the scaler halves its scale. True where that was an overflow of
-        the scaled gradients (the scale was above 1), skipped and counted apart from the bad steps (the
-        optimiser, scheduler position aside, the teacher and the weight average are left as they were);
-        False where the gradient is not finite even unscaled: a bad step like any other."""
+        the scaled gradients (the scale was above 1): the step is skipped (weights, optimiser state,
+        teacher and weight average untouched; the schedule moves on) and counted apart from the bad
+        steps. False where the gradient is not finite even unscaled: a bad step like any other."""
         scale = self.loss_scaler.get_scale()
         self.loss_scaler.scaler.update()  # no step: unscale_ found the inf, so the scale backs off
         if scale <= 1.0:
