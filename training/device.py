@@ -54,7 +54,7 @@ CPU_BF16 = (("_is_amx_tile_supported", "AMX tiles"), ("_is_avx512_bf16_supported
 def native_bf16(device: torch.device) -> str | None:
     """Why this device computes bf16 natively, or None where it does not. CUDA: Ampere and later. CPU:
     AMX tiles (Xeon Sapphire Rapids and later) or AVX512-BF16 (AMD Zen 4, Xeon Cooper Lake), where a bf16
-    training step measured 2x to 3x faster than fp32's (issue 41, docs/results.md)."""
+    training step measured 2x to 3x faster than fp32's (bench/cpu_step.py; issue 41, docs/results.md)."""
     if device.type == "cuda":
         try:
             native = torch.cuda.is_bf16_supported(including_emulation=False)
