@@ -27,7 +27,7 @@ from training.errors import TrainingInterrupted
 from training.trainer import Run, train
 
 pytestmark = [pytest.mark.usefixtures("one_thread"),
-              pytest.mark.filterwarnings("ignore:Seems like `optimizer.step\(\)` has been overridden")]
+              pytest.mark.filterwarnings(r"ignore:Seems like `optimizer.step\(\)` has been overridden")]
 CPU = torch.device("cpu")
 
 
@@ -203,9 +203,13 @@ def test_smarts_perturbation_does_not_depend_on_the_loss_scale(tmp_path, monkeyp
     """SMART's inner ascent runs in fp32 outside autocast on its own unscaled loss (torch.autograd.grad of
     the perturbation, not through the scaler): the perturbation is the same at any scale, and the step's
     unscaled gradients differ only by fp16 rounding."""
-    deltas = []
-    real_perturb = smart_mod.perturb
-    monkeypatch.setattr(smart_mod, "perturb", lambda *a, **kw: (lambda d: (deltas.append(d), d)[1])(real_perturb(*a, **kw)))
+    deltas, real_perturb = [], smart_mod.perturb
+
+    def recording(*a, **kw):
+        deltas.append(real_perturb(*a, **kw))
+        return deltas[-1]
+
+    monkeypatch.setattr(smart_mod, "perturb", recording)
     grads = {}
     for k in (2, 12):
         run = build(tmp_path, f"s{k}", precision="fp16", smart=True, max_grad_norm=1e9)
@@ -273,7 +277,8 @@ def test_auto_on_each_kind_of_device(monkeypatch, device, caps, expected, why):
     fake_device(monkeypatch, **caps)
     d = torch.device(device)
     assert device_mod.resolve_precision("auto", d) == (expected, f"--precision auto: {why}")
-    assert device_mod.autocast_dtype("auto", d) is {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[expected]
+    dtypes = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+    assert device_mod.autocast_dtype("auto", d) is dtypes[expected]
     for given in ("fp32", "bf16", "fp16"):  # a named precision is taken as given
         assert device_mod.resolve_precision(given, d) == (given, f"--precision {given}")
 
@@ -286,7 +291,8 @@ def test_a_run_logs_and_records_what_auto_chose(tmp_path, monkeypatch, caplog, c
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("precision ")]
     why = "the CPU computes bf16 natively (AVX512-BF16)" if caps else "the CPU has neither AMX nor AVX512-BF16"
     assert lines == [f"precision {expected} (--precision auto: {why})"]
-    epochs = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines() if "train_seconds" in x]
+    records = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    epochs = [json.loads(x) for x in records if "train_seconds" in x]
     assert [r["precision"] for r in epochs] == [expected]
     assert "loss_scale" not in epochs[0]
 

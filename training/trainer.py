@@ -455,7 +455,8 @@ class Run:
         state = self.state
         if self.main:  # only rank 0 tracks the best score: the checkpoints are its
             record = {"epoch": epoch, "step": state.global_step, "train_seconds": round(train_time, 1),
-                      "padding_efficiency": padding_eff, "precision": self.precision, **self.stepper.scale_record(),
+                      "padding_efficiency": padding_eff, "precision": self.precision,
+                      **self.stepper.scale_record(),
                       **({"frozen_cache_seconds": round(self.caches.seconds, 2)} if self.caches.seconds is not None else {}),
                       **{f"train_loss_{t}": float(np.mean(v)) for t, v in state.losses.items() if v}}
             self.evaluate_and_keep(epoch, record, f"epoch {epoch}", f" ({train_time:.0f} s training)")
