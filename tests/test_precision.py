@@ -23,7 +23,7 @@ import training.smart as smart_mod
 from data.batching import make_batch
 from training import device as device_mod
 from training.cli import main as cli_main
-from training.errors import TrainingInterrupted
+from training.errors import NonFiniteLossError, TrainingInterrupted
 from training.trainer import Run, train
 
 pytestmark = [pytest.mark.usefixtures("one_thread"),
@@ -114,7 +114,9 @@ def test_an_overflow_is_skipped_backs_off_and_is_not_a_bad_step(tmp_path, caplog
     for i, state in optimiser["state"].items():
         for k, v in state.items():
             assert torch.equal(after["state"][i][k], v), (i, k)
-    assert all(torch.equal(a, b) for a, b in zip(stepper.ema.state_dict()["shadow"], ema["shadow"]))
+    shadow = stepper.ema.state_dict()
+    assert shadow["num_updates"] == ema["num_updates"] == 1 and len(shadow["shadow"]) == len(ema["shadow"]) > 0
+    assert all(torch.equal(a, b) for a, b in zip(shadow["shadow"], ema["shadow"]))
     assert stepper.loss_scaler.get_scale() == 2.0 ** 39  # halved
     assert stepper.loss_scaler.skipped == 1 and stepper.bad_steps == 0  # counted apart; max_bad_steps=1 not hit
     assert stepper.scheduler.last_epoch == lr_step + 1  # the schedule follows the step count
@@ -137,7 +139,7 @@ def test_a_gradient_not_finite_even_unscaled_is_a_bad_step(tmp_path):
     assert (stepper.loss_scaler.skipped, stepper.bad_steps, stepper.loss_scaler.get_scale()) == (1, 0, 1.0)
     assert stepper.step([batch(run, "sst")], 1) is None
     assert (stepper.loss_scaler.skipped, stepper.bad_steps) == (1, 1)
-    with pytest.raises(Exception, match="2 consecutive non-finite steps"):
+    with pytest.raises(NonFiniteLossError, match="2 consecutive non-finite steps"):
         stepper.step([batch(run, "sst")], 2)
     hook.remove()
 
