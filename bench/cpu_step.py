@@ -29,13 +29,14 @@ from common import cpu_model, paired_ratios, step_bench_parser  # noqa: E402  (r
 from minbert import load_bert, resolve_checkpoint  # noqa: E402
 from minbert.model import Dropout  # noqa: E402
 
-DTYPES = {"fp32": None, "bf16": torch.bfloat16}
+DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}  # fp16: emulated without AMX-FP16
 
 
 def parse_args(argv=None):
     p = step_bench_parser(__doc__, "sequences per batch", steps=5, warmup=2)
     p.add_argument("--length", type=int, default=128, help="tokens per sequence (default: %(default)s)")
-    p.add_argument("--precisions", nargs="+", choices=list(DTYPES), default=list(DTYPES))
+    p.add_argument("--precisions", nargs="+", choices=list(DTYPES), default=["fp32", "bf16"],
+                   help="(default: %(default)s)")
     p.add_argument("--no-transformers", action="store_true", help="leave the transformers arm out")
     p.add_argument("--profile", type=int, default=0, metavar="N", help="print the top N ops of one step")
     return p.parse_args(argv)

@@ -1,4 +1,4 @@
-"""bf16 autocast and --compile against plain fp32: seconds per training step, in one run.
+"""bf16 (and fp16) autocast and --compile against plain fp32: seconds per training step, in one run.
 
 One MT-DNN batch per task (sst, para, sts; the first bucketed batch of each in the epoch-0
 schedule of the course training data, as in bench/smart_cost.py) is stepped through
@@ -7,6 +7,8 @@ with its own copy of the model:
 
     fp32            --precision fp32 (the CPU default)
     bf16            --precision bf16 (torch.autocast to bfloat16)
+    fp16            --precision fp16 (float16 with the dynamic loss scale), with --fp16: for CUDA devices
+                    without bf16 (a CPU without AMX-FP16 emulates float16)
     fp32+compile    --compile        (torch.compile of each encoder layer, dynamic shapes)
     bf16+compile    --precision bf16 --compile
 
@@ -18,6 +20,9 @@ so its column also holds dropout noise). The accuracy check is a real run: see d
 
     python bench/precision_compile.py                # MiniLM-L6, CPU, course data
     python bench/precision_compile.py --no-compile --steps 10
+    python bench/precision_compile.py --device cuda --fp16    # a T4 / V100: fp16 against fp32 (and bf16)
+
+The first line says what --precision auto resolves to on the device.
 """
 from __future__ import annotations
 
@@ -35,14 +40,15 @@ from minbert import Tokenizer, resolve_checkpoint  # noqa: E402
 from training.compiling import compile_layers  # noqa: E402
 from training.config import TrainConfig  # noqa: E402
 from training.build import build_model  # noqa: E402
-from training.device import pick_device  # noqa: E402
+from training.device import DTYPES, pick_device, resolve_precision  # noqa: E402
 from training.stepper import Stepper  # noqa: E402
 
 
 def parse_args(argv=None):
     p = step_bench_parser(__doc__, "examples per task batch", steps=5, warmup=2)  # warm-up includes compiling
     p.add_argument("--freeze-upto", type=int, default=None, help="freeze as in training (default: none)")
-    p.add_argument("--no-compile", action="store_true", help="time only the fp32 and bf16 eager arms")
+    p.add_argument("--no-compile", action="store_true", help="time only the eager arms")
+    p.add_argument("--fp16", action="store_true", help="add an fp16 arm (eager; with the loss scale)")
     p.add_argument("--device", default="cpu", help="cpu or cuda (default: %(default)s)")
     return p.parse_args(argv)
 
@@ -56,15 +62,15 @@ def make_arm(args, precision: str, compiled: bool) -> Stepper:
     model.to(dev)
     if compiled:
         compile_layers(model.encoder)
-    amp = torch.bfloat16 if precision == "bf16" else None
-    return Stepper.build(model, cfg, 10_000, dev, amp)
+    return Stepper.build(model, cfg, 10_000, dev, DTYPES[precision])
 
 
 def main(argv=None) -> None:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    names = [("fp32", False), ("bf16", False)] + ([] if args.no_compile else [("fp32", True), ("bf16", True)])
+    names = [("fp32", False), ("bf16", False)] + [("fp16", False)] * args.fp16
+    names += [] if args.no_compile else [("fp32", True), ("bf16", True)]
     arms = {f"{p}{'+compile' if c else ''}": make_arm(args, p, c) for p, c in names}
     first = next(iter(arms.values()))
     tokenizer = Tokenizer.from_checkpoint(resolve_checkpoint(args.model))
@@ -88,6 +94,7 @@ def main(argv=None) -> None:
             last_loss[k] = sum(p[b.task]["loss"] for p, b in zip(parts, batches))
 
     L = first.model.encoder.num_layers
+    print("# --precision auto here: %s (%s)" % resolve_precision("auto", dev))
     shapes = ", ".join(f"{b.task} {b.size}x{b.inputs[0]['input_ids'].shape[1]}" for b in batches)
     print(f"# {args.model} ({L} layers, freeze-upto {args.freeze_upto}), one batch per task ({shapes}), "
           f"{dev}, torch {torch.__version__}, {torch.get_num_threads()} threads, "

@@ -51,7 +51,7 @@ import sys, torch
 from pathlib import Path
 torch.set_num_threads(1)
 sys.path[:0] = [{repo!r}, {tests!r}]
-from test_distributed import SCENARIOS, RESUME_AT, base, smart_teachers
+from test_distributed import SCENARIOS, RESUME_AT, base, fp16_ranks, smart_teachers
 from training.distributed import init_distributed
 from training.trainer import train
 root = Path(sys.argv[1])
@@ -64,6 +64,7 @@ with init_distributed("cpu") as d:
     train(base(root, "dist-dropout", head_dropout=0.3))
     train(base(root, "dist-dropout-resumed", head_dropout=0.3, resume=ckpt("dist-dropout")))  # 2 -> 2
     smart_teachers(root)
+    fp16_ranks(root)
 """
 
 
@@ -87,6 +88,31 @@ def smart_teachers(root: Path) -> None:
                                       "student": model.state_dict()})
         if d.is_main:
             torch.save({"ranks": states, "initial": initial}, root / "smart.pt")
+
+
+def fp16_ranks(root: Path) -> None:
+    """On each rank: an epoch's 4 PCGrad steps under --precision fp16 (dropout on: the ranks' slices see
+    different noise) from the default loss scale, 2^16, at which this model's first steps overflow; rank 0
+    saves every rank's model, loss scale and count of skipped steps for the test to compare."""
+    from data.batching import make_batch
+    from training.distributed import init_distributed
+    from training.build import build_model, load_data, schedule_for_epoch
+    from training.stepper import Stepper
+    cfg = base(root, "unused", precision="fp16", head_dropout=0.2, pcgrad=True, task_sampling="mixed")
+    with init_distributed(cfg.device) as d:
+        model, tok, _ = build_model(cfg)
+        data = load_data(cfg, tok)
+        initial = {k: v.clone() for k, v in model.state_dict().items()}
+        stepper = Stepper.build(model, cfg, 10, d.device, torch.float16, dist=d)
+        taken = []
+        for n, tbs in enumerate(schedule_for_epoch(cfg, data.train, 0)):
+            mine, weights = local_step(tbs, d.rank, d.world_size)
+            taken.append(stepper.step([make_batch(data.train[tb.task], tb.indices, tok) for tb in mine], n, weights)
+                         is not None)
+        states = d.all_gather_object({"student": model.state_dict(), "scaler": stepper.loss_scaler.state_dict(),
+                                      "taken": taken})
+        if d.is_main:
+            torch.save({"ranks": states, "initial": initial}, root / "fp16.pt")
 
 
 def _free_port() -> int:
@@ -245,3 +271,18 @@ def test_smart_teacher_is_identical_on_every_rank(runs):
             assert torch.equal(states[0][key][k], states[1][key][k]), (key, k)
     start = saved["initial"]
     assert any(not torch.equal(states[0]["teacher"][k], start[k]) for k in start)  # it followed the students
+
+
+# ----------------------------------------------------------------------------- fp16
+
+def test_fp16_ranks_skip_the_same_overflow_steps_and_keep_one_scale(runs):
+    """The ranks sum their scaled gradients before unscaling: an overflow on one is an overflow on all,
+    so every rank skips the same steps, backs off to the same scale and keeps the same weights."""
+    saved = torch.load(runs / "fp16.pt", weights_only=False)
+    one, two = saved["ranks"]
+    assert one["taken"] == two["taken"] and one["scaler"] == two["scaler"]
+    assert one["scaler"]["skipped"] == one["taken"].count(False) > 0 and any(one["taken"])
+    assert one["scaler"]["scaler"]["scale"] < 2.0 ** 16
+    for k in one["student"]:
+        assert torch.equal(one["student"][k], two["student"][k]), k
+    assert any(not torch.equal(one["student"][k], saved["initial"][k]) for k in saved["initial"])

@@ -297,11 +297,13 @@ def test_siamese_identity_init_starts_similarity_from_the_encoders_cosine():
 # ----------------------------------------------------------------------------- heads in fp32 under autocast
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("pooling", ["cls", "mean"])
 @pytest.mark.parametrize("encoding", ["cross", "siamese"])
-def test_heads_run_in_fp32_under_bf16_autocast(tmp_path, pooling, encoding):
-    """Under bf16 autocast the encoder runs in bf16, but the heads' outputs equal an fp32 computation of
-    the heads on the same (autocast) pooled vectors: no bf16 rounding of logits or scores."""
+def test_heads_run_in_fp32_under_autocast(tmp_path, pooling, encoding, dtype):
+    """Under bf16 (or fp16) autocast the encoder runs in bf16 (fp16), but the heads' outputs equal an fp32
+    computation of the heads on the same (autocast) pooled vectors: no half-precision rounding of logits
+    or scores."""
     import tiny_runs
     from data.batching import encode_task, make_batch
     from data.loaders import load_task_file
@@ -314,14 +316,14 @@ def test_heads_run_in_fp32_under_bf16_autocast(tmp_path, pooling, encoding):
     for task, file in (("sst", "ids-sst-dev.csv"), ("para", "quora-dev.csv"), ("sts", "sts-dev.csv")):
         d = encode_task(task, load_task_file(data / file, task, labelled=True).examples, tok, encoding)
         inputs = make_batch(d, list(range(len(d))), tok).inputs
-        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.no_grad(), torch.autocast("cpu", dtype=dtype):
             out = model(task, inputs)
             ys = [model.pool(model.hidden_at([seq], 0)[0], seq["attention_mask"], 0) for seq in inputs]
         with torch.no_grad():
             ref = model.heads[task](*[y.float() for y in ys])  # outside autocast: fp32 throughout
         assert out.dtype == torch.float32
         assert torch.equal(out, ref)
-        if pooling == "mean":  # the mean itself is taken in fp32 over the bf16 states
+        if pooling == "mean":  # the mean itself is taken in fp32 over the half-precision states
             assert ys[0].dtype == torch.float32
 
 

@@ -365,6 +365,9 @@ class FakeScaler:
     def scale(self, loss: torch.Tensor) -> torch.Tensor:
         return loss * 1024
 
+    def get_scale(self) -> float:
+        return 1024.0
+
 
 @pytest.mark.parametrize("variant", ["pcgrad", "dominant"])
 def test_scaler_gives_scaled_result(variant):

@@ -24,10 +24,11 @@ def files(tmp_path_factory):
 
 
 def _args(ckpt, data, out, *extra):
-    # dropout on, so that resuming must restore the RNG to match; batch 4 -> 2 steps per task per epoch
+    # dropout on, so that resuming must restore the RNG to match; batch 4 -> 2 steps per task per epoch.
+    # fp32: what these runs compared bit for bit were written for (auto is bf16 on a CPU with AVX512-BF16)
     return ["--model", str(ckpt), "--data-dir", str(data), "--out-dir", str(out), "--predictions-dir",
             str(out / "pred"), "--epochs", "3", "--batch-size", "4", "--lr", "3e-3", "--head-dropout", "0.3",
-            "--save-every", "1", "--log-every", "1", "--eval-batch-size", "4", *extra]
+            "--save-every", "1", "--log-every", "1", "--eval-batch-size", "4", "--precision", "fp32", *extra]
 
 
 # Runs the CLI in a child process that sends itself a real SIGTERM right after step K.

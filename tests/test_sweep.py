@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings, strategies as st
 
 from data.loaders import Example, load_task_file
@@ -314,6 +315,24 @@ def test_results_from_before_an_option_existed_still_match(tmp_path):
     accumulating = {**settings, "grad_accum_steps": 4}
     assert "grad_accum_steps: 1 there, 4 now" in S.settings_clash([{"settings": older}], accumulating,
                                                                    tmp_path / "results.jsonl")
+
+
+@pytest.mark.parametrize("avx512_bf16", [False, True])
+def test_results_record_the_resolved_precision_and_read_an_old_auto_as_it_was(tmp_path, monkeypatch, avx512_bf16):
+    """settings record what --precision auto resolves to here; a record from before that says "auto",
+    which on a CPU without AMX was fp32: it matches an fp32 sweep, and not one that now runs in bf16."""
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
+    now = S.settings_of(S.TrainConfig(device="cpu"))
+    assert now["precision"] == ("bf16" if avx512_bf16 else "fp32")
+    assert S.settings_of(S.TrainConfig(device="cpu", precision="fp16"))["precision"] == "fp16"
+    old = [{"settings": {**now, "precision": "auto"}}]
+    clash = S.settings_clash(old, now, tmp_path / "results.jsonl")
+    assert clash == ("" if not avx512_bf16 else
+                     f"{tmp_path / 'results.jsonl'} holds 1 result(s) made with other settings (precision: 'fp32' "
+                     f"there, 'bf16' now); use another --out")
+    fp32 = S.settings_of(S.TrainConfig(device="cpu", precision="fp32"))
+    assert S.settings_clash(old, fp32, tmp_path / "results.jsonl") == ""
 
 
 def test_shares_in_depths_resolve_on_the_model(inputs, tmp_path, monkeypatch):

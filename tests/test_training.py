@@ -144,11 +144,13 @@ def test_bf16_autocast_learns_on_cpu(tmp_path, inputs, caplog):
     assert "device cpu, bf16 autocast" in caplog.text
 
 
-@pytest.mark.parametrize("amx, expected", [(True, torch.bfloat16), (False, None)])
-def test_auto_precision_on_cpu_follows_amx(monkeypatch, amx, expected):
+@pytest.mark.parametrize("amx, avx512_bf16, expected", [(True, False, torch.bfloat16), (False, True, torch.bfloat16),
+                                                        (False, False, None)])
+def test_auto_precision_on_cpu_follows_native_bf16(monkeypatch, amx, avx512_bf16, expected):
     from training.device import autocast_dtype
 
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
     cpu = torch.device("cpu")
     assert autocast_dtype("auto", cpu) is expected
     assert autocast_dtype("fp32", cpu) is None
@@ -178,7 +180,8 @@ def test_run_directory(cross_run):
     for r in epochs:
         assert {"step", "dev_sst_acc", "dev_para_acc", "dev_sts_pearson", "dev_overall",
                 "train_loss_sst", "train_loss_para", "train_loss_sts"} <= set(r)
-        assert all(math.isfinite(v) for v in r.values())
+        assert r["precision"] == "fp32"  # what the run computed in, --precision auto or not
+        assert all(math.isfinite(v) for k, v in r.items() if k != "precision")
     assert [r["step"] for r in epochs] == [3 * (e + 1) for e in range(EPOCHS)]  # one batch a task an epoch
     steps = [r for r in records if "train_seconds" not in r]
     assert [r["step"] for r in steps] == list(range(4, 3 * EPOCHS + 1, 4))  # --log-every 4

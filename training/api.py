@@ -12,7 +12,8 @@
 Inputs go through the model in batches of `batch_size`, sorted by length (as in training.evaluate, whose
 predictions these are). Pairs are predicted in both orders and averaged where the run did so
 (--predict-both-orders); `load(..., both_orders=True/False)` overrides it. The precision is the run's
-(--precision; bf16 autocast only where the hardware is fast at it) unless `precision=` says otherwise.
+(--precision; auto: bf16 where the device computes it natively, fp16 on a GPU without) unless `precision=`
+says otherwise.
 """
 from __future__ import annotations
 
@@ -98,7 +99,8 @@ class Model:
         return tuple(self.config.tasks)
 
     def __repr__(self) -> str:
-        precision = "bf16 autocast" if self.dtype else "fp32"
+        names = {dtype: name for name, dtype in _device.DTYPES.items()}
+        precision = f"{names[self.dtype]} autocast" if self.dtype else "fp32"
         return (f"Model({self.source}: tasks {', '.join(self.tasks)}; {self.config.pair_encoding} pairs, "
                 f"{self.config.pooling} pooling; {self.device}, {precision})")
 
@@ -158,8 +160,8 @@ def load(path: str | Path, device: str = "auto", precision: str | None = None, b
     checkpoint RUN/checkpoints/step-N.pt: the weight average of an --ema-decay run unless
     `raw_weights`), or an export folder (python -m training.export).
 
-    device: auto (cuda if available), cpu, cuda, cuda:N. precision: auto / fp32 / bf16, default the
-    run's. both_orders: average each pair's two orders (cross encoding only), default the run's.
+    device: auto (cuda if available), cpu, cuda, cuda:N. precision: auto / fp32 / bf16 / fp16, default
+    the run's. both_orders: average each pair's two orders (cross encoding only), default the run's.
     tokenizer: a tokenizer folder for a checkpoint file away from its run directory."""
     path = Path(path)
     if path.is_dir() and (path / HEADS_FILE).is_file():

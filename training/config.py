@@ -242,9 +242,12 @@ class TrainConfig:
     seed: int = opt(11711, "seeds data order, dropout, head initialisation and SMART's noise", "run",
                     range=Range(0, 2**32, high_open=True, text="in [0, 2**32), as numpy's seeds are"))
     device: str = opt("auto", "auto (cuda if available), cpu, cuda, cuda:N", "run", resume_may_differ=True)
-    precision: str = opt("auto", "auto: bf16 autocast where the hardware computes bf16 natively (CUDA since "
-                         "Ampere; CPUs with AMX, e.g. Xeon Sapphire Rapids), else fp32", "run",
-                         choices=("auto", "fp32", "bf16"))
+    precision: str = opt("auto", "autocast precision of the encoder (the heads and losses stay fp32): fp32; bf16; "
+                         "fp16, with dynamic loss scaling (torch's GradScaler: a step whose scaled gradients overflow "
+                         "is skipped and the scale halved, counted apart from --max-bad-steps); auto: bf16 where the "
+                         "device computes it natively (CUDA since Ampere; CPUs with AMX or AVX512-BF16), fp16 on "
+                         "CUDA devices without it (T4, V100), else fp32. The choice and why are logged and recorded "
+                         "in metrics.jsonl", "run", choices=("auto", "fp32", "bf16", "fp16"))
     compile: bool = opt(False, "torch.compile each encoder layer (dynamic shapes); where it cannot compile, a "
                         "warning says why and training goes on eagerly. Meant for CUDA: on CPU it measured slower "
                         "than eager (docs/benchmarks.md); the first steps are slow while it compiles", "run",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+import warnings
 
 import numpy as np
 import torch
@@ -44,25 +45,62 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def fast_bf16(device: torch.device) -> bool:
-    """Does this device do bf16 matmuls in hardware? CUDA: Ampere and later. CPU: AMX tiles (Intel
-    Sapphire Rapids and later), where bf16 autocast measured 2x faster per training step and the quick
-    start 1.6x faster at the same dev scores (docs/results.md); without AMX it is not measured: fp32 stays."""
+# --precision's names -> the autocast dtype (None: no autocast, plain fp32)
+DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+# the CPU's bf16 instructions, best first: torch's probes (private; absent in some builds), what they mean
+CPU_BF16 = (("_is_amx_tile_supported", "AMX tiles"), ("_is_avx512_bf16_supported", "AVX512-BF16"))
+
+
+def native_bf16(device: torch.device) -> str | None:
+    """Why this device computes bf16 natively, or None where it does not. CUDA: Ampere and later. CPU:
+    AMX tiles (Xeon Sapphire Rapids and later) or AVX512-BF16 (AMD Zen 4, Xeon Cooper Lake), where a bf16
+    training step measured 2x to 3x faster than fp32's (bench/cpu_step.py; issue 41, docs/results.md)."""
     if device.type == "cuda":
         try:
-            return torch.cuda.is_bf16_supported(including_emulation=False)
+            native = torch.cuda.is_bf16_supported(including_emulation=False)
         except TypeError:  # torch < 2.4: no emulation flag, and no emulation either
-            return torch.cuda.is_bf16_supported()
+            native = torch.cuda.is_bf16_supported()
+        return f"{torch.cuda.get_device_name(device)} computes bf16 natively" if native else None
     if device.type == "cpu":
-        is_amx = getattr(torch.cpu, "_is_amx_tile_supported", None)  # private; absent in some builds
-        return bool(is_amx and is_amx())
-    return False
+        for probe, what in CPU_BF16:
+            found = getattr(torch.cpu, probe, None)
+            if found is not None and found():
+                return f"the CPU computes bf16 natively ({what})"
+    return None
+
+
+def resolve_precision(precision: str, device: torch.device) -> tuple[str, str]:
+    """--precision on `device` -> (fp32 | bf16 | fp16, why). auto: bf16 where the device computes it
+    natively; fp16 with loss scaling on a CUDA device that does not (T4, V100: fp16 tensor cores); fp32
+    elsewhere (a CPU without bf16 instructions, where emulated half precision is slower than fp32)."""
+    if precision != "auto":
+        return precision, f"--precision {precision}"
+    why = native_bf16(device)
+    if why is not None:
+        return "bf16", f"--precision auto: {why}"
+    if device.type == "cuda":
+        return "fp16", (f"--precision auto: {torch.cuda.get_device_name(device)} has no native bf16, so fp16 with "
+                        f"dynamic loss scaling")
+    what = "the CPU has neither AMX nor AVX512-BF16" if device.type == "cpu" else f"a {device.type} device"
+    return "fp32", f"--precision auto: {what}"
 
 
 def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
-    """--precision: bf16 autocast, or None for plain fp32. auto: bf16 where the hardware is fast at it."""
-    if precision == "bf16" or (precision == "auto" and fast_bf16(device)):
-        return torch.bfloat16
+    """--precision's autocast dtype on `device` (None for plain fp32); auto as resolve_precision says."""
+    return DTYPES[resolve_precision(precision, device)[0]]
+
+
+def fp16_autocast_problem(device: torch.device) -> str | None:
+    """Why --precision fp16 cannot run on `device` with this torch, or None. torch builds before CPU
+    float16 autocast warn and run in fp32; that must not pass for an fp16 run."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with torch.autocast(device.type, dtype=torch.float16):
+            out = torch.ones(2, 2, device=device) @ torch.ones(2, 2, device=device)
+    if out.dtype != torch.float16:
+        why = f": {caught[0].message}" if caught else ""
+        return (f"--precision fp16: torch {torch.__version__} has no float16 autocast on {device.type}{why}; "
+                f"use --precision bf16 or fp32 there")
     return None
 
 

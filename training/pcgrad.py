@@ -225,12 +225,16 @@ class PCGrad:
         if reduce is not None:
             reduce(buf)
 
-        # AMP: the losses were scaled by s > 0, so every row is s * (true gradient). Surgery is
-        # positively homogeneous: every projection coefficient (g_i . g_j / ||g_j||^2) is
-        # scale-free and every sign test is unchanged, so surgery(s * G) = s * surgery(G).
-        # Hence we operate on the scaled gradients and write the scaled result back;
-        # scaler.unscale_/step then divide by s and run their inf/nan check as usual.
+        # AMP: the losses were scaled by s, a power of two, so every row is s * (true gradient). Surgery
+        # runs on the true gradients (rows / s: exact), so that its Gram matrix and conflict statistics
+        # see what an fp32 run would; its result goes back times s (exact again), where
+        # scaler.unscale_/step divide it like the heads' gradients and run their inf/nan check.
+        scale = scaler.get_scale() if scaler is not None else 1.0
+        if scale != 1.0:
+            buf.mul_(1.0 / scale)
         combined, stats = surgery(buf, self.variant, self.generator)
+        if scale != 1.0:
+            combined = combined * scale
 
         for p, chunk, hit in zip(params, combined.split(numels), touched):
             # A param no task reached keeps grad None, as after a plain backward, so the

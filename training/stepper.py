@@ -118,6 +118,32 @@ class SmartTerms:
         self.generator.set_state(state["generator"])
 
 
+# --------------------------------------------------------------------------- fp16's loss scale
+
+class LossScaler:
+    """--precision fp16's dynamic loss scale (torch's GradScaler: the loss is multiplied by the scale
+    before backward so that small fp16 gradients do not flush to 0; a step whose scaled gradients
+    overflow is skipped and the scale halved; 2000 steps without one double it), and the count of the
+    steps it skipped. Scales are powers of two, so scaling and unscaling are exact."""
+
+    def __init__(self, device: torch.device):
+        self.scaler = torch.amp.GradScaler(device.type)
+        self.skipped = 0  # overflow steps over the whole run (--max-bad-steps counts non-finite losses apart)
+
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        return self.scaler.scale(loss)
+
+    def get_scale(self) -> float:
+        return self.scaler.get_scale()
+
+    def state_dict(self) -> dict:
+        return {"scaler": self.scaler.state_dict(), "skipped": self.skipped}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.scaler.load_state_dict(state["scaler"])
+        self.skipped = state["skipped"]
+
+
 # --------------------------------------------------------------------------- the step
 
 class Stepper:
@@ -131,6 +157,7 @@ class Stepper:
         self.bad_steps = 0
         self.lr = 0.0  # the peak learning rate of the last step taken (heads' rate under --layer-lr-decay)
         self.ema = WeightEMA(model, cfg.ema_decay) if cfg.ema_decay is not None else None
+        self.loss_scaler = LossScaler(device) if amp_dtype == torch.float16 else None
         shared = [p for p in model.encoder.parameters() if p.requires_grad]
         self.pcgrad = PCGrad(shared, variant=cfg.pcgrad_variant, seed=cfg.seed) if cfg.pcgrad else None
         self.freezer = None  # an adaptive freezing schedule's test, shown each update's gradients
@@ -187,19 +214,29 @@ class Stepper:
         return state
 
     def load_state_dict(self, state: dict) -> None:
-        missing = [k for k in ("optimizer", "scheduler", *self._components()) if k not in state]
+        parts = self._components()
+        if "scaler" in parts and "scaler" not in state:  # fp16 now, not then (--precision auto on another device)
+            log.warning("the checkpoint was not trained in fp16: the loss scale starts afresh")
+            del parts["scaler"]
+        missing = [k for k in ("optimizer", "scheduler", *parts) if k not in state]
         if missing:
             raise ConfigError(f"the checkpoint has no {', '.join(missing)} state: it was written by another "
                               f"version of minBERT-MT, or without the options this run turns on")
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.bad_steps = state["bad_steps"]
-        for name, part in self._components().items():
+        for name, part in parts.items():
             part.load_state_dict(state[name])
 
     def _components(self) -> dict:
-        parts = {"ema": self.ema, "pcgrad": self.pcgrad, "smart": self.smart_terms}
+        parts = {"ema": self.ema, "pcgrad": self.pcgrad, "smart": self.smart_terms, "scaler": self.loss_scaler}
         return {k: v for k, v in parts.items() if v is not None}
+
+    def scale_record(self) -> dict:
+        """fp16: the loss scale and the steps its overflows skipped so far, for metrics.jsonl."""
+        if self.loss_scaler is None:
+            return {}
+        return {"loss_scale": self.loss_scaler.get_scale(), "overflow_steps": self.loss_scaler.skipped}
 
     def task_loss(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
         """The loss of one task's group: task loss, plus SMART's terms when on."""
@@ -238,7 +275,9 @@ class Stepper:
 
         ctx = contextlib.nullcontext() if self.smart.adv_dropout else dropout_disabled(model)
         # fp32 whatever --precision says: the perturbation (about 1e-5 to 1e-3) is below bf16's
-        # resolution, where R_s would measure rounding flips, not smoothness
+        # resolution, where R_s would measure rounding flips, not smoothness. Under fp16 the ascent takes
+        # the gradient of its own unscaled fp32 loss (torch.autograd.grad, never the loss scaler's), so
+        # it neither overflows nor depends on the scale; R_s then joins the scaled loss like any term.
         xs = tuple(h.float() for h in hs)
         with ctx, torch.autocast(self.device.type, enabled=False):
             clean = out.float()
@@ -274,13 +313,14 @@ class Stepper:
             if self.dist is not None:
                 losses[b.task] = losses[b.task] * weights[i]
             if self.pcgrad is None:
-                losses[b.task].backward()  # mixed batches without PCGrad: gradient of the sum of task losses
+                self._backward(losses[b.task])  # mixed batches without PCGrad: gradient of the sum of task losses
         reduce = None
         if self.dist is not None:
             from .distributed import StepReduce  # torch.distributed only for data-parallel runs
             reduce = StepReduce(self.dist, params, parts, weights, nonfinite)
         if self.pcgrad is not None:
-            stats = self.pcgrad.backward(losses, reduce=reduce)  # surgery on the summed task gradients
+            scaler = self.loss_scaler.scaler if self.loss_scaler is not None else None
+            stats = self.pcgrad.backward(losses, scaler, reduce)  # surgery on the summed task gradients
             parts[batches[0].task]["pcgrad_conflict"] = stats.conflict_fraction
             parts[batches[0].task]["pcgrad_cosine"] = stats.mean_conflict_cosine
         elif reduce is not None:
@@ -308,28 +348,41 @@ class Stepper:
                     raise torch.OutOfMemoryError(_oom_message(b, self.cfg)) from e
                 if not torch.isfinite(loss):
                     return self._skip(b.task, step, loss)
-                (loss / len(groups)).backward()
+                self._backward(loss / len(groups))
                 counts[b.task] = counts.get(b.task, 0) + 1
                 for k, v in parts.items():
                     sums.setdefault(b.task, {})[k] = sums.get(b.task, {}).get(k, 0.0) + v
         means = {t: {k: v / counts[t] for k, v in p.items()} for t, p in sums.items()}
         return means if self._update(params, ",".join(means), step) else None
 
+    def _backward(self, loss: torch.Tensor) -> None:
+        """loss.backward(), times the loss scale under fp16."""
+        (self.loss_scaler.scale(loss) if self.loss_scaler is not None else loss).backward()
+
     def _update(self, params: list, tasks: str, step: int) -> bool:
         """Clip, then the optimiser, scheduler, teacher and weight-average updates; False where the
-        gradient is not finite (the step is skipped)."""
+        gradient is not finite (the step is skipped). fp16: the gradients are unscaled first, so that
+        clipping, the adaptive freezer's norms and the update see the true gradients."""
+        if self.loss_scaler is not None:
+            self.loss_scaler.scaler.unscale_(self.optimizer)  # records whether any gradient overflowed
         layer_norms = self.freezer.layer_norms(self.model) if self.freezer is not None else None  # before clipping
         if self.cfg.max_grad_norm > 0:
             norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm)
         else:
             norm = torch.sqrt(sum(p.grad.float().pow(2).sum() for p in params if p.grad is not None))
         if not torch.isfinite(norm):
+            if self.loss_scaler is not None and self._overflowed(tasks, step):
+                return False
             self._skip(tasks, step, norm)
             return False
         if layer_norms is not None:
             self.freezer.observe(layer_norms)
         self.lr = max(g["lr"] for g in self.optimizer.param_groups)
-        self.optimizer.step()
+        if self.loss_scaler is not None:
+            self.loss_scaler.scaler.step(self.optimizer)  # the gradients are finite: it steps
+            self.loss_scaler.scaler.update()
+        else:
+            self.optimizer.step()
         self.scheduler.step()
         if self.smart_terms is not None:
             self.smart_terms.teacher.update(self.model)
@@ -338,12 +391,32 @@ class Stepper:
         self.bad_steps = 0
         return True
 
+    def _overflowed(self, tasks: str, step: int) -> bool:
+        """fp16, a non-finite gradient: the scaler halves its scale. True where that was an overflow of
+        the scaled gradients (the scale was above 1): the step is skipped (weights, optimiser state,
+        teacher and weight average untouched; the schedule moves on) and counted apart from the bad
+        steps. False where the gradient is not finite even unscaled: a bad step like any other."""
+        scale = self.loss_scaler.get_scale()
+        self.loss_scaler.scaler.update()  # no step: unscale_ found the inf, so the scale backs off
+        if scale <= 1.0:
+            return False
+        self.loss_scaler.skipped += 1
+        self.optimizer.zero_grad(set_to_none=True)
+        self._schedule_on()
+        log.info("step %d (%s): fp16 gradients overflowed at loss scale %g; step skipped, scale now %g (%d "
+                 "overflow steps so far)", step, tasks, scale, self.loss_scaler.get_scale(), self.loss_scaler.skipped)
+        return True
+
+    def _schedule_on(self) -> None:
+        """A skipped step moves the learning-rate schedule on: it follows the step count, taken or skipped."""
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step\\(\\)` before")
+            self.scheduler.step()
+
     def _skip(self, task: str, step: int, value) -> None:
         self.bad_steps += 1
         self.optimizer.zero_grad(set_to_none=True)
-        with warnings.catch_warnings():  # the schedule follows the step count, taken or skipped
-            warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step\\(\\)` before")
-            self.scheduler.step()
+        self._schedule_on()
         log.warning("step %d (%s): non-finite loss or gradient (%s); step skipped (%d in a row)",
                     step, task, value, self.bad_steps)
         if self.bad_steps >= self.cfg.max_bad_steps:

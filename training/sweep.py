@@ -250,7 +250,29 @@ def append_result(path: Path, record: dict) -> None:
 
 
 def settings_of(cfg: TrainConfig) -> dict:
-    return {k: v for k, v in cfg.to_dict().items() if k not in PER_RUN}
+    """The settings a results file records of its runs, the precision as it resolves on this machine
+    (--precision auto: bf16, fp16 or fp32 by the device), so that a result says what it ran in."""
+    settings = {k: v for k, v in cfg.to_dict().items() if k not in PER_RUN}
+    return {**settings, "precision": _resolved_precision(cfg.precision, cfg.device)}
+
+
+def _resolved_precision(precision: str, device: str) -> str:
+    from .device import pick_device, resolve_precision  # torch, once a sweep is under way
+    return resolve_precision(precision, pick_device(device))[0]
+
+
+def _legacy_auto(settings: dict) -> dict:
+    """Results written before the precision was recorded resolved say "auto", which then meant bf16 on
+    GPUs with native bf16 and on CPUs with AMX, else fp32: what it meant on this machine."""
+    if settings.get("precision") != "auto":
+        return settings
+    import torch
+
+    from .device import native_bf16, pick_device
+    device = pick_device(settings.get("device", "auto"))
+    amx = getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    bf16 = native_bf16(device) is not None if device.type == "cuda" else device.type == "cpu" and amx()
+    return {**settings, "precision": "bf16" if bf16 else "fp32"}
 
 
 # --------------------------------------------------------------------------- one run, measured
@@ -498,10 +520,10 @@ def settings_clash(records: list[dict], settings: dict, results_path: Path) -> s
     """Results made with other training settings cannot share a results file. An option a record lacks
     (added to TrainConfig since) counts at its default, which that record's run had."""
     defaults = settings_of(TrainConfig())
-    clash = [r for r in records if {**defaults, **r.get("settings", settings)} != settings]
+    clash = [r for r in records if {**defaults, **_legacy_auto(r.get("settings", settings))} != settings]
     if not clash:
         return ""
-    old = {**defaults, **clash[0]["settings"]}
+    old = {**defaults, **_legacy_auto(clash[0]["settings"])}
     diff = [f"{k}: {old.get(k)!r} there, {v!r} now" for k, v in settings.items() if old.get(k) != v]
     diff += [f"{k}: {v!r} there, absent now" for k, v in old.items() if k not in settings]
     return (f"{results_path} holds {len(clash)} result(s) made with other settings ({'; '.join(diff)}); "

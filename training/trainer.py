@@ -32,7 +32,7 @@ from .build import build_model, load_data, updates_for_epoch
 from .cache_keeper import CacheKeeper
 from .checkpointing import RollingCheckpoints, load_model_state, save_checkpoint
 from .config import TrainConfig, validate
-from .device import GlobalRng, autocast_dtype, pick_device, seed_everything
+from .device import DTYPES, GlobalRng, fp16_autocast_problem, pick_device, resolve_precision, seed_everything
 from .errors import ConfigError, TrainingInterrupted
 from .evaluate import metrics_of, predict_sets
 from .freezing import FreezeSchedule, parse_schedule
@@ -153,8 +153,7 @@ class Run:
             check_predictions_dir(cfg.predictions_folder(), self.out_dir, cfg.overwrite)
             check_export_dir(cfg.export_hf, cfg.overwrite)
         seed_everything(cfg.seed)
-        self.device = pick_device(cfg.device) if dist is None else dist.device
-        self.amp_dtype = autocast_dtype(cfg.precision, self.device)
+        self.choose_device()
         footprint = check_model(cfg, self.device)
         resume = find_resume_checkpoint(cfg, self.out_dir)
         self.earlier = (earlier_run_to_replace(self.out_dir, cfg.overwrite, cfg.resume == "auto")
@@ -190,8 +189,7 @@ class Run:
         cfg, dist = self.cfg, self.dist
         if not hasattr(self, "device"):  # called alone
             seed_everything(cfg.seed)
-            self.device = pick_device(cfg.device) if dist is None else dist.device
-            self.amp_dtype = autocast_dtype(cfg.precision, self.device)
+            self.choose_device()
         self.model, self.tokenizer, self.ckpt_dir = build_model(cfg)
         self.model.to(self.device)
         if dist is not None:  # the same initial model everywhere, but each rank its own dropout masks
@@ -217,6 +215,14 @@ class Run:
         self.caches = CacheKeeper(cfg, self.model, self.data, self.tokenizer, self.device, self.amp_dtype, dist)
         return self
 
+    def choose_device(self) -> None:
+        """The device, and the precision --precision means on it (logged with the model: _log_model)."""
+        self.device = pick_device(self.cfg.device) if self.dist is None else self.dist.device
+        self.precision, self.precision_reason = resolve_precision(self.cfg.precision, self.device)
+        if self.precision == "fp16" and (problem := fp16_autocast_problem(self.device)):
+            raise ConfigError(problem)
+        self.amp_dtype = DTYPES[self.precision]
+
     def _log_model(self) -> None:
         model, cfg = self.model, self.cfg
         n_train, n_all = trainable_counts(model)
@@ -225,7 +231,13 @@ class Run:
         peft = f", peft {cfg.peft}" if cfg.peft != "none" else ""
         log.info("model %s: %d layers, %.1fM parameters, %d trainable = %.4f%% (freeze-upto %s%s%s); device %s, %s",
                  cfg.model, model.encoder.num_layers, n_all / 1e6, n_train, 100 * n_train / n_all, upto, schedule,
-                 peft, self.device, "bf16 autocast" if self.amp_dtype else "fp32")
+                 peft, self.device, f"{self.precision} autocast" if self.amp_dtype else "fp32")
+        # once, with why: a run under auto must say what it used (each epoch's record names it too)
+        log.info("precision %s (%s)", self.precision, self.precision_reason)
+        amx_fp16 = getattr(torch.cpu, "_is_amx_fp16_supported", lambda: False)  # private; absent in some builds
+        if self.precision == "fp16" and self.device.type == "cpu" and not amx_fp16():
+            log.warning("--precision fp16 on a CPU without AMX-FP16: torch emulates float16 there, slower than "
+                        "fp32; fp16 is meant for CUDA devices without bf16 (use bf16 or fp32 on a CPU)")
 
     def _written_dirs(self) -> list[Path]:
         """Where this run writes files through temp names (see rundir.remove_stale_temp_files)."""
@@ -409,7 +421,8 @@ class Run:
             state.losses.setdefault(task, []).append(p["loss"])
         bar.set_postfix({t: f"{np.mean(v[-50:]):.3f}" for t, v in state.losses.items() if v})
         if self.main and state.global_step % self.cfg.log_every == 0:
-            self.metrics_log.write(step_record(state, self.stepper.lr, parts, self.cfg.log_every))
+            self.metrics_log.write({**step_record(state, self.stepper.lr, parts, self.cfg.log_every),
+                                    **self.stepper.scale_record()})
 
     def load_batch(self, tb: TaskBatch) -> Batch:
         data, cache = self.data.train[tb.task], self.caches.train
@@ -452,7 +465,8 @@ class Run:
             trainable, total = trainable_counts(self.model)  # as trained in this epoch's last step
             record = {"epoch": epoch, "step": state.global_step, "train_seconds": round(train_time, 1),
                       "padding_efficiency": padding_eff, "trainable_params": trainable,
-                      "trainable_share": share(trainable, total),
+                      "trainable_share": share(trainable, total), "precision": self.precision,
+                      **self.stepper.scale_record(),
                       **({"frozen_cache_seconds": round(self.caches.seconds, 2)} if self.caches.seconds is not None else {}),
                       **{f"train_loss_{t}": float(np.mean(v)) for t, v in state.losses.items() if v}}
             self.evaluate_and_keep(epoch, record, f"epoch {epoch}", f" ({train_time:.0f} s training)")
