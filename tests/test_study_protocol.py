@@ -308,3 +308,25 @@ def test_a_study_with_out_writes_there_and_leaves_the_projects_record_alone(tmp_
                    "--runs-dir", str(tmp_path / "runs"), "--out", str(out)]) == 0
     assert len(S.read_results(out / "results.jsonl")) == 4 and (out / "depth" / "report.md").is_file()
     assert {p: p.stat().st_mtime_ns for p in record.rglob("*") if p.is_file()} == before
+
+
+# ----------------------------------------------------------------------------- --frozen-dropout
+
+
+def test_frozen_dropout_keeps_the_frozen_modules_training_and_drops_the_cache(tmp_path, caplog):
+    import torch
+    from training.build import build_model, maybe_frozen_cache
+    from training.config import TrainConfig, validate
+    data, enc = tiny_runs.inputs(tmp_path)
+    for keep in (False, True):
+        model, _, _ = build_model(TrainConfig(model=str(enc), freeze_upto=1, frozen_dropout=keep))
+        model.train()
+        assert [m.training for m in model.frozen_modules()] == [keep, keep]  # embeddings, layer 0
+        assert model.encoder.layers[1].training  # the trainable layer trains either way
+    cfg = TrainConfig(model=str(enc), freeze_upto=1, frozen_dropout=True, data_dir=str(data))
+    with caplog.at_level("INFO"):
+        assert maybe_frozen_cache(cfg, model, {}, None, torch.device("cpu")) is None
+    assert "--frozen-dropout" in caplog.text
+    errors = validate(TrainConfig(model=str(enc), freeze_upto=1, frozen_dropout=True, frozen_cache="disk",
+                                  data_dir=str(data)))
+    assert any("--frozen-dropout" in e and "--frozen-cache disk" in e for e in errors)
