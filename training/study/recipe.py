@@ -30,7 +30,7 @@ from pathlib import Path
 
 from data.loaders import TASKS
 
-from ..config import TrainConfig, freeze_depth, freeze_error, read_json_object
+from ..config import TrainConfig, freeze_depth, freeze_error, read_json_object, seed_error
 from ..config import options_problem as config_options_problem
 from ..errors import ConfigError
 from ..sweep import PER_RUN, RunKey
@@ -210,6 +210,9 @@ def recipe_problem(raw: dict) -> str | None:
     for key, ok, want in checks:
         if not ok:
             return f"{key} must be {want}, not {raw[key]!r}"
+    bad_seed = next((e for e in (seed_error(s, "seeds") for s in raw["seeds"]) if e), None)
+    if bad_seed:  # the sweep checks its --seeds the same way
+        return bad_seed
     for where, options in [("train", raw["train"])] + [(f"arms.{a!r}", o) for a, o in raw.get("arms", {}).items()]:
         problem = options_problem(options)
         if problem:
