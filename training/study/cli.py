@@ -119,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     rc = 0
     if not args.report_only:
         rc = train(recipe, base, args, results, report)
+        if rc == 2:  # refused before training: no new result to report
+            return rc
     path = write_report(recipe, results, report)
     log.info("report: %s", path)
     return rc
