@@ -124,6 +124,19 @@ def test_a_recipe_seed_numpy_cannot_take_is_one_line_before_training(tmp_path, c
     assert trained == [] and not (tmp_path / "runs").exists()
 
 
+@pytest.mark.parametrize("over, says", [
+    ({"lr_grid": {"lrs": [0.001], "tuning_seeds": [-1]}}, "lr_grid.tuning_seeds must be in [0, 2**32)"),
+    ({"tuning_split": {"share": 0.25, "seed": 2**32}}, "tuning_split.seed must be in [0, 2**32)"),
+    ({"lr_grid": {"lrs": [float("inf")], "tuning_seeds": [7]}}, "lr_grid must be"),  # json writes Infinity
+])
+def test_an_arms_recipes_other_seeds_and_rates_are_checked_too(tmp_path, capsys, over, says):
+    from test_study_protocol import arms_recipe
+    path = arms_recipe(tmp_path, **over)
+    rc = C.main([str(path), "--dry-run"])
+    err = one_line_error(capsys.readouterr().err, 2, rc)
+    assert str(path) in err and says in err, err
+
+
 def test_recipe_sizes_past_the_data_name_the_recipe_not_a_flag(tmp_path, capsys):
     argv = recipe_argv(tmp_path, sizes=[100])
     rc = C.main(argv)
