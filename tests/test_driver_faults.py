@@ -374,3 +374,16 @@ def test_a_read_only_search_out_is_one_line_before_any_trial(tmp_path, capsys):
         rc = SC.main(space_argv(tmp_path, trials=1))
     err = one_line_error(capsys.readouterr().err, 2, rc)
     assert f"--out {tmp_path / 'out'}: not writable" in err
+
+
+def test_a_worker_that_ends_leaves_the_checkpoints_of_trials_still_running(tmp_path):
+    from types import SimpleNamespace as NS
+    states = ["COMPLETE", "COMPLETE", "RUNNING"]  # trial 2: another worker's, mid-training
+    trials = [NS(number=i, state=NS(name=st)) for i, st in enumerate(states)]
+    study = NS(get_trials=lambda deepcopy=False: trials, best_trial=trials[0], best_trials=[trials[0]])
+    for t in trials:
+        (tmp_path / E.TRIALS / f"trial-{t.number:04d}" / "checkpoints").mkdir(parents=True)
+        (tmp_path / E.TRIALS / f"trial-{t.number:04d}" / "best.pt").write_bytes(b"w")
+    E.keep_best_checkpoints(study, NS(multi=False), tmp_path)
+    kept = [(tmp_path / E.TRIALS / f"trial-{i:04d}" / "best.pt").exists() for i in range(3)]
+    assert kept == [True, False, True]

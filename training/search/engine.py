@@ -307,10 +307,12 @@ def train_seconds(run_dir: Path) -> float:
 
 def keep_best_checkpoints(study, space: Space, out: Path) -> None:
     """best.pt and the training checkpoints of the best trial (or, two-objective, the Pareto front's)
-    are kept; every other trial keeps its logs, metrics and prediction files only."""
+    are kept, and those of trials still running (another worker's: it needs them, and cleans up when it
+    ends); every other trial keeps its logs, metrics and prediction files only."""
+    trials = study.get_trials(deepcopy=False)
     keep = {t.number for t in study.best_trials} if space.multi else (
-        {study.best_trial.number} if any(t.state.name == "COMPLETE" for t in study.get_trials(deepcopy=False))
-        else set())
+        {study.best_trial.number} if any(t.state.name == "COMPLETE" for t in trials) else set())
+    keep |= {t.number for t in trials if t.state.name == "RUNNING"}
     for run_dir in sorted((out / TRIALS).glob("trial-*")):
         if int(run_dir.name.split("-")[1]) not in keep:
             shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
