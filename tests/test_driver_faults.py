@@ -235,6 +235,37 @@ def test_a_study_signalled_inside_a_weakref_callback_stops_after_the_run(tmp_pat
     assert not list((tmp_path / "runs").glob(".*.lock"))
 
 
+STUDY_TWO_SIGNALS_AFTER_THE_FIRST_RUN = """
+import os, signal, sys
+from training import sweep as S
+from training.study import cli as C
+real = S.append_result
+def append_then_two_signals(path, record):
+    real(path, record)
+    os.kill(os.getpid(), signal.SIGINT)  # the first asks to stop after this run
+    for _ in range(1000):
+        pass
+    os.kill(os.getpid(), signal.SIGTERM)  # the second stops at once
+    for _ in range(1000):
+        pass
+    raise AssertionError("still running after the second signal")
+S.append_result = append_then_two_signals
+sys.exit(C.main(sys.argv[1:]))
+"""
+
+
+def test_a_second_signal_stops_the_worker_at_once_and_releases_its_claim(tmp_path):
+    argv = recipe_argv(tmp_path, seeds=(1, 2))
+    p = run_probe(STUDY_TWO_SIGNALS_AFTER_THE_FIRST_RUN, argv)
+    assert p.returncode == 128 + signal.SIGTERM, p.stderr
+    assert "Traceback" not in p.stderr and "still running" not in p.stderr
+    assert "SIGINT received: stopping after the current run" in p.stderr
+    assert "stopped by" not in p.stderr  # not after the run: at once, before its clean-up
+    assert len(S.read_results(tmp_path / "results" / S.RESULTS)) == 1
+    assert not list((tmp_path / "runs").glob(".*.lock"))  # its `finally` ran, and cleaned the recorded run
+    assert not list((tmp_path / "runs").glob("sst-*/best.pt")) and not list((tmp_path / "runs").glob("sst-*/checkpoints"))
+
+
 SWEEP_SIGTERM_AS_ITS_CHILD_STARTS = """
 import os, signal, sys
 import multiprocessing.context as mc

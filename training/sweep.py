@@ -515,7 +515,7 @@ def one_run(args, base: TrainConfig, key: RunKey, subsets: dict, out: Path, runs
     release its claim; the record, or the one line saying why it could not be recorded. The order
     matters to a worker killed in between: a claim left on a recorded run means its clean-up is due
     (clean_leftovers)."""
-    run_dir, results_path = runs_dir / key.name, out / RESULTS
+    run_dir, results_path, cleaned = runs_dir / key.name, out / RESULTS, False
     try:
         kept = kept_record(run_dir, key, settings)
         if kept is None:
@@ -527,8 +527,11 @@ def one_run(args, base: TrainConfig, key: RunKey, subsets: dict, out: Path, runs
         if problem:
             return problem
         clean_recorded_run(run_dir, args.keep_checkpoints)
+        cleaned = True
         return kept[0]
-    finally:
+    finally:  # stopped at once (a second signal) between the record and its clean-up: clean up before letting go
+        if not cleaned and key in {RunKey.of(r) for r in read_results(results_path)}:
+            clean_recorded_run(run_dir, args.keep_checkpoints)
         (runs_dir / f".{key.name}.lock").unlink(missing_ok=True)
 
 
