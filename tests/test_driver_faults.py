@@ -293,7 +293,7 @@ optuna = pytest.importorskip("optuna", reason="the [search] extra (in [test]) is
 from training.search import cli as SC  # noqa: E402 - after the skip
 from training.search import engine as E  # noqa: E402
 
-SEARCH_SIGTERM_AT_EVALUATION = """
+SEARCH_SIGNALS_AT_EVALUATION = """
 import os, signal, sys
 from training.search import cli, engine
 real, which = engine.train, int(os.environ["SIGNAL_AT_EVALUATION"])
@@ -303,7 +303,10 @@ def train(cfg, on_evaluation=None):
         on_evaluation(record)
         count.append(1)
         if len(count) == which:
-            os.kill(os.getpid(), signal.SIGTERM)
+            for name in os.environ.get("SIGNALS", "TERM").split(","):
+                os.kill(os.getpid(), getattr(signal, "SIG" + name))
+                for _ in range(1000):  # the handler runs here
+                    pass
     return real(cfg, on_evaluation=report)
 engine.train = train
 sys.exit(cli.main(sys.argv[1:]))
@@ -329,10 +332,10 @@ def journal_trials(tmp_path):
     return optuna.load_study(study_name="space", storage=storage).get_trials()
 
 
-def search_probe(tmp_path, at_evaluation: int, epochs: int):
-    return subprocess.run([sys.executable, "-c", SEARCH_SIGTERM_AT_EVALUATION, *space_argv(tmp_path, epochs)],
+def search_probe(tmp_path, at_evaluation: int, epochs: int, signals: str = "TERM"):
+    return subprocess.run([sys.executable, "-c", SEARCH_SIGNALS_AT_EVALUATION, *space_argv(tmp_path, epochs)],
                           cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "SIGNAL_AT_EVALUATION": str(at_evaluation)})
+                          env={**os.environ, "SIGNAL_AT_EVALUATION": str(at_evaluation), "SIGNALS": signals})
 
 
 def test_a_search_signalled_after_a_trials_last_evaluation_stops_after_that_trial(tmp_path):
@@ -351,6 +354,15 @@ def test_a_search_signalled_mid_training_fails_the_trial_with_the_signals_status
     assert [t.state.name for t in journal_trials(tmp_path)] == ["FAIL"]
     assert SC.main(space_argv(tmp_path, epochs=2, trials=1)) == 0  # its place is run again
     assert [t.state.name for t in journal_trials(tmp_path)] == ["FAIL", "COMPLETE"]
+
+
+def test_a_second_ctrl_c_stops_a_search_trial_at_once_without_a_traceback(tmp_path):
+    p = search_probe(tmp_path, at_evaluation=1, epochs=2, signals="INT,INT")
+    assert p.returncode == 128 + signal.SIGINT, p.stderr
+    assert "Traceback" not in p.stderr
+    assert p.stderr.strip().splitlines()[-1].startswith("python -m training.search: stopped by SIGINT")
+    assert [t.state.name for t in journal_trials(tmp_path)] == ["FAIL"]
+    assert "epoch 1" not in p.stderr  # stopped in the first evaluation's hook, not after a step of the next epoch
 
 
 # ----------------------------------------------------------------------------- 8-9: the search journal

@@ -475,9 +475,11 @@ def work(args, base: TrainConfig, plan_of, arms: dict[str, dict], subsets: dict,
             try:
                 record = one_run(args, base, key, subsets, out, runs_dir, settings, arms.get(key.arm, {}),
                                  annotate)
-            except (RunFailed, TrainingInterrupted) as e:
-                if signals.received():
-                    break  # stopped by a signal, not failed: the run starts again on the next start
+            except (RunFailed, TrainingInterrupted, KeyboardInterrupt) as e:
+                if signals.received():  # stopped by a signal (a second Ctrl-C in training: at once), not failed:
+                    break               # the run starts again on the next start
+                if isinstance(e, KeyboardInterrupt):
+                    raise
                 log.error("run %s failed: %s", key.name, e)
                 failures.append(key)
                 if not args.keep_going:

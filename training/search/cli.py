@@ -111,6 +111,10 @@ def run_trials(optuna, study, space, base: TrainConfig, args, seed: int) -> str 
             state = run_trial(optuna, study, space, base, Path(args.out), seed)
         except TrainingInterrupted as e:
             return e.signal_name
+        except KeyboardInterrupt:  # a second Ctrl-C during training stops it at once (the trial is failed)
+            if signals.received():
+                return signal.Signals(signals.received()).name
+            raise
         if state is None:
             return None
         summary.write(study, space, Path(args.out))
