@@ -365,6 +365,16 @@ def test_a_second_ctrl_c_stops_a_search_trial_at_once_without_a_traceback(tmp_pa
     assert "epoch 1" not in p.stderr  # stopped in the first evaluation's hook, not after a step of the next epoch
 
 
+def test_a_trial_whose_worker_died_before_naming_itself_is_reaped(tmp_path):
+    from optuna.storages.journal import JournalFileBackend, JournalStorage
+    storage = JournalStorage(JournalFileBackend(str(tmp_path / "j")))
+    study = optuna.create_study(storage=storage, study_name="s")
+    study.ask()  # killed right after asking: no worker attribute
+    assert E.reap_dead(optuna, study) == []  # a worker may be about to set it
+    assert E.reap_dead(optuna, study, orphan_after=0.0) == [0]
+    assert study.get_trials()[0].state.name == "FAIL"
+
+
 # ----------------------------------------------------------------------------- 8-9: the search journal
 
 @pytest.fixture(scope="module")

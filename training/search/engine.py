@@ -13,6 +13,7 @@ Rules that keep several workers honest, all decided through the storage alone:
 """
 from __future__ import annotations
 
+import datetime
 import itertools
 import json
 import logging
@@ -171,12 +172,16 @@ def _live(trials) -> list:
     return [t for t in trials if t.state.name in LIVE]
 
 
-def reap_dead(optuna, study) -> list[int]:
-    """Mark FAIL the RUNNING trials of workers on this machine that are gone; their numbers."""
+def reap_dead(optuna, study, orphan_after: float = 60.0) -> list[int]:
+    """Mark FAIL the RUNNING trials of workers on this machine that are gone, and those that never got a
+    worker (it sets itself just after asking: one still without a worker `orphan_after` seconds later was
+    asked by a worker killed in between, and would hold its place for good); their numbers."""
     reaped = []
+    now = datetime.datetime.now()
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-        worker = t.user_attrs.get("worker", {})
-        if worker.get("host") == socket.gethostname() and not _alive(worker.get("pid")):
+        worker = t.user_attrs.get("worker")
+        orphan = worker is None and (now - t.datetime_start).total_seconds() >= orphan_after
+        if orphan or (worker or {}).get("host") == socket.gethostname() and not _alive(worker.get("pid")):
             study._storage.set_trial_user_attr(t._trial_id, "state_note", "its worker died mid-trial")
             study._storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL)
             reaped.append(t.number)
