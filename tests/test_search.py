@@ -106,7 +106,8 @@ def test_a_worker_killed_mid_trial_loses_only_that_trial(tmp_path):
     deadline = time.time() + 60
     while time.time() < deadline:
         try:
-            if (tmp_path / "out" / E.JOURNAL).is_file() and any(t.state.name == "RUNNING" for t in trials(tmp_path)):
+            if (tmp_path / "out" / E.JOURNAL).is_file() and any(  # running, and named its worker (not killed between)
+                    t.state.name == "RUNNING" and "worker" in t.user_attrs for t in trials(tmp_path)):
                 break
         except KeyError:  # the journal is there, the study not yet in it (a busy machine can catch it between)
             pass

@@ -17,8 +17,12 @@ Dev sets are always the full course dev files.
 
 Resuming: rerunning the same command skips every run whose key is already in results.jsonl; a run
 that was cut off starts again from scratch in a cleaned run directory (so its time is a clean
-measurement). A partial last line (the sweep killed while writing) is dropped with a warning.
-Results written with different settings (epochs, lr, model, ...) are refused: use another --out.
+measurement). A partial last line (the sweep killed while writing) is dropped with a warning. A run
+whose record the results file could not take (a full disk) keeps its directory and the record beside
+it (sweep-result.json), which the next start records without training. Ctrl-C or SIGTERM stops the
+sweep after the current run (its training after the step: the run starts again next time), exit
+status 130 or 143. Results written with different settings (epochs, lr, model, ...) are refused: use
+another --out.
 Workers: the same command started again (another shell, `--threads 1` each on a small machine) shares
 the grid: a run is claimed by a lock file in --runs-dir, left to its worker while that lives, taken
 over when it died. Arms (training.study): a key may name a set of option overrides, recorded with it.
@@ -42,6 +46,7 @@ import logging
 import os
 import re
 import shutil
+import signal
 import socket
 import sys
 import time
@@ -52,10 +57,12 @@ from typing import Hashable, Sequence
 from data.loaders import COURSE_FILES, LABEL_COLUMN, TASKS, TEXT_COLUMNS, Example, load_task_file
 
 from .cli import add_option, config_from_args, depth_or_share
-from .config import TrainConfig, depth_error, freeze_depth, options, seed_error, validate
+from . import signals
+from .config import TrainConfig, depth_error, dir_problem, freeze_depth, options, seed_error, validate
+from .errors import TrainingInterrupted
 from .peft import share, trainable_counts
 from .progress import setup_logging
-from .signals import exit_on_sigterm, exit_with_parent
+from .signals import exit_on_sigterm, exit_with_parent, stop_after
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +70,7 @@ RESULTS = "results.jsonl"
 TUNE = "tune"  # training_subsets' key of a task's tuning split: (task, TUNE)
 PREDICTIONS = "dev-predictions"  # beside results.jsonl: each run's per-example dev predictions, for the bootstrap
 MARKER = "sweep-run.json"  # written into each run directory: the sweep may clean it on a rerun
+KEPT = "sweep-result.json"  # a trained run's record that results.jsonl could not take (a full disk), kept beside it
 # TrainConfig fields that differ between the runs of one sweep or do not change results.
 # The training options a sweep passes on to every run (the rest are per run, or TrainConfig's defaults).
 SWEEP_OPTIONS = ("epochs", "lr", "batch_size", "eval_batch_size", "max_length", "pair_encoding", "pooling",
@@ -217,15 +225,7 @@ def read_results(path: str | os.PathLike, repair: bool = False) -> list[dict]:
     path = Path(path)
     if not path.is_file():
         return []
-    data = path.read_bytes()
-    if data and not data.endswith(b"\n"):
-        cut = data.rfind(b"\n") + 1
-        log.warning("%s: ignoring a partial last line (%d bytes, the sweep was stopped while writing it)%s",
-                    path, len(data) - cut, "; removed it" if repair else "")
-        data = data[:cut]
-        if repair:
-            with open(path, "r+b") as f:
-                f.truncate(cut)
+    data = cut_torn_last_line(path, path.read_bytes(), repair, "the sweep was stopped while writing it")
     records = []
     for n, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), 1):
         if not line.strip():
@@ -242,11 +242,49 @@ def read_results(path: str | os.PathLike, repair: bool = False) -> list[dict]:
     return records
 
 
+def cut_torn_last_line(path: Path, data: bytes, repair: bool, why: str) -> bytes:
+    """data (path's bytes) without a partial last line (no newline: its writer was killed), with a warning;
+    repair=True also cuts it off the file, so that the next line appended starts on a line of its own."""
+    if not data or data.endswith(b"\n"):
+        return data
+    cut = data.rfind(b"\n") + 1
+    try:
+        if repair:
+            with open(path, "r+b") as f:
+                f.truncate(cut)
+        done = "; removed it" if repair else ""
+    except OSError as e:
+        done = f"; could not remove it ({e.strerror or e})"
+    log.warning("%s: ignoring a partial last line (%d bytes, %s)%s", path, len(data) - cut, why, done)
+    return data[:cut]
+
+
 def append_result(path: Path, record: dict) -> None:
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps(record) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+    """One line appended and synced. A write that fails part-way (a full disk) is cut off again, so that
+    the file never holds a torn line in the middle (only if nobody appended after it meanwhile)."""
+    line = (json.dumps(record) + "\n").encode("utf-8")
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        start = os.fstat(fd).st_size
+        try:
+            view = memoryview(line)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        except OSError:
+            _cut_back(path, fd, start, line)
+            raise
+    finally:
+        os.close(fd)
+
+
+def _cut_back(path: Path, fd: int, start: int, line: bytes) -> None:
+    try:
+        end = os.fstat(fd).st_size
+        if start < end <= start + len(line) and path.read_bytes()[start:] == line[:end - start]:
+            os.ftruncate(fd, start)
+    except OSError:
+        pass  # the partial line stays; the next start cuts it (read_results(repair=True))
 
 
 def settings_of(cfg: TrainConfig) -> dict:
@@ -326,15 +364,21 @@ def score_kept_model(cfg: TrainConfig, dev_files: dict[str, str]) -> dict:
 
 
 def _child(cfg_dict: dict, threads: int | None, log_level: int, conn, report_dev: dict | None = None) -> None:
+    """The training process: its reply ends with the stop signal it received, if any (its sweep stops too)."""
     setup_logging(log_level)
     exit_with_parent()
-    try:
-        conn.send(("ok", measure(TrainConfig.from_dict(cfg_dict), threads, report_dev)))
-    except BaseException as e:  # noqa: BLE001 - reported to the parent, which decides
-        import traceback
-        conn.send(("error", f"{type(e).__name__}: {e}", traceback.format_exc()))
-    finally:
-        conn.close()
+    with stop_after("run"):
+        try:
+            reply = ("ok", measure(TrainConfig.from_dict(cfg_dict), threads, report_dev))
+        except BaseException as e:  # noqa: BLE001 - reported to the parent, which decides
+            import traceback
+            reply = ("error", f"{type(e).__name__}: {e}", traceback.format_exc())
+        try:
+            conn.send((*reply, signals.received()))
+        except OSError:  # the sweep is gone (killed): nobody to tell
+            pass
+        finally:
+            conn.close()
 
 
 class RunFailed(RuntimeError):
@@ -352,20 +396,29 @@ def measure_isolated(cfg: TrainConfig, threads: int | None = None, report_dev: d
                     name=f"sweep:{Path(cfg.out_dir).name}")
     p.start()
     child.close()
+    forward = lambda signum: p.terminate()  # noqa: E731 - a stop signal to the sweep stops the run after its step
+    signals._on_stop.append(forward)
     try:
+        if signals.received():  # came between the sweep's check and the start
+            p.terminate()
         try:
             reply = parent.recv()
         except EOFError:
             p.join()
+            if -(p.exitcode or 0) in (signal.SIGINT, signal.SIGTERM):  # stopped by a signal before its handler
+                signals.record(-p.exitcode)
             raise RunFailed(f"the training process died without a result (exit code {p.exitcode})") from None
         p.join()
     finally:
+        signals._on_stop.remove(forward)
         if p.is_alive():  # interrupted while waiting: SIGTERM makes the trainer stop cleanly
             p.terminate()
             p.join(30)
             if p.is_alive():
                 p.kill()
                 p.join()
+    if reply[-1]:
+        signals.record(reply[-1])  # the run ends, and then the sweep
     if reply[0] == "error":
         log.debug("%s", reply[2])
         raise RunFailed(f"{reply[1]}\n{reply[2]}")
@@ -398,10 +451,10 @@ def _clean_run_dir(run_dir: Path, out: Path) -> None:
 
 def run_sweep(args: argparse.Namespace) -> int:
     out, runs_dir = Path(args.out), Path(args.runs_dir or default_runs_dir(args.out))
-    out.mkdir(parents=True, exist_ok=True)
     base = base_config(args)
+    problem = None if args.dry_run else writable_problem({"--out": out, "--runs-dir": runs_dir})
     records = read_results(out / RESULTS, repair=not args.dry_run)
-    problem = settings_clash(records, settings_of(base), out / RESULTS) or None
+    problem = problem or settings_clash(records, settings_of(base), out / RESULTS) or None
     subsets = None if problem else training_subsets(args, base)
     if problem or isinstance(subsets, str):
         print(f"training.sweep: error: {problem or subsets}", file=sys.stderr)
@@ -425,50 +478,49 @@ def work(args, base: TrainConfig, plan_of, arms: dict[str, dict], subsets: dict,
     once each result is recorded (the study rewrites its report); annotate(key) adds fields to a record
     (the study's seed role). arms: anything with .get(arm, default) giving an arm's overrides. Several workers (this
     command started again, in another shell) share the work: each run is claimed with a lock file in
-    runs_dir, and a run claimed by a live process is left to it."""
+    runs_dir, and a run claimed by a live process is left to it. SIGINT/SIGTERM stop the worker after
+    the current run (whose training stops after its step: the run starts again on the next start)."""
     results_path, settings = out / RESULTS, settings_of(base)
     runs_dir.mkdir(parents=True, exist_ok=True)
     failures, spent, busy = [], [], set()
-    while True:
-        records = read_results(results_path)
-        done, planned = {RunKey.of(r) for r in records}, plan_of(records)
-        todo = [k for k in planned if k not in done and k not in failures]
-        key = lock = None
-        for k in (k for k in todo if k not in busy):
-            lock = claim(runs_dir, k)
-            if lock:
-                key = k
+    with stop_after("run"):
+        while not signals.received():
+            records = read_results(results_path)
+            done, planned = {RunKey.of(r) for r in records}, plan_of(records)
+            clean_leftovers(runs_dir, done, out, args.keep_checkpoints)
+            todo = [k for k in planned if k not in done and k not in failures]
+            key = claim_next(runs_dir, [k for k in todo if k not in busy], busy, results_path)
+            if key is None:
                 break
-            busy.add(k)  # another worker trains it
-        if key is None:
-            break
-        eta = f", about {len(todo) * sum(spent) / len(spent) / 60:.0f} min left" if spent else ""
-        log.info("run %d/%d: %s%s", len(planned) - len(todo) + 1, len(planned), key.name, eta)
-        run_dir = runs_dir / key.name
-        try:
-            m = sweep_run(args, base, key, subsets, run_dir, out, arms.get(key.arm, {}))
-            spent.append(m["wall_seconds"])
-            record = result_record(args, base, key, subsets, run_dir, m, settings, arms.get(key.arm, {}))
-            if "report" in m:
-                record["dev_predictions"] = write_dev_predictions(out, key, m["report"]["predictions"])
-            append_result(results_path, {**record, **(annotate(key) if annotate else {})})
-        except RunFailed as e:
-            log.error("run %s failed: %s", key.name, e)
-            failures.append(key)
-            if not args.keep_going:
-                print(f"training.sweep: error: run {key.name} failed (its log: {run_dir / 'train.log'}); the "
-                      f"finished runs are kept, rerun the same command to go on", file=sys.stderr)
+            eta = f", about {len(todo) * sum(spent) / len(spent) / 60:.0f} min left" if spent else ""
+            log.info("run %d/%d: %s%s", len(planned) - len(todo) + 1, len(planned), key.name, eta)
+            try:
+                record = one_run(args, base, key, subsets, out, runs_dir, settings, arms.get(key.arm, {}),
+                                 annotate)
+            except (RunFailed, TrainingInterrupted, KeyboardInterrupt) as e:
+                if signals.received():  # stopped by a signal (a second Ctrl-C in training: at once), not failed:
+                    break               # the run starts again on the next start
+                if isinstance(e, KeyboardInterrupt):
+                    raise
+                log.error("run %s failed: %s", key.name, e)
+                failures.append(key)
+                if not args.keep_going:
+                    print(f"training.sweep: error: run {key.name} failed (its log: {runs_dir / key.name / 'train.log'}"
+                          f"); the finished runs are kept, rerun the same command to go on", file=sys.stderr)
+                    return 1
+                continue
+            if isinstance(record, str):
+                print(f"training.sweep: error: {record}", file=sys.stderr)
                 return 1
-            continue
-        finally:
-            lock.unlink(missing_ok=True)
-        if not args.keep_checkpoints:
-            shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
-            (run_dir / "best.pt").unlink(missing_ok=True)
-        shown = m["report"]["metrics"] if "report" in m else m["metrics"]  # dev, not the tuning split
-        log.info("%s done in %.0f s: dev %s", key.name, m["wall_seconds"], " ".join(f"{k} {v:.4f}" for k, v in shown.items()))
-        if after_each is not None:
-            after_each()
+            spent.append(record["wall_seconds"])
+            log.info("%s done in %.0f s: dev %s", key.name, record["wall_seconds"],
+                     " ".join(f"{k} {v:.4f}" for k, v in record["dev"].items()))
+            if after_each is not None:
+                after_each()
+        if signals.received():
+            print(f"training.sweep: stopped by {signal.Signals(signals.received()).name} ({len(spent)} run(s) "
+                  f"finished and recorded); rerun the same command to go on", file=sys.stderr)
+            return signals.exit_status()
     if failures:
         print(f"training.sweep: {len(failures)} run(s) failed: {', '.join(k.name for k in failures)}; rerun the "
               f"same command to retry them", file=sys.stderr)
@@ -481,23 +533,134 @@ def work(args, base: TrainConfig, plan_of, arms: dict[str, dict], subsets: dict,
     return 0
 
 
+def one_run(args, base: TrainConfig, key: RunKey, subsets: dict, out: Path, runs_dir: Path, settings: dict,
+            overrides: dict, annotate=None) -> dict | str:
+    """Train key's claimed run (or take the record a full disk kept beside it), record it, clean it up,
+    release its claim; the record, or the one line saying why it could not be recorded. The order
+    matters to a worker killed in between: a claim left on a recorded run means its clean-up is due
+    (clean_leftovers)."""
+    run_dir, results_path, cleaned = runs_dir / key.name, out / RESULTS, False
+    try:
+        kept = kept_record(run_dir, key, settings)
+        if kept is None:
+            m = sweep_run(args, base, key, subsets, run_dir, out, overrides)
+            record = {**result_record(args, base, key, subsets, run_dir, m, settings, overrides),
+                      **(annotate(key) if annotate else {})}
+            kept = record, m["report"]["predictions"] if "report" in m else None
+        problem = record_or_keep(out, key, *kept, run_dir)
+        if problem:
+            return problem
+        clean_recorded_run(run_dir, args.keep_checkpoints)
+        cleaned = True
+        return kept[0]
+    finally:  # stopped at once (a second signal) between the record and its clean-up: clean up before letting go
+        if not cleaned and key in {RunKey.of(r) for r in read_results(results_path)}:
+            clean_recorded_run(run_dir, args.keep_checkpoints)
+        (runs_dir / f".{key.name}.lock").unlink(missing_ok=True)
+
+
+def kept_record(run_dir: Path, key: RunKey, settings: dict) -> tuple[dict, dict | None] | None:
+    """The record (and dev predictions) of key's run kept in its directory when they could not be written
+    beside results.jsonl, if it is this run's, made with these settings: recording it is all that is left."""
+    path = run_dir / KEPT
+    try:
+        kept = json.loads(path.read_text())
+        record, predictions = kept["record"], kept["predictions"]
+        if RunKey.of(record) != key or record.get("settings") != settings:
+            raise ValueError("another run's, or other settings'")
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        log.warning("%s: not used (%s); training the run again", path, e)
+        return None
+    log.info("%s: recording the run trained before, without training it again", path)
+    return record, predictions
+
+
+def record_or_keep(out: Path, key: RunKey, record: dict, predictions: dict | None, run_dir: Path) -> str | None:
+    """Write the run's dev predictions (if any) and append its record to results.jsonl. If that fails (a
+    full disk), the trained run is kept, with both written beside it, which the next start records
+    without training; the message says so."""
+    try:
+        if predictions is not None:
+            record = {**record, "dev_predictions": write_dev_predictions(out, key, predictions)}
+        append_result(out / RESULTS, record)
+        return None
+    except OSError as e:
+        why = f"{e.filename or out / RESULTS}: {e.strerror or e}"
+    kept = run_dir / KEPT
+    try:
+        tmp = kept.with_name(kept.name + ".tmp")
+        tmp.write_text(json.dumps({"record": record, "predictions": predictions}) + "\n")
+        os.replace(tmp, kept)
+        how = f"rerun the same command once it can be written: it records the run from {kept} without training it"
+    except OSError:
+        how = f"append this line to {out / RESULTS} yourself: {json.dumps(record)}"
+    return f"{why}: run {key.name} trained but is not recorded; its directory {run_dir} is kept; {how}"
+
+
+def clean_recorded_run(run_dir: Path, keep_checkpoints: bool) -> None:
+    """A recorded run keeps its logs, metrics and dev predictions; best.pt and the training checkpoints go
+    unless --keep-checkpoints."""
+    if not keep_checkpoints:
+        shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+        (run_dir / "best.pt").unlink(missing_ok=True)
+    (run_dir / KEPT).unlink(missing_ok=True)
+
+
+def clean_leftovers(runs_dir: Path, done: set[RunKey], out: Path, keep_checkpoints: bool) -> None:
+    """A worker killed after recording its run but before cleaning it up left the run's claim, best.pt
+    and checkpoints behind, which no worker would visit again (recorded runs are skipped): whoever sees
+    a recorded run's claim whose worker is gone takes it over and does that clean-up."""
+    names = {k.name for k in done}
+    for lock in sorted(runs_dir.glob(".*.lock")):
+        name, run_dir = lock.name[1:-len(".lock")], runs_dir / lock.name[1:-len(".lock")]
+        if name not in names or not _claim(lock):
+            continue
+        try:
+            marker = json.loads((run_dir / MARKER).read_text()) if (run_dir / MARKER).is_file() else {}
+            if marker.get("out") == str(out.resolve()):  # this sweep's run (a runs dir may be shared)
+                clean_recorded_run(run_dir, keep_checkpoints)
+                log.info("%s: cleaned up after its worker, which died once the run was recorded", run_dir)
+        finally:
+            lock.unlink(missing_ok=True)
+
+
+def claim_next(runs_dir: Path, candidates: list[RunKey], busy: set, results_path: Path) -> RunKey | None:
+    """The first of candidates this worker could claim and nobody has recorded (another worker may have
+    finished it between our reading the results and our claim); the others, claimed, go into busy."""
+    for k in candidates:
+        lock = claim(runs_dir, k)
+        if lock is None:
+            busy.add(k)  # another worker trains it
+        elif k in {RunKey.of(r) for r in read_results(results_path)}:
+            lock.unlink(missing_ok=True)  # finished by another worker just now
+        else:
+            return k
+    return None
+
+
 def claim(runs_dir: Path, key: RunKey) -> Path | None:
     """The lock file of key's run, made by this process; None while another live process holds it. A
     lock left by a dead process (killed, or on a machine that restarted) is taken over."""
     lock = runs_dir / f".{key.name}.lock"
+    return lock if _claim(lock) else None
+
+
+def _claim(lock: Path) -> bool:
     for _ in range(2):
         try:
             fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
         except FileExistsError:
             if _holder_alive(lock):
-                return None
+                return False
             log.info("%s: its worker is gone; taking the run over", lock)
             lock.unlink(missing_ok=True)
             continue
         with os.fdopen(fd, "w") as f:
             f.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname()}))
-        return lock
-    return None
+        return True
+    return False
 
 
 def _holder_alive(lock: Path) -> bool:
@@ -530,9 +693,29 @@ def settings_clash(records: list[dict], settings: dict, results_path: Path) -> s
             f"use another --out")
 
 
-def training_subsets(args: argparse.Namespace, base: TrainConfig) -> dict | str:
+def writable_problem(folders: dict[str, Path]) -> str | None:
+    """The first of folders ({what names it, the flag: folder}) this process cannot write in, found before
+    any training by making it and writing a probe file there; a results.jsonl in it must take appends."""
+    for name, folder in folders.items():
+        problem = dir_problem(folder, True)
+        if problem is None:
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+                probe = folder / f".write-probe-{os.getpid()}"
+                probe.write_bytes(b"probe")
+                probe.unlink()
+                if (folder / RESULTS).exists():
+                    open(folder / RESULTS, "ab").close()
+            except OSError as e:
+                problem = f"not writable ({e.filename}: {e.strerror or e})"
+        if problem:
+            return f"{name} {folder}: {problem}"
+    return None
+
+
+def training_subsets(args: argparse.Namespace, base: TrainConfig, flag: str = "--sizes") -> dict | str:
     """Every training subset, (task, seed) -> size -> examples, made before any training (a bad size fails
-    now, not an hour in); or the error. With args.tuning_split ({"share", "seed"}; training.study's), a
+    now, not an hour in); or the error, naming `flag`. With args.tuning_split ({"share", "seed"}; training.study's), a
     stratified tuning split is first taken out of each training file, kept as (task, TUNE) -> examples,
     and the subsets are drawn from the rest ("all": the whole rest)."""
     subsets: dict[tuple[str, int | str], dict[int | str, list[Example]] | list[Example]] = {}
@@ -546,7 +729,7 @@ def training_subsets(args: argparse.Namespace, base: TrainConfig) -> dict | str:
         wanted = [len(full) if n == "all" else n for n in args.sizes]
         too_big = [n for n in wanted if n > len(full)]
         if too_big:
-            return (f"--sizes {too_big[0]}: {task} has only {len(full)} training examples in "
+            return (f"{flag} {too_big[0]}: {task} has only {len(full)} training examples in "
                     f"{base.file(task, 'train')}")
         labels = strata(task, [e.label for e in full])
         for seed in args.seeds:
@@ -737,7 +920,7 @@ def main(argv: list[str] | None = None) -> int:
     p = build_parser()
     args = p.parse_args(argv)
     setup_logging(logging.DEBUG if args.verbose else logging.INFO)
-    exit_on_sigterm()
+    exit_on_sigterm()  # until the runs start (work(): a signal stops the sweep after the current run)
     args.tasks, args.depths = _unique(args.tasks), _unique(args.depths)
     args.sizes, args.seeds = _unique(args.sizes), _unique(args.seeds)
     if args.threads is not None and args.threads < 1:

@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 from pathlib import Path
 
+from .. import signals
 from ..cli import add_option
 from ..config import TrainConfig, validate
-from ..errors import ConfigError
+from ..errors import ConfigError, TrainingInterrupted
 from ..progress import setup_logging
-from ..signals import exit_on_sigterm
+from ..signals import exit_on_sigterm, stop_after
 from .space import load_space
 
 log = logging.getLogger(__name__)
@@ -45,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "restarted one, do not propose the same settings)")
     p.add_argument("--keep-checkpoints", action="store_true", help="keep every trial's best.pt")
     p.add_argument("--report-only", action="store_true", help="run no trial: write the summary")
+    p.add_argument("--repair-journal", action="store_true", help="a journal file damaged in the middle (the "
+                   "error names its line): keep the entries before that line and go on from them (the whole "
+                   "file is copied aside first)")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return p
 
@@ -79,7 +84,41 @@ def main(argv: list[str] | None = None) -> int:
     if errors:
         print(f"{PROG}: error: {space.path}: fixed: {errors[0]}", file=sys.stderr)
         return 2
+    problem = storage_problem(args)
+    if problem:
+        print(f"{PROG}: error: {problem}", file=sys.stderr)
+        return 2
     return search(optuna, space, base, args)
+
+
+def storage_problem(args) -> str | None:
+    """--out writable (a probe file written there) and, the default storage, its journal one to go on from."""
+    from ..sweep import writable_problem
+    from .engine import JOURNAL, journal_problem
+    out = Path(args.out)
+    return writable_problem({"--out": out}) or (None if args.storage else journal_problem(out / JOURNAL,
+                                                                                         args.repair_journal))
+
+
+def run_trials(optuna, study, space, base: TrainConfig, args, seed: int) -> str | None:
+    """Trials until the budget is spent, or a stop signal's name: a signal during a trial's training
+    stops it after its step (the trial is failed, and run again by the next start); one after its
+    training, or between trials, stops the worker once that trial is told."""
+    from . import summary
+    from .engine import run_trial
+    while not (args.report_only or signals.received()):
+        try:
+            state = run_trial(optuna, study, space, base, Path(args.out), seed)
+        except TrainingInterrupted as e:
+            return e.signal_name
+        except KeyboardInterrupt:  # a second Ctrl-C during training stops it at once (the trial is failed)
+            if signals.received():
+                return signal.Signals(signals.received()).name
+            raise
+        if state is None:
+            return None
+        summary.write(study, space, Path(args.out))
+    return signal.Signals(signals.received()).name if signals.received() else None
 
 
 def search(optuna, space, base: TrainConfig, args) -> int:
@@ -88,7 +127,7 @@ def search(optuna, space, base: TrainConfig, args) -> int:
     import torch
 
     from . import summary
-    from .engine import keep_best_checkpoints, open_study, reap_dead, run_trial, storage_for
+    from .engine import keep_best_checkpoints, open_study, reap_dead, storage_for
 
     out = Path(args.out)
     if args.threads:
@@ -108,11 +147,13 @@ def search(optuna, space, base: TrainConfig, args) -> int:
     if reaped:
         log.warning("trial(s) %s were cut off when their worker died: marked failed, their places run again",
                     ", ".join(map(str, reaped)))
-    while not args.report_only:
-        state = run_trial(optuna, study, space, base, out, seed)
-        if state is None:
-            break
-        summary.write(study, space, out)
+    with stop_after("trial"):
+        stopped = run_trials(optuna, study, space, base, args, seed)
+        if stopped:
+            print(f"{PROG}: stopped by {stopped}; the trials so far are kept, rerun the same command to go on",
+                  file=sys.stderr)
+            summary.write(study, space, out)
+            return signals.exit_status()
     if not args.keep_checkpoints:
         keep_best_checkpoints(study, space, out)
     path = summary.write(study, space, out)

@@ -13,6 +13,7 @@ Rules that keep several workers honest, all decided through the storage alone:
 """
 from __future__ import annotations
 
+import datetime
 import itertools
 import json
 import logging
@@ -45,9 +46,89 @@ def require_optuna():
 def storage_for(optuna, url: str | None, out: Path):
     if url:
         return url
-    from optuna.storages.journal import JournalFileBackend, JournalStorage
+    from optuna.storages.journal import JournalStorage
     out.mkdir(parents=True, exist_ok=True)
-    return JournalStorage(JournalFileBackend(str(out / JOURNAL)))
+    return JournalStorage(mending_journal(out / JOURNAL))
+
+
+def mending_journal(path: Path):
+    """Optuna's journal file, except that an append first cuts a torn last line (a worker killed mid-write,
+    a full disk): appended onto, that line would sit in the middle of the file, where Optuna cannot read
+    past it, and every worker would stop there."""
+    from optuna.storages.journal import JournalFileBackend
+
+    class Mending(JournalFileBackend):
+        def append_logs(self, logs):
+            if _ends_torn(path):
+                cut_torn_journal_tail(path)
+            super().append_logs(logs)
+    return Mending(str(path))
+
+
+def _ends_torn(path: Path) -> bool:
+    """Whether the file's last byte is not a newline (one byte read: this runs before every append)."""
+    with open(path, "rb") as f:
+        if f.seek(0, os.SEEK_END) == 0:
+            return False
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) != b"\n"
+
+
+def cut_torn_journal_tail(path: Path) -> bytes:
+    """The journal's bytes, a torn last line cut off the file with a warning; under the journal's lock,
+    so that no worker is half-way through an append."""
+    from optuna.storages.journal import JournalFileSymlinkLock
+
+    from ..sweep import cut_torn_last_line
+    lock = JournalFileSymlinkLock(str(path))  # the lock JournalFileBackend takes by default
+    lock.acquire()
+    try:
+        return cut_torn_last_line(path, path.read_bytes(), True, "its writer was stopped while writing it")
+    finally:
+        lock.release()
+
+
+def journal_problem(path: Path, repair: bool) -> str | None:
+    """Whether the search can go on from its journal file: a torn last line is cut with a warning (as
+    the next append would); a line elsewhere that is not a journal entry is the one-line answer, naming
+    file and line, unless repair, which keeps the entries before it (the whole file copied aside first).
+    A journal that cannot be read or appended to is the answer too."""
+    if not path.exists():
+        return None
+    try:
+        with open(path, "ab"):
+            pass
+        data = cut_torn_journal_tail(path)
+    except OSError as e:
+        return f"{path}: cannot be read and appended to ({e.strerror or e})"
+    offset = 0
+    for n, line in enumerate(data.splitlines(keepends=True), 1):
+        if not _journal_entry(line):
+            return _damaged(path, n, offset, repair)
+        offset += len(line)
+    return None
+
+
+def _journal_entry(line: bytes) -> bool:
+    try:
+        entry = json.loads(line)
+    except ValueError:
+        return False
+    return isinstance(entry, dict) and "op_code" in entry
+
+
+def _damaged(path: Path, n: int, offset: int, repair: bool) -> str | None:
+    if not repair:
+        return (f"{path}:{n}: not an Optuna journal entry (the file is damaged there); rerun with "
+                f"--repair-journal to go on from the {n - 1} entries before it (the file is copied aside "
+                f"first), or use another --out to start afresh")
+    copy = path.with_name(f"{path.name}.damaged-{time.strftime('%Y%m%dT%H%M%S')}")
+    shutil.copyfile(path, copy)
+    with open(path, "r+b") as f:
+        f.truncate(offset)
+    log.warning("%s:%d: damaged; kept the %d entries before it and dropped the rest (the whole file is in %s)",
+                path, n, n - 1, copy)
+    return None
 
 
 def pruner_for(optuna, space: Space):
@@ -91,12 +172,16 @@ def _live(trials) -> list:
     return [t for t in trials if t.state.name in LIVE]
 
 
-def reap_dead(optuna, study) -> list[int]:
-    """Mark FAIL the RUNNING trials of workers on this machine that are gone; their numbers."""
+def reap_dead(optuna, study, orphan_after: float = 60.0) -> list[int]:
+    """Mark FAIL the RUNNING trials of workers on this machine that are gone, and those that never got a
+    worker (it sets itself just after asking: one still without a worker `orphan_after` seconds later was
+    asked by a worker killed in between, and would hold its place for good); their numbers."""
     reaped = []
+    now = datetime.datetime.now()
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-        worker = t.user_attrs.get("worker", {})
-        if worker.get("host") == socket.gethostname() and not _alive(worker.get("pid")):
+        worker = t.user_attrs.get("worker")
+        orphan = worker is None and (now - t.datetime_start).total_seconds() >= orphan_after
+        if orphan or (worker or {}).get("host") == socket.gethostname() and not _alive(worker.get("pid")):
             study._storage.set_trial_user_attr(t._trial_id, "state_note", "its worker died mid-trial")
             study._storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL)
             reaped.append(t.number)
@@ -227,10 +312,12 @@ def train_seconds(run_dir: Path) -> float:
 
 def keep_best_checkpoints(study, space: Space, out: Path) -> None:
     """best.pt and the training checkpoints of the best trial (or, two-objective, the Pareto front's)
-    are kept; every other trial keeps its logs, metrics and prediction files only."""
+    are kept, and those of trials still running (another worker's: it needs them, and cleans up when it
+    ends); every other trial keeps its logs, metrics and prediction files only."""
+    trials = study.get_trials(deepcopy=False)
     keep = {t.number for t in study.best_trials} if space.multi else (
-        {study.best_trial.number} if any(t.state.name == "COMPLETE" for t in study.get_trials(deepcopy=False))
-        else set())
+        {study.best_trial.number} if any(t.state.name == "COMPLETE" for t in trials) else set())
+    keep |= {t.number for t in trials if t.state.name == "RUNNING"}
     for run_dir in sorted((out / TRIALS).glob("trial-*")):
         if int(run_dir.name.split("-")[1]) not in keep:
             shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)

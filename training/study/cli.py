@@ -25,7 +25,7 @@ from ..errors import ConfigError
 from ..progress import setup_logging
 from ..signals import exit_on_sigterm
 from ..sweep import (RESULTS, RunKey, default_runs_dir, model_layers, read_results, settings_clash, settings_of,
-                     training_subsets, work)
+                     training_subsets, work, writable_problem)
 from .figures import FIGURES
 from .protocol import ArmOverrides, role_of
 from .recipe import Recipe, available, load_recipe
@@ -119,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     rc = 0
     if not args.report_only:
         rc = train(recipe, base, args, results, report)
+        if rc == 2:  # refused before training: no new result to report
+            return rc
     path = write_report(recipe, results, report)
     log.info("report: %s", path)
     return rc
@@ -130,12 +132,13 @@ def train(recipe: Recipe, base: TrainConfig, args, results: Path, report: Path) 
     ns = argparse.Namespace(tasks=recipe.tasks, sizes=recipe.sizes, seeds=seeds, in_process=args.in_process,
                             threads=args.threads, keep_going=args.keep_going, keep_checkpoints=args.keep_checkpoints,
                             test_predictions=False, tuning_split=recipe.tuning_split)
-    subsets = training_subsets(ns, base)
+    runs_dir = Path(args.runs_dir or default_runs_dir(results))
+    problem = writable_problem({f"{recipe.path}: results": results, f"{recipe.path}: report": report,
+                                "--runs-dir": runs_dir})
+    subsets = problem or training_subsets(ns, base, flag=f"{recipe.path}: sizes")
     if isinstance(subsets, str):
         print(f"{PROG}: error: {subsets}", file=sys.stderr)
         return 2
-    runs_dir = Path(args.runs_dir or default_runs_dir(results))
-    results.mkdir(parents=True, exist_ok=True)
     arms, annotate = recipe.all_arms(), None
     if arms_study:
         from .baselines import write_baselines

@@ -25,12 +25,13 @@ the model's depth when the study starts, so one recipe means the same on 6 and 1
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from data.loaders import TASKS
 
-from ..config import TrainConfig, freeze_depth, freeze_error, read_json_object
+from ..config import TrainConfig, freeze_depth, freeze_error, read_json_object, seed_error
 from ..config import options_problem as config_options_problem
 from ..errors import ConfigError
 from ..sweep import PER_RUN, RunKey
@@ -210,6 +211,9 @@ def recipe_problem(raw: dict) -> str | None:
     for key, ok, want in checks:
         if not ok:
             return f"{key} must be {want}, not {raw[key]!r}"
+    bad_seed = next((e for e in (seed_error(s, "seeds") for s in raw["seeds"]) if e), None)
+    if bad_seed:  # the sweep checks its --seeds the same way
+        return bad_seed
     for where, options in [("train", raw["train"])] + [(f"arms.{a!r}", o) for a, o in raw.get("arms", {}).items()]:
         problem = options_problem(options)
         if problem:
@@ -259,6 +263,10 @@ def _arms_problem(raw: dict) -> str | None:
             and isinstance(grid.get("max_extensions", 0), int) and grid.get("max_extensions", 0) >= 0):
         return ('lr_grid must be {"lrs": [rates > 0], "tuning_seeds": [seeds apart from the reporting seeds], '
                 '"max_extensions": N >= 0 (optional)}')
+    bad_seed = next((e for e in [*(seed_error(s, "lr_grid.tuning_seeds") for s in grid["tuning_seeds"]),
+                                 seed_error(split["seed"], "tuning_split.seed")] if e), None)
+    if bad_seed:
+        return bad_seed
     arms = raw.get("arms", {"": {}})
     if not (isinstance(points, list) and points):
         return "points must be a list of {label, depth, arm[, lrs | lr_of]}"
@@ -278,7 +286,7 @@ def _arms_problem(raw: dict) -> str | None:
 
 
 def _rates_ok(lrs) -> bool:
-    return _list_of(lrs, (int, float)) and bool(lrs) and all(x > 0 for x in lrs)
+    return _list_of(lrs, (int, float)) and bool(lrs) and all(0 < x < math.inf for x in lrs)  # JSON has Infinity
 
 
 def options_problem(options: dict) -> str | None:
