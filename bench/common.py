@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
 import sys
 import time
@@ -12,6 +11,8 @@ from typing import Callable
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # run from anywhere without installing
+
+from training.device import cpu_model  # noqa: E402,F401  (the scripts import it from here)
 
 
 def data_parser(doc: str, data_help: str = "folder with the course CSV files") -> argparse.ArgumentParser:
@@ -33,16 +34,6 @@ def step_bench_parser(doc: str, batch_help: str, steps: int, warmup: int,
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
     p.add_argument("--seed", type=int, default=seed, help="schedule and model seed (default: %(default)s)")
     return p
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def paired_ratios(num: list[float], den: list[float]) -> tuple[float, float, float]:

@@ -4,8 +4,10 @@ import circle."""
 from __future__ import annotations
 
 import contextlib
+import platform
 import random
 import warnings
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -109,3 +111,14 @@ def autocast(device: torch.device, dtype: torch.dtype | None):
     if dtype is None:
         return contextlib.nullcontext()
     return torch.autocast(device.type, dtype=dtype)
+
+
+def cpu_model() -> str:
+    """The CPU's model name (what a benchmark's or a study's figures were measured on)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"

@@ -795,8 +795,9 @@ def result_record(args, base: TrainConfig, key: RunKey, subsets: dict, run_dir: 
 def provenance() -> dict:
     """Where a record was made: the code's commit (and whether its tree had uncommitted changes) and the
     CPU, since a study's runs span days, code changes and machines."""
-    import platform
     import subprocess
+
+    from .device import cpu_model
 
     here = Path(__file__).resolve().parent
     try:
@@ -806,17 +807,7 @@ def provenance() -> dict:
                                     capture_output=True, text=True, timeout=30).stdout.strip())
     except (OSError, subprocess.SubprocessError):
         commit, dirty = None, None
-    return {"commit": commit, "dirty": dirty, "cpu": _cpu_name() or platform.processor() or platform.machine()}
-
-
-def _cpu_name() -> str | None:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return None
+    return {"commit": commit, "dirty": dirty, "cpu": cpu_model()}
 
 
 def write_dev_predictions(out: Path, key: RunKey, predictions: dict) -> str:
