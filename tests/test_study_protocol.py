@@ -242,7 +242,15 @@ def test_a_tiny_arms_study_reports_the_kept_models_dev_scores(tmp_path):
     assert (out / "baselines.json").is_file() and (out / "arms" / "report.md").is_file()
     report = (out / "arms" / "report.md").read_text()
     assert "## Against full" in report and "| one | overall | 2 |" in report
-    assert not (tmp_path / "docs").exists()
+    # a report from dev files other than those the runs were scored on is refused, not computed
+    import shutil
+    other = tmp_path / "other-data"
+    shutil.copytree(data, other)
+    sst = other / COURSE_FILES["sst"]["dev"]
+    rows = sst.read_text().splitlines()
+    sst.write_text("\n".join(rows[:1] + [r.rsplit("\t", 1)[0] + "\t" + str((int(r.rsplit("\t", 1)[1]) + 1) % 5)
+                                         for r in rows[1:]]) + "\n")
+    assert C.main(args[:4] + [str(other)] + args[5:] + ["--report-only"]) == 2
 
 
 # ----------------------------------------------------------------------------- the embeddings question

@@ -12,7 +12,7 @@ from data.loaders import COURSE_FILES, load_task_file
 
 from ..sweep import RESULTS, RunKey, read_results
 from .arms import METRICS, point_rows, split_scores, versus
-from .baselines import read_baselines
+from .baselines import labels_digest, read_baselines
 from .protocol import Protocol, tune_score
 
 
@@ -31,11 +31,18 @@ def _p(p) -> str:
     return "-" if p is None or math.isnan(p) else ("<0.001" if p < 0.001 else f"{p:.3f}")
 
 
-def dev_labels(records: list[dict], tasks: list[str]) -> dict[str, np.ndarray]:
-    """The dev labels the records were scored on (the data folder of their settings)."""
-    folder = Path(records[0]["settings"]["data_dir"])
-    return {t: np.array([e.label for e in load_task_file(folder / COURSE_FILES[t]["dev"], t, labelled=True).examples],
-                        dtype=np.float64) for t in tasks}
+def dev_labels(records: list[dict], tasks: list[str], results: Path, data_dir: str | None = None) -> dict[str, np.ndarray]:
+    """The dev labels of data_dir (default: the records' data folder), checked against the fingerprints the
+    study took of the files its runs are scored on (baselines.json)."""
+    folder = Path(data_dir or records[0]["settings"]["data_dir"])
+    labels = {t: np.array([e.label for e in load_task_file(folder / COURSE_FILES[t]["dev"], t, labelled=True).examples],
+                          dtype=np.float64) for t in tasks}
+    known = (read_baselines(results) or {}).get("dev_labels", {})
+    for t in tasks:
+        if t in known and labels_digest(labels[t]) != known[t]:
+            raise ValueError(f"{folder / COURSE_FILES[t]['dev']}: not the dev file the study's runs were scored on "
+                             f"(pass the --data-dir they used)")
+    return labels
 
 
 def protocol_lines(recipe, records: list[dict]) -> list[str]:
@@ -142,7 +149,7 @@ def unseen_lines(rows: list[dict], reference: str) -> list[str]:
     return lines
 
 
-def arms_markdown(recipe, results: Path) -> tuple[str, list[dict]]:
+def arms_markdown(recipe, results: Path, data_dir: str | None = None) -> tuple[str, list[dict]]:
     records = read_results(Path(results) / RESULTS)
     baselines = read_baselines(results)
     reference = recipe.points[0]["label"]
@@ -155,7 +162,7 @@ def arms_markdown(recipe, results: Path) -> tuple[str, list[dict]]:
               "trivial), per seed against the full fine-tuning run of the same seed, then averaged; Lee ratio: "
               "score / full, likewise.", ""] + results_lines(rows)
     if records:
-        labels = dev_labels(records, recipe.tasks)
+        labels = dev_labels(records, recipe.tasks, results, data_dir)
         tests = versus(recipe, records, results, labels, reference)
         lines += ["", f"## Against {reference}", ""] + versus_lines(tests, reference)
         if baselines and baselines.get("unseen"):
@@ -169,10 +176,10 @@ CSV_COLUMNS = ["point", "depth", "arm", "lr", "metric", "seeds", "mean", "ci_low
                "sd_ci_high", "normalised", "lee", "trainable_params", "total_params"]
 
 
-def write_arms_report(recipe, results: Path, report: Path) -> Path:
+def write_arms_report(recipe, results: Path, report: Path, data_dir: str | None = None) -> Path:
     from .arms_figures import arms_figures
 
-    text, rows = arms_markdown(recipe, results)
+    text, rows = arms_markdown(recipe, results, data_dir)
     report.mkdir(parents=True, exist_ok=True)
     (report / "report.md").write_text(text)
     arms_figures(recipe, read_results(Path(results) / RESULTS), rows, read_baselines(results), report)

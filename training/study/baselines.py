@@ -28,6 +28,13 @@ log = logging.getLogger(__name__)
 FILE = "baselines.json"
 
 
+def labels_digest(labels) -> str:
+    """A fingerprint of a dev file's labels, in order: a report checks it reads the files the runs were
+    scored on."""
+    import hashlib
+    return hashlib.sha1(",".join(f"{float(y):.6g}" for y in labels).encode()).hexdigest()[:16]
+
+
 def majority_label(labels) -> float:
     """The most frequent label (ties: the smallest)."""
     counts = Counter(labels)
@@ -82,7 +89,7 @@ def compute_baselines(base: TrainConfig, tasks: list[str], subsets: dict, seed: 
     dev_labels = {t: [e.label for e in ex] for t, ex in dev.items()}
     train_labels = {t: [e.label for e in subsets[t, seed][size]] for t in tasks if t != "sts"}
     out = {"trivial": trivial_scores(train_labels, dev_labels), "model": base.model, "pooling": base.pooling,
-           "zero_shot": {}, "unseen": unseen_by_task(base, tasks, {t: subsets[t, seed][size] for t in tasks}, dev)}
+           "dev_labels": {t: labels_digest(v) for t, v in dev_labels.items()}, "zero_shot": {}, "unseen": unseen_by_task(base, tasks, {t: subsets[t, seed][size] for t in tasks}, dev)}
     if "sts" in tasks:
         cos = zero_shot_cosines(base.model, base.pooling, dev["sts"], base.max_length)
         out["zero_shot"]["sts_pearson"] = score("sts", cos, dev_labels["sts"])
@@ -124,7 +131,7 @@ def unseen_by_task(base: TrainConfig, tasks: list[str], train: dict[str, list], 
 def write_baselines(recipe, base: TrainConfig, subsets: dict, results: Path) -> dict:
     """OUT/baselines.json, computed once (it depends on the model, the data and the tuning split only)."""
     path = results / FILE
-    if path.is_file() and "unseen" in json.loads(path.read_text()):  # an older file lacks the unseen pieces
+    if path.is_file() and "dev_labels" in json.loads(path.read_text()):  # an older file lacks the newer parts
         return json.loads(path.read_text())
     log.info("computing the baselines (trivial predictors, the untrained model's zero-shot scores)")
     found = compute_baselines(base, recipe.tasks, subsets, recipe.seeds[0], recipe.sizes[0])

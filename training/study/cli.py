@@ -72,10 +72,10 @@ def check(recipe: Recipe, base: TrainConfig) -> list[str]:
     return errors
 
 
-def write_report(recipe: Recipe, results: Path, report: Path) -> Path:
-    if recipe.kind == "arms":
+def write_report(recipe: Recipe, results: Path, report: Path, data_dir: str | None = None) -> Path:
+    if recipe.kind == "arms":  # the dev labels (for the bootstrap) from data_dir
         from .arms_report import write_arms_report
-        return write_arms_report(recipe, results, report)
+        return write_arms_report(recipe, results, report, data_dir)
     records = read_results(results / RESULTS)
     report.mkdir(parents=True, exist_ok=True)
     (report / "report.md").write_text(MARKDOWN[recipe.kind](recipe, records))
@@ -121,7 +121,11 @@ def main(argv: list[str] | None = None) -> int:
         rc = train(recipe, base, args, results, report)
         if rc == 2:  # refused before training: no new result to report
             return rc
-    path = write_report(recipe, results, report)
+    try:
+        path = write_report(recipe, results, report, base.data_dir)
+    except ValueError as e:  # an arms study's dev files are not the ones its runs were scored on
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
     log.info("report: %s", path)
     return rc
 
@@ -145,4 +149,4 @@ def train(recipe: Recipe, base: TrainConfig, args, results: Path, report: Path) 
         write_baselines(recipe, base, subsets, results)
         arms, annotate = ArmOverrides(recipe), lambda key: {"seed_role": role_of(recipe, key)}
     return work(ns, base, recipe.plan, arms, subsets, results, runs_dir,
-                after_each=lambda: write_report(recipe, results, report), annotate=annotate)
+                after_each=lambda: write_report(recipe, results, report, base.data_dir), annotate=annotate)
