@@ -241,7 +241,7 @@ def test_a_tiny_arms_study_reports_the_kept_models_dev_scores(tmp_path):
             assert score(task, np.array(preds[task]), labels) == pytest.approx(r["dev"][METRIC[task]], abs=1e-5)
     assert (out / "baselines.json").is_file() and (out / "arms" / "report.md").is_file()
     report = (out / "arms" / "report.md").read_text()
-    assert "## Against full" in report and "| one | overall | 2 |" in report
+    assert "## Against full" in report and "| one | full | overall | 2 |" in report
     # a report from dev files other than those the runs were scored on is refused, not computed
     import shutil
     other = tmp_path / "other-data"
@@ -338,3 +338,17 @@ def test_frozen_dropout_keeps_the_frozen_modules_training_and_drops_the_cache(tm
     errors = validate(TrainConfig(model=str(enc), freeze_upto=1, frozen_dropout=True, frozen_cache="disk",
                                   data_dir=str(data)))
     assert any("--frozen-dropout" in e and "--frozen-cache disk" in e for e in errors)
+
+
+def test_a_point_is_measured_against_its_vs_point(tmp_path):
+    recipe = loaded(tmp_path, points=[{"label": "full", "depth": "none", "arm": ""},
+                                      {"label": "one", "depth": 1, "arm": "b"},
+                                      {"label": "one again", "depth": 1, "arm": "", "vs": "one"}])
+    records = []
+    for depth, arm in ((None, ""), (1, "b"), (1, "")):  # each tunes to 0.001 (interior)
+        records += [tuning_record(depth, arm, lr, s) for lr, s in [(0.0003, 0.4), (0.001, 0.5), (0.003, 0.45)]]
+    for depth, arm, scores in ((None, "", (0.70, 0.74)), (1, "b", (0.63, 0.69)), (1, "", (0.66, 0.66))):
+        records += [_reporting(depth, arm, 0.001, seed, x) for seed, x in zip((1, 2), scores)]
+    rows = {r["label"]: r for r in A.point_rows(recipe, records, None) if r["metric"] == "overall"}
+    assert rows["one"]["lee"] == pytest.approx((0.63 / 0.70 + 0.69 / 0.74) / 2)  # against full, the first
+    assert rows["one again"]["lee"] == pytest.approx((0.66 / 0.63 + 0.66 / 0.69) / 2)  # against "one"

@@ -76,11 +76,11 @@ def point_rows(recipe, records: list[dict], baselines: dict | None, reference: s
     et al.), and the mean normalised quality."""
     protocol = Protocol(recipe, records)
     reference = reference or recipe.points[0]["label"]
-    full = protocol.reporting(reference)
     trivial = (baselines or {}).get("trivial", {})
     rows = []
     for point in recipe.points:
         runs = protocol.reporting(point["label"])
+        full = protocol.reporting(point.get("vs", reference))  # what the point is measured against
         if not runs:
             continue
         for metric in METRICS:
@@ -113,14 +113,15 @@ def read_predictions(results: Path, record: dict) -> dict[str, np.ndarray]:
 
 def versus(recipe, records: list[dict], results: Path, dev_labels: dict[str, np.ndarray], reference: str | None = None,
            reps: int = 2000, seed: int = 0) -> list[dict]:
-    """Every point against the reference, per metric: the paired difference over the seeds both have (mean,
+    """Every point against the reference (its own "vs" point where it names one), per metric: the paired difference over the seeds both have (mean,
     t interval, paired t p), the bootstrap over dev examples (each resample scores every run of both on the
     same examples; the difference of their means over seeds: its 95% interval and p), and Holm's
     adjustment of each p over the points (one family per metric and test)."""
     protocol = Protocol(recipe, records)
     reference = reference or recipe.points[0]["label"]
-    ref_runs, out = protocol.reporting(reference), []
+    out = []
     for point in recipe.points:
+        ref_runs = protocol.reporting(point.get("vs", reference))
         runs = protocol.reporting(point["label"])
         seeds = sorted(s for s in runs if s in ref_runs)
         if not seeds or all(runs[s] is ref_runs[s] for s in seeds):  # the reference, or its very runs (same rate)
@@ -131,7 +132,8 @@ def versus(recipe, records: list[dict], results: Path, dev_labels: dict[str, np.
             b = [runs[s]["dev"][metric] for s in seeds]
             tests = paired_tests(a, b)
             diffs = [y - x for x, y in zip(a, b)]
-            row = {"label": point["label"], "metric": metric, "seeds": seeds, **tests, "ci": t_interval(diffs)}
+            row = {"label": point["label"], "vs": point.get("vs", reference), "metric": metric, "seeds": seeds, **tests,
+                   "ci": t_interval(diffs)}
             if metric in boot:
                 row |= {"boot_ci": interval(boot[metric], LEVEL), "boot_p": bootstrap_p(boot[metric])}
             out.append(row)

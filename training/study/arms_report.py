@@ -124,12 +124,12 @@ def results_lines(rows: list[dict]) -> list[str]:
 
 
 def versus_lines(tests: list[dict], reference: str) -> list[str]:
-    lines = [f"Each point minus {reference}, paired by seed; t: paired t-test; bootstrap: {reference} and the point "
-             "scored on the same resampled dev examples; Holm: adjusted over the points, per metric and test.", "",
-             "| point | metric | seeds | difference [95% t CI] | t p | Holm | bootstrap 95% CI | bootstrap p | Holm |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [f"Each point minus {reference} (or the point it names), paired by seed; t: paired t-test; bootstrap: "
+             "both scored on the same resampled dev examples; Holm: adjusted over the points, per metric and test.", "",
+             "| point | against | metric | seeds | difference [95% t CI] | t p | Holm | bootstrap 95% CI | bootstrap p "
+             "| Holm |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for t in tests:
-        lines.append(f"| {t['label']} | {t['metric']} | {len(t['seeds'])} | {_f(t['diff'], sign=True)} "
+        lines.append(f"| {t['label']} | {t['vs']} | {t['metric']} | {len(t['seeds'])} | {_f(t['diff'], sign=True)} "
                      f"{_ci(t['ci'], sign=True)} | {_p(t['t_p'])} | {_p(t['t_p_holm'])} | "
                      f"{_ci(t.get('boot_ci', (math.nan, math.nan)), sign=True)} | {_p(t.get('boot_p', math.nan))} "
                      f"| {_p(t.get('boot_p_holm', math.nan))} |")

@@ -272,13 +272,13 @@ def _arms_problem(raw: dict) -> str | None:
         return "points must be a list of {label, depth, arm[, lrs | lr_of]}"
     labels = [p.get("label") for p in points if isinstance(p, dict)]
     for p in points:
-        if not (isinstance(p, dict) and {"label", "depth", "arm"} <= set(p) <= {"label", "depth", "arm", "lrs", "lr_of", "size"}
-                and p.get("size", raw["sizes"][0]) in raw["sizes"]
+        if not (isinstance(p, dict) and {"label", "depth", "arm"} <= set(p) <= {"label", "depth", "arm", "lrs", "lr_of", "size", "vs"}
+                and p.get("size", raw["sizes"][0]) in raw["sizes"] and p.get("vs", labels[0]) in labels
                 and isinstance(p["label"], str) and labels.count(p["label"]) == 1 and _depth_ok(p["depth"])
                 and p["arm"] in arms and ("lrs" not in p or _rates_ok(p["lrs"]))
                 and ("lr_of" not in p or ("lrs" not in p and p["lr_of"] in labels))):
             return (f"points: {p!r} needs a unique label, a depth, one of the arms, at most one of lrs "
-                    f"(rates > 0) or lr_of (another point's label), and a size among sizes, if any")
+                    f"(rates > 0) or lr_of (another point's label), and a size among sizes and a vs among the labels, if any")
     chained = [p["label"] for p in points if "lr_of" in p and "lr_of" in points[labels.index(p["lr_of"])]]
     if chained:
         return f"points: {chained[0]!r} takes its rate from a point that takes its own from another (lr_of)"
