@@ -352,3 +352,18 @@ def test_a_point_is_measured_against_its_vs_point(tmp_path):
     rows = {r["label"]: r for r in A.point_rows(recipe, records, None) if r["metric"] == "overall"}
     assert rows["one"]["lee"] == pytest.approx((0.63 / 0.70 + 0.69 / 0.74) / 2)  # against full, the first
     assert rows["one again"]["lee"] == pytest.approx((0.66 / 0.63 + 0.66 / 0.69) / 2)  # against "one"
+
+
+def test_a_table_recipe_gets_its_figure(tmp_path):
+    from training.study.figures import table_figures
+    raw = json.loads((Path(C.__file__).parent / "recipes" / "seed-report.json").read_text())
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(raw))
+    recipe = load_recipe(str(path)).resolve(6)
+    records = [{"tasks": TASKS, "depth": recipe.depth(row["depth"]), "size": 1000, "seed": s,
+                **({"arm": row["arm"]} if row["arm"] else {}), "train_seconds": 1.0,
+                "dev": {"sst_acc": 0.4, "para_acc": 0.7, "sts_pearson": 0.5, "overall": 0.6}}
+               for row in recipe.rows for s in recipe.seeds]
+    assert table_figures(recipe, records, tmp_path) == [tmp_path / "table.png"]
+    assert (tmp_path / "table.png").stat().st_size > 10_000
+    assert table_figures(recipe, [], tmp_path / "none") == []  # no run yet: no figure

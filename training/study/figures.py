@@ -4,6 +4,8 @@
   protocol (Lee et al.'s figure), and the cost panels (seconds per epoch with and without the cache;
   peak memory and trainable parameters).
 - size: each metric against the training-set size, one line per depth, mean ± std over seeds.
+- table: each row's metrics, every seed a dot and the mean a bar, the published figure (where the
+  recipe gives one) a cross beside it.
 """
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import math
 from pathlib import Path
 
 from ..report import metrics_of
-from .aggregate import NINETY, cost_rows, depth_label, relative_cells, size_rows
+from .aggregate import NINETY, cost_rows, depth_label, relative_cells, size_rows, table_rows
 from .recipe import Recipe
 
 log = logging.getLogger(__name__)
@@ -122,6 +124,36 @@ def size_figures(recipe: Recipe, records: list[dict], out: Path) -> list[Path]:
     return [_save(fig, plt, out / "size.png")]
 
 
+def table_figures(recipe: Recipe, records: list[dict], out: Path) -> list[Path]:
+    plt = pyplot()
+    rows = table_rows(recipe, records)
+    if plt is None or not any(v for r in rows for v in r["values"].values()):
+        return []
+    metrics = metrics_of("+".join(recipe.tasks))
+    fig, axes = _grid(plt, len(metrics))
+    for ax, metric in zip(axes, metrics):
+        for i, r in enumerate(rows):
+            seeds = list(r["values"][metric].values())
+            if seeds:
+                ax.bar(i, sum(seeds) / len(seeds), color=f"C{i % 10}", alpha=0.35)
+                ax.scatter([i] * len(seeds), seeds, color=f"C{i % 10}", s=14, zorder=3)
+            published = r["published"].get(metric)
+            if published is not None:
+                ax.scatter([i + 0.3], [published], marker="x", color="black", zorder=3,
+                           label="published" if i == next(j for j, q in enumerate(rows) if q["published"].get(metric) is not None) else None)
+        ax.set_xticks(range(len(rows)), [r["label"] for r in rows], rotation=35, ha="right", fontsize="x-small")
+        ax.set_title(f"dev {metric}")
+        ax.grid(alpha=0.3, axis="y")
+        lows = [v for r in rows for v in r["values"][metric].values()]
+        if lows:
+            ax.set_ylim(bottom=max(0.0, min(lows) - 0.1))
+        if any(r["published"].get(metric) is not None for r in rows):
+            ax.legend(fontsize="x-small")
+    fig.suptitle(f"{recipe.title}\n(bars: mean over seeds; dots: each seed)", fontsize="medium")
+    fig.tight_layout()
+    return [_save(fig, plt, out / "table.png")]
+
+
 def _grid(plt, panels: int):
     """A figure of `panels` panels, two to a row; the panels' axes in reading order."""
     cols = min(2, panels)
@@ -139,4 +171,4 @@ def _save(fig, plt, path: Path) -> Path:
     return path
 
 
-FIGURES = {"depth": depth_figures, "size": size_figures, "table": lambda recipe, records, out: []}
+FIGURES = {"depth": depth_figures, "size": size_figures, "table": table_figures}
