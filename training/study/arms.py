@@ -113,10 +113,10 @@ def read_predictions(results: Path, record: dict) -> dict[str, np.ndarray]:
 
 def versus(recipe, records: list[dict], results: Path, dev_labels: dict[str, np.ndarray], reference: str | None = None,
            reps: int = 2000, seed: int = 0) -> list[dict]:
-    """Every point against the reference (its own "vs" point where it names one), per metric: the paired difference over the seeds both have (mean,
-    t interval, paired t p), the bootstrap over dev examples (each resample scores every run of both on the
-    same examples; the difference of their means over seeds: its 95% interval and p), and Holm's
-    adjustment of each p over the points (one family per metric and test)."""
+    """Every point against the reference (or the point its "vs" names), per metric: the paired difference
+    over the seeds both have (mean, t interval, paired t p), the bootstrap over dev examples (each resample
+    scores every run of both on the same examples; the difference of their means over seeds: its 95%
+    interval and p), and Holm's adjustment of each p over the points (one family per metric and test)."""
     protocol = Protocol(recipe, records)
     reference = reference or recipe.points[0]["label"]
     out = []
