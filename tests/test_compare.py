@@ -5,10 +5,10 @@ import json
 from pathlib import Path
 
 import pytest
-
 from tiny_runs import tiny_run
-from training.checkpointing import read_checkpoint
+
 from training.report import main
+from training.run.checkpointing import read_checkpoint
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -64,6 +64,7 @@ def test_a_torn_metrics_line_is_skipped_with_its_line_named(runs, tmp_path, caps
     """A run killed mid-write (or still writing) leaves a partial last line: the readers of metrics.jsonl
     (--compare, --curves, training.stats, the API) skip it and say which, rather than crash."""
     import shutil
+
     from training.api import load
     from training.stats import main as stats_main
     torn = tmp_path / "torn"

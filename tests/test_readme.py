@@ -7,7 +7,6 @@ import importlib.util
 import io
 import re
 import shlex
-import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -44,7 +43,7 @@ def real_parser(module: str) -> argparse.ArgumentParser:
     """The parser `python -m MODULE` (or run_multitask.py: MODULE None) builds, taken from its main() at the
     moment it would parse: main runs up to there and no further."""
     if module is None:
-        main = importlib.import_module("training.cli").main
+        main = importlib.import_module("training.train").main
     else:
         spec = importlib.util.find_spec(module)
         if spec is None:

@@ -11,7 +11,7 @@ import pytest
 from scipy import special, stats
 
 from training import stats as S
-from training.evaluate import write_predictions
+from training.inference.formats import write_predictions
 
 # ----------------------------------------------------------------------------- over seeds
 
@@ -296,7 +296,7 @@ def test_bad_input_is_one_line_exit_2(recipes, capsys):
 def test_an_ensembles_prediction_set_is_compared_by_its_files(recipes, capsys):
     """A folder of dev prediction files with a manifest (training.ensemble's) stands for a run of no seed:
     paired by order, its metrics the manifest's, checked against its files."""
-    from training.predictions import write_prediction_set
+    from training.inference.predictions import write_prediction_set
     root, groups = recipes
     labels, ids = write_dev(root / "data2")  # the same seeded labels and ids as the fixture's data/
     preds = fake_predictions(labels, 7, 0.1, 0.3)

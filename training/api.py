@@ -29,10 +29,9 @@ import torch
 from data.batching import encode_task
 from data.loaders import Example
 from heads import TASKS, MultitaskBert, predict, probabilities
-
-from . import device as _device
-from .config import TrainConfig
-from .rundir import read_metrics
+from training.common import device as _device
+from training.run.config import TrainConfig
+from training.run.rundir import read_metrics
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +121,7 @@ class Model:
     def outputs(self, task: str, examples: list[Example], batch_size: int | None = None) -> torch.Tensor:
         """The head's outputs for `examples`, in their order, fp32 on the CPU: logits (N, 5) for sst, the
         paraphrase logit (N,), the similarity score (N,); pairs averaged over both orders where set."""
-        from .inference import task_outputs
+        from training.inference.outputs import task_outputs
 
         if task not in self.tasks:
             raise ValueError(f"{self.source}: the model was not trained on {task} (its tasks: {', '.join(self.tasks)})")
@@ -172,7 +171,7 @@ def load(path: str | Path, device: str = "auto", precision: str | None = None, b
         network, tok, cfg, info = _from_checkpoint(path, raw_weights, tokenizer)
     both = cfg.predict_both_orders if both_orders is None else both_orders
     if both and cfg.pair_encoding != "cross":
-        raise LoadError(f"--both-orders is for cross-encoded pairs; this model is {cfg.pair_encoding}")
+        raise LoadError(f"--predict-both-orders is for cross-encoded pairs; this model is {cfg.pair_encoding}")
     try:
         dev = _device.pick_device(device)
     except RuntimeError as e:  # torch's own message for a device name it does not know
@@ -195,9 +194,8 @@ def _best_of_run(run: Path) -> Path:
 
 def _from_checkpoint(path: Path, raw_weights: bool, tokenizer_dir) -> tuple:
     from minbert import Tokenizer
-
-    from .checkpointing import model_from_checkpoint
-    from .inference import run_tokenizer_dir
+    from training.inference.outputs import run_tokenizer_dir
+    from training.run.checkpointing import model_from_checkpoint
 
     try:
         network, cfg, ckpt = model_from_checkpoint(path, raw_weights=raw_weights)

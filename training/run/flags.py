@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import shlex
 
-from .config import TrainConfig, default_of, flag_of, options
+from training.run.config import TrainConfig, default_of, flag_of, locations, options
 
 # Where a run read and wrote, not what it trained: never part of a recipe (data is shown apart).
-LOCATIONS = ("data_dir", "files", "out_dir", "predictions_dir", "export_hf", "resume", "overwrite", "cache_dir")
+LOCATIONS = locations()
 
 
 def defaults(config: dict) -> dict:
