@@ -91,7 +91,8 @@ def test_auto_budget_is_the_cpu_measurement_on_cpu_and_none_elsewhere():
 def test_evaluate_cli_rejects_a_bad_token_budget_in_one_line(value, capsys):
     from training.evaluate import main
     with pytest.raises(SystemExit) as e:
-        main(["--checkpoint", "x.pt", "--score", "sst", "f.csv", "--max-tokens", value])
+        main(["x.pt", "--score", "sst", "f.csv", f"--eval-tokens={value}"])
     assert e.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert "--max-tokens" in err and value in err
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("python -m training.evaluate: error: argument --eval-tokens: ")
+    assert value in err[0] and "unrecognized" not in err[0]

@@ -65,13 +65,13 @@ def one_line_error(err: str, code: int, rc: int) -> str:
 
 DIE_AFTER_FIRST_RECORD = """
 import os, sys
-from training.sweep import cli as sweep_cli, engine, measure as measure_mod, records as sweep_records
+from training.sweep import engine
 from training.study import cli as C
-real = sweep_records.append_result
+real = engine.append_result
 def append_then_die(path, record):  # SIGKILL right after the record is on disk: no `finally` runs
     real(path, record)
     os._exit(9)
-sweep_records.append_result = append_then_die
+engine.append_result = append_then_die
 sys.exit(C.main(sys.argv[1:]))
 """
 
@@ -209,9 +209,9 @@ def test_a_write_that_fails_part_way_is_cut_off_again(tmp_path, monkeypatch):
 
 STUDY_SIGTERM_IN_A_WEAKREF_CALLBACK = """
 import os, signal, sys, weakref
-from training.sweep import cli as sweep_cli, engine, measure as measure_mod, records as sweep_records
+from training.sweep import engine
 from training.study import cli as C
-real = sweep_records.append_result
+real = engine.append_result
 class Thing: pass
 def append_then_signal(path, record):
     real(path, record)
@@ -222,7 +222,7 @@ def append_then_signal(path, record):
     thing = Thing()
     ref = weakref.ref(thing, callback)
     del thing
-sweep_records.append_result = append_then_signal
+engine.append_result = append_then_signal
 sys.exit(C.main(sys.argv[1:]))
 """
 
@@ -239,9 +239,9 @@ def test_a_study_signalled_inside_a_weakref_callback_stops_after_the_run(tmp_pat
 
 STUDY_TWO_SIGNALS_AFTER_THE_FIRST_RUN = """
 import os, signal, sys
-from training.sweep import cli as sweep_cli, engine, measure as measure_mod, records as sweep_records
+from training.sweep import engine
 from training.study import cli as C
-real = sweep_records.append_result
+real = engine.append_result
 def append_then_two_signals(path, record):
     real(path, record)
     os.kill(os.getpid(), signal.SIGINT)  # the first asks to stop after this run
@@ -251,7 +251,7 @@ def append_then_two_signals(path, record):
     for _ in range(1000):
         pass
     raise AssertionError("still running after the second signal")
-sweep_records.append_result = append_then_two_signals
+engine.append_result = append_then_two_signals
 sys.exit(C.main(sys.argv[1:]))
 """
 

@@ -50,7 +50,7 @@ def real_parser(module: str) -> argparse.ArgumentParser:
             raise ModuleNotFoundError(f"no module {module}")
         if spec.submodule_search_locations:  # a package: its __main__ says where main comes from
             source = Path(spec.submodule_search_locations[0], "__main__.py").read_text()
-            main = importlib.import_module("." + re.search(r"from \.(\w+) import main", source)[1], module).main
+            main = importlib.import_module(re.search(r"from ([\w.]+) import main", source)[1]).main
         else:
             main = importlib.import_module(module).main
 

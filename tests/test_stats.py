@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 from scipy import special, stats
 
-from training import stats as S
 from training.inference.formats import write_predictions
+from training.results import statistics as S
+from training.stats import main as stats_main
 
 # ----------------------------------------------------------------------------- over seeds
 
@@ -221,7 +222,7 @@ def recipes(tmp_path):
 
 
 def _run_stats(capsys, *argv):
-    assert S.main([*map(str, argv)]) == 0
+    assert stats_main([*map(str, argv)]) == 0
     return capsys.readouterr().out
 
 
@@ -268,7 +269,7 @@ def test_command_without_data_dir_has_no_bootstrap(recipes, capsys):
 
 def _error(capsys, *argv) -> str:
     with pytest.raises(SystemExit) as e:
-        S.main([*map(str, argv)])
+        stats_main([*map(str, argv)])
     assert e.value.code == 2
     return capsys.readouterr().err.strip().splitlines()[-1]
 

@@ -278,10 +278,14 @@ def test_dev_series_places_mid_epoch_evaluations_and_keeps_the_raw_scores():
                                   "dev_raw_sst_acc": [(1.0, 0.35)]}
 
 
-def test_plot_without_matplotlib_says_how_to_get_it(monkeypatch):
+def test_plot_without_matplotlib_says_how_to_get_it(monkeypatch, tmp_path, capsys):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
-    with pytest.raises(SystemExit, match="pip install matplotlib"):
-        R._pyplot()
+    with pytest.raises(SystemExit) as e:
+        R.main(["--curves", str(tmp_path)])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("python -m training.report: error: --plot and --curves need matplotlib: "
+                                               "pip install matplotlib")
 
 
 # ----------------------------------------------------------------------------- end to end

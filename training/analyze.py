@@ -28,8 +28,8 @@ import numpy as np
 
 from data.loaders import COURSE_FILES, DataError, load_task_file
 from heads import predict, probabilities
-from training.api import SENTIMENTS, LoadError, Model, load
-from training.args import Parser, add_inference_flags, add_model_source
+from training.api import SENTIMENTS, LoadError, Model
+from training.args import Parser, add_inference_flags, add_model_source, load_model
 from training.common.progress import setup_logging
 from training.inference.formats import write_tsv_predictions
 
@@ -268,8 +268,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     source = Path(args.source)
     out = Path(args.out) if args.out else (source if source.is_dir() else source.parent) / "analysis"
     try:
-        model = load(source, device=args.device, precision=args.precision, batch_size=args.batch_size,
-                     both_orders=args.both_orders, raw_weights=args.raw_weights, tokenizer=args.tokenizer)
+        model = load_model(args, source)
         results = analyze(model, dev_files(model, args.data_dir), out)
     except (LoadError, DataError) as e:
         p.fail(str(e))

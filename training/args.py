@@ -174,6 +174,9 @@ def add_inference_flags(p: argparse.ArgumentParser, whose: str = "the training r
     p.add_argument("--eval-batch-size", dest="batch_size", type=positive_int, default=256,
                    help="examples per inference batch (default: %(default)s)")
     p.add_argument("--batch-size", dest="batch_size", type=positive_int, help=argparse.SUPPRESS)
+    p.add_argument("--eval-tokens", type=non_negative_int, default=None, metavar="N",
+                   help="padded tokens (examples x longest) at most per batch, which --eval-batch-size also caps; 0: "
+                        "no budget (default: 1024 on CPU, the fastest measured; none on CUDA)")
     p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N")
     precisions = TrainConfig.__dataclass_fields__["precision"].metadata["choices"]
     p.add_argument("--precision", choices=precisions, default=None,
@@ -182,6 +185,23 @@ def add_inference_flags(p: argparse.ArgumentParser, whose: str = "the training r
                    help=f"cross encoding: predict each paraphrase/similarity pair as (a, b) and (b, a) and average "
                         f"(default: {whose} --predict-both-orders)")
     p.add_argument("--both-orders", dest="both_orders", action=argparse.BooleanOptionalAction, help=argparse.SUPPRESS)
+
+
+def load_model(args: argparse.Namespace, source=None):
+    """The model named by add_model_source's and add_inference_flags' arguments (training.api.load;
+    LoadError when it cannot be read)."""
+    from training.api import load
+
+    return load(source or args.source, device=args.device, precision=args.precision, batch_size=args.batch_size,
+                eval_tokens=args.eval_tokens, both_orders=args.both_orders, raw_weights=args.raw_weights,
+                tokenizer=args.tokenizer)
+
+
+def non_negative_int(s: str) -> int:
+    value = int(s)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, not {value}")
+    return value
 
 
 def positive_int(s: str) -> int:

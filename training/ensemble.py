@@ -106,7 +106,7 @@ def _line(source: str, metrics: dict[str, float]) -> str:
 
 def ensemble(members: Sequence[str | Path], data_dir: str | Path, predictions_dir: str | Path = "predictions",
              overwrite: bool = False, device: str = "auto", precision: str | None = None, batch_size: int = 256,
-             both_orders: bool | None = None) -> dict:
+             both_orders: bool | None = None, eval_tokens: int | None = None) -> dict:
     """Score every member and the ensemble; write the ensemble's prediction files. Returns the metrics.
     precision and both_orders override each member's own (both_orders applies to cross-encoded members)."""
     from training.api import load
@@ -116,7 +116,7 @@ def ensemble(members: Sequence[str | Path], data_dir: str | Path, predictions_di
     check_ensemble_folder(out, ckpts, overwrite)
     tasks, examples, total, scores = None, None, {}, []
     for ckpt in ckpts:  # one member in memory at a time
-        model = load(ckpt, device=device, precision=precision, batch_size=batch_size)
+        model = load(ckpt, device=device, precision=precision, batch_size=batch_size, eval_tokens=eval_tokens)
         if both_orders is not None and model.config.pair_encoding == "cross":
             model.both_orders = both_orders
         if tasks is None:
@@ -172,7 +172,7 @@ def main(argv=None, prog: str = PROG) -> int:
         p.fail(f"--data-dir {args.data_dir}: no such directory")
     try:
         result = ensemble(args.members, args.data_dir, args.predictions_dir, args.overwrite, args.device,
-                          args.precision, args.batch_size, args.both_orders)
+                          args.precision, args.batch_size, args.both_orders, args.eval_tokens)
     except (EnsembleError, LoadError, DataError) as e:
         p.fail(str(e))
     if args.json:

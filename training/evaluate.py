@@ -28,7 +28,7 @@ from pathlib import Path
 from data.batching import encode_task
 from data.loaders import COURSE_FILES, TASKS, DataError, load_task_file
 from heads import predict, probabilities
-from training.args import Parser, add_inference_flags, add_reading_flags
+from training.args import Parser, add_inference_flags, add_reading_flags, load_model
 from training.common.progress import setup_logging
 from training.inference.formats import read_text_examples, write_predictions, write_tsv_predictions
 from training.inference.metrics import METRIC, score
@@ -81,11 +81,10 @@ def main(argv=None, prog: str = PROG) -> int:
     if args.probabilities and not (args.predict or args.predict_text):
         p.error("--probabilities applies to --predict and --predict-text")
 
-    from training.api import LoadError, load
+    from training.api import LoadError
 
     try:
-        model = load(args.source, device=args.device, precision=args.precision, batch_size=args.batch_size,
-                     both_orders=args.both_orders, raw_weights=args.raw_weights, tokenizer=args.tokenizer)
+        model = load_model(args)
     except LoadError as e:
         p.fail(str(e))
     try:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 
 from data.loaders import TASKS, DataError
-from training.args import Parser, add_inference_flags, add_model_source
+from training.args import Parser, add_inference_flags, add_model_source, load_model
 from training.common.progress import setup_logging
 from training.evaluate import predict_file
 
@@ -32,11 +32,10 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     args = p.parse_args(argv)
     setup_logging()
 
-    from training.api import LoadError, load
+    from training.api import LoadError
 
     try:
-        model = load(args.source, device=args.device, precision=args.precision, batch_size=args.batch_size,
-                     both_orders=args.both_orders, raw_weights=args.raw_weights, tokenizer=args.tokenizer)
+        model = load_model(args)
         n = predict_file(model, args.task, args.file, args.out, args.text, args.probabilities)
     except (LoadError, DataError, ValueError) as e:
         p.fail(str(e))

@@ -15,7 +15,7 @@ from training.api import HEADS_FILE, HEADS_WEIGHTS, SENTIMENTS, Model, load
 from training.inference.metrics import METRIC
 from training.methods.peft import share, trainable_counts
 from training.run.config import freeze_depth
-from training.run.flags import changed_options, recipe_command
+from training.run.flags import changed_options, command_line
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +139,7 @@ def model_card(model: Model, meta: dict, name: str) -> str:
              + ". Dev metrics are on the course's dev files.", "",
              "## Recipe", "",
              "The options set away from their defaults" + (" (none: the defaults)" if not changed else "")
-             + ", as the command that trains the same recipe:", "", "```bash", recipe_command(cfg), "```", ""]
+             + ", as the command that trains the same recipe:", "", "```bash", command_line(cfg), "```", ""]
     lines += _trained_lines(cfg, meta.get("trained_parameters"))
     lines += ["## Dev metrics", ""]
     if model.metrics:

@@ -34,7 +34,8 @@ class StatsError(ValueError):
 
 
 @dataclass
-class Run:
+class FinishedRun:
+    """A finished run (or a prediction set) as the statistics see it: its dev metrics and seed."""
     path: Path
     seed: int | None
     dev: dict[str, float]  # the best evaluation's dev metrics, without the "dev_" prefix
@@ -49,7 +50,7 @@ def best_record(records: list[dict]) -> dict:
     return kept
 
 
-def read_run(path: str | Path) -> Run:
+def read_run(path: str | Path) -> FinishedRun:
     path = Path(path)
     src = path / "metrics.jsonl"
     if not src.is_file() and (path / MANIFEST).is_file():
@@ -68,19 +69,19 @@ def read_run(path: str | Path) -> Run:
         except ValueError as e:
             raise StatsError(f"{path / 'config.json'}: not JSON ({e})") from e
     dev = {k[len("dev_"):]: float(v) for k, v in best.items() if k.startswith("dev_") and not k.startswith("dev_raw_")}
-    return Run(path, config.get("seed"), dev, config)
+    return FinishedRun(path, config.get("seed"), dev, config)
 
 
-def read_prediction_set(path: Path) -> Run:
+def read_prediction_set(path: Path) -> FinishedRun:
     """A folder of dev prediction files with their manifest (an ensemble's, from training.ensemble) as a
     run of no seed: its dev metrics are the manifest's, its predictions the folder's files."""
     manifest = read_manifest(path)
     if not isinstance(manifest, dict) or not isinstance(manifest.get("dev_metrics"), dict):
         raise StatsError(f"{path / MANIFEST}: no dev_metrics (not a prediction set's manifest?)")
-    return Run(path, None, {k: float(v) for k, v in manifest["dev_metrics"].items()}, {"predictions_dir": str(path)})
+    return FinishedRun(path, None, {k: float(v) for k, v in manifest["dev_metrics"].items()}, {"predictions_dir": str(path)})
 
 
-def pair_runs(a: list[Run], b: list[Run], by_order: bool = False) -> list[tuple[Run, Run]]:
+def pair_runs(a: list[FinishedRun], b: list[FinishedRun], by_order: bool = False) -> list[tuple[FinishedRun, FinishedRun]]:
     """Runs of the two groups with the same seed, in A's order (by_order: as given)."""
     if by_order:
         if len(a) != len(b):
@@ -180,7 +181,7 @@ def interval(diffs: np.ndarray, level: float = CI_LEVEL) -> tuple[float, float]:
     return float(lo), float(hi)
 
 
-def dev_predictions(run: Run, task: str, ids: list[str]) -> np.ndarray:
+def dev_predictions(run: FinishedRun, task: str, ids: list[str]) -> np.ndarray:
     """The run's dev predictions in the order of `ids`, from RUN/predictions or its --predictions-dir."""
     name = f"{task}-dev-output.csv"
     places = [run.path / "predictions" / name]
@@ -199,7 +200,7 @@ def dev_predictions(run: Run, task: str, ids: list[str]) -> np.ndarray:
     return np.array([by_id[i] for i in ids])
 
 
-def check_predictions(run: Run, task: str, preds: np.ndarray, labels: np.ndarray, path_hint: str) -> None:
+def check_predictions(run: FinishedRun, task: str, preds: np.ndarray, labels: np.ndarray, path_hint: str) -> None:
     """The files must score what the run recorded for best.pt: a run's --predictions-dir may be shared."""
     recorded = run.dev.get(METRIC[task])
     got = score(task, preds, labels)
@@ -209,7 +210,7 @@ def check_predictions(run: Run, task: str, preds: np.ndarray, labels: np.ndarray
                          f"{recorded}: prediction files of another run?")
 
 
-def bootstrap(pairs: list[tuple[Run, Run]], data_dir: Path, tasks: list[str], reps: int, seed: int) -> dict:
+def bootstrap(pairs: list[tuple[FinishedRun, FinishedRun]], data_dir: Path, tasks: list[str], reps: int, seed: int) -> dict:
     """{metric: (reps,) differences B - A} for every task's metric and overall."""
     diffs = {}
     for k, task in enumerate(tasks):
@@ -240,7 +241,7 @@ def verdict(row: dict, alpha: float) -> str:
     return "no claim"
 
 
-def compare(a: list[Run], b: list[Run], data_dir: str | Path | None = None, reps: int = 10_000, seed: int = 0,
+def compare(a: list[FinishedRun], b: list[FinishedRun], data_dir: str | Path | None = None, reps: int = 10_000, seed: int = 0,
             alpha: float = 0.05, by_order: bool = False) -> list[dict]:
     """One row per dev metric the runs share: the groups' mean +- sd, the paired tests, the bootstrap."""
     pairs = pair_runs(a, b, by_order)
