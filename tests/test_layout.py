@@ -166,3 +166,25 @@ def test_python_m_runs_each_command(module):
     target = module.removesuffix(".cli").removesuffix(".__main__")
     p = run("-m", target, "--help")
     assert p.returncode == 0 and p.stdout.startswith("usage: "), (target, p.stderr[-300:])
+
+
+def test_predict_and_compare_through_minbert(tmp_path):
+    """The two commands that are new with `minbert` on a real tiny run: `predict` writes the course-format
+    predictions the Python API gives for the same file (an independent path: training.api, not the
+    command), and `compare` prints the run's row."""
+    import tiny_runs
+    from data.loaders import COURSE_FILES, load_task_file
+    from training.api import load
+
+    cfg, _ = tiny_runs.tiny_run(tmp_path)
+    dev = Path(cfg.data_dir) / COURSE_FILES["sst"]["dev"]
+    out = tmp_path / "sst-out.csv"
+    p = run("-m", "training", "predict", cfg.out_dir, "sst", str(dev), str(out), "--device", "cpu")
+    assert p.returncode == 0, p.stderr
+    rows = [line.split(" , ") for line in out.read_text().splitlines()[1:]]
+    examples = load_task_file(dev, "sst", labelled=True).examples
+    expected = load(cfg.out_dir, device="cpu").sentiment([e.text_a for e in examples]).labels
+    assert [r[0] for r in rows] == [e.id for e in examples]
+    assert [int(float(r[1])) for r in rows] == list(expected)
+    p = run("-m", "training", "compare", cfg.out_dir)
+    assert p.returncode == 0 and Path(cfg.out_dir).name in p.stdout, p.stderr
