@@ -6,7 +6,7 @@
 """
 import sys
 
-from training.cli import main
+from training.train import main
 
 if __name__ == "__main__":
     sys.exit(main())

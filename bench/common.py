@@ -12,7 +12,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # run from anywhere without installing
 
-from training.device import cpu_model  # noqa: E402,F401  (the scripts import it from here)
+from training.common.device import cpu_model  # noqa: E402,F401  (the scripts import it from here)
 
 
 def data_parser(doc: str, data_help: str = "folder with the course CSV files") -> argparse.ArgumentParser:

@@ -24,8 +24,8 @@ import statistics
 import time
 
 import torch
-
 from common import cpu_model, paired_ratios, step_bench_parser  # noqa: E402  (repo on sys.path)
+
 from minbert import load_bert, resolve_checkpoint  # noqa: E402
 from minbert.model import Dropout  # noqa: E402
 

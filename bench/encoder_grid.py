@@ -36,9 +36,9 @@ import tempfile
 
 import torch
 import torch.nn.functional as F
-
 from common import add_clock_arg, cpu_model, paired_ratios, pick_clock  # noqa: E402  (puts the repository on sys.path)
 from encoder_vs_hf import add_model_flags, checkpoint_dir, make_optimizer  # noqa: E402
+
 from minbert import load_bert  # noqa: E402
 
 

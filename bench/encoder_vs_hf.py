@@ -28,6 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere without installing
 from common import cpu_model, paired_ratios  # noqa: E402
+
 from minbert import Bert, BertConfig, load_bert, resolve_checkpoint, save_hf  # noqa: E402
 
 

@@ -18,14 +18,13 @@ import time
 
 import numpy as np
 import torch
+from common import add_clock_arg, cpu_model, paired_ratios, pick_clock, step_bench_parser  # noqa: E402  (puts the repo on sys.path)
 
-from common import (add_clock_arg, cpu_model, paired_ratios, pick_clock,  # noqa: E402  (puts the repo on sys.path)
-                    step_bench_parser)
 from data.batching import CPU_EVAL_TOKENS, _sorted_spans, encode_task  # noqa: E402
 from data.loaders import COURSE_FILES, load_task_file  # noqa: E402
-from training.config import TrainConfig  # noqa: E402
-from training.evaluate import evaluate  # noqa: E402
-from training.trainer import build_model, seed_everything  # noqa: E402
+from training.inference.metrics import evaluate  # noqa: E402
+from training.run.config import TrainConfig  # noqa: E402
+from training.run.trainer import build_model, seed_everything  # noqa: E402
 
 
 def parse_args(argv=None):

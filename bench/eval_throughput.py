@@ -24,13 +24,13 @@ import statistics
 import time
 
 import torch
-
 from common import data_parser  # noqa: E402  (puts the repository on sys.path)
+
 from data.batching import encode_task  # noqa: E402
 from data.loaders import load_task_file  # noqa: E402
 from heads import MultitaskBert  # noqa: E402
 from minbert import Tokenizer, load_bert, resolve_checkpoint  # noqa: E402
-from training.evaluate import raw_outputs  # noqa: E402
+from training.inference.outputs import raw_outputs  # noqa: E402
 
 
 def parse_args(argv=None):

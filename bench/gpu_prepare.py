@@ -29,12 +29,12 @@ import sys
 from pathlib import Path
 
 import torch
-
 from common import REPO  # noqa: E402  (puts the repository on sys.path)
+
 from data.loaders import COURSE_FILES, TASKS  # noqa: E402
 from minbert import Bert, Tokenizer, load_bert, resolve_checkpoint  # noqa: E402
 from minbert.checkpoint import ALIASES, copy_tokenizer_files  # noqa: E402
-from training.predictions import sha256_of  # noqa: E402
+from training.inference.predictions import sha256_of  # noqa: E402
 
 log = logging.getLogger("gpu_prepare")
 

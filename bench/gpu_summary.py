@@ -108,7 +108,7 @@ def training_windows(train_log: str, train_seconds: dict[int, float]) -> list[tu
     would take in one evaluation)."""
     windows = []
     for line in train_log.splitlines():
-        m = re.match(r"^(\S+ \S+) \S+ training\.trainer: epoch (\d+): \d+ steps", line)
+        m = re.match(r"^(\S+ \S+) \S+ training\.(?:run\.)?trainer: epoch (\d+): \d+ steps", line)
         if m and (t := _stamp(m.group(1))) is not None and int(m.group(2)) in train_seconds:
             windows.append((t, t + datetime.timedelta(seconds=train_seconds[int(m.group(2))])))
     return windows

@@ -10,7 +10,7 @@ length-bucketed). Arms, each on the same --max-train-examples subset of the cour
     pcgrad      --pcgrad (mixed batches + gradient surgery; --variant dominant for the other one)
 
 A round trains one epoch of each arm from a freshly built model (built untimed; the order reversed
-every other round) with `training.trainer.Run.train_epoch`, leaving out the dev evaluation and the
+every other round) with `training.run.trainer.Run.train_epoch`, leaving out the dev evaluation and the
 checkpoint at its end. Reported per arm: steps, padding efficiency, median seconds per epoch, and
 its ratio to the default arm (median of the per-round ratios, with the IQR). Targets (issue 24):
 pcgrad <= 1.3x default, padding efficiency >= 0.9.
@@ -26,10 +26,10 @@ import tempfile
 import types
 
 import torch
-
 from common import add_clock_arg, cpu_model, paired_ratios, pick_clock, step_bench_parser  # noqa: E402
-from training.config import TrainConfig  # noqa: E402
-from training.trainer import Run  # noqa: E402
+
+from training.run.config import TrainConfig  # noqa: E402
+from training.run.trainer import Run  # noqa: E402
 
 ARMS = {"default": {"task_sampling": "mtdnn"}, "mixed": {"task_sampling": "mixed"}, "pcgrad": {"pcgrad": True}}
 

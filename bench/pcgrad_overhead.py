@@ -1,6 +1,6 @@
 """Cost of PCGrad: one mixed training step with gradient surgery against the same step without.
 
-Both arms run `training.stepper.Stepper.step` on the same model, optimiser and mixed batch (the
+Both arms run `training.methods.stepper.Stepper.step` on the same model, optimiser and mixed batch (the
 first step of the epoch-0 mixed schedule of the course training data that holds all three tasks).
 The plain mixed step also takes one backward per task group (that is how the loop works), so the
 ratio isolates what PCGrad adds: per-task copies of the shared gradients into a (T, P) buffer,
@@ -17,15 +17,15 @@ import statistics
 import time
 
 import torch
-
 from common import step_bench_parser  # noqa: E402  (puts the repository on sys.path)
+
 from data.batching import encode_task, make_batch  # noqa: E402
 from data.loaders import load_task_file  # noqa: E402
 from data.sampler import mixed_schedule  # noqa: E402
-from training.config import TrainConfig  # noqa: E402
-from training.pcgrad import surgery  # noqa: E402
-from training.build import build_model  # noqa: E402
-from training.stepper import Stepper  # noqa: E402
+from training.methods.pcgrad import surgery  # noqa: E402
+from training.methods.stepper import Stepper  # noqa: E402
+from training.run.build import build_model  # noqa: E402
+from training.run.config import TrainConfig  # noqa: E402
 
 
 def parse_args(argv=None):

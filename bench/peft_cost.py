@@ -29,17 +29,16 @@ import statistics
 from pathlib import Path
 
 import torch
-
-from common import (add_clock_arg, cpu_model, paired_ratios, pick_clock,  # noqa: E402  (puts the repo on sys.path)
-                    step_bench_parser)
+from common import add_clock_arg, cpu_model, paired_ratios, pick_clock, step_bench_parser  # noqa: E402  (puts the repo on sys.path)
 from smart_cost import task_batches  # noqa: E402
+
 from data.batching import make_batch  # noqa: E402
-from training.build import build_model  # noqa: E402
-from training.config import TrainConfig  # noqa: E402
-from training.device import autocast_dtype  # noqa: E402
-from training.frozen_cache import build_frozen_cache  # noqa: E402
-from training.peft import trainable_counts  # noqa: E402
-from training.stepper import Stepper  # noqa: E402
+from training.common.device import autocast_dtype  # noqa: E402
+from training.methods.frozen_cache import build_frozen_cache  # noqa: E402
+from training.methods.peft import trainable_counts  # noqa: E402
+from training.methods.stepper import Stepper  # noqa: E402
+from training.run.build import build_model  # noqa: E402
+from training.run.config import TrainConfig  # noqa: E402
 
 
 def parse_args(argv=None):

@@ -2,7 +2,7 @@
 
 One MT-DNN batch per task (sst, para, sts; the first bucketed batch of each in the epoch-0
 schedule of the course training data, as in bench/smart_cost.py) is stepped through
-`training.stepper.Stepper.step` (forward, loss, backward, clipping, fused AdamW). Arms, each
+`training.methods.stepper.Stepper.step` (forward, loss, backward, clipping, fused AdamW). Arms, each
 with its own copy of the model:
 
     fp32            --precision fp32 (the CPU default)
@@ -31,17 +31,16 @@ import statistics
 import time
 
 import torch
-
 from common import step_bench_parser  # noqa: E402  (puts the repository on sys.path)
 from smart_cost import task_batches  # noqa: E402
 
 from data.batching import make_batch  # noqa: E402
 from minbert import Tokenizer, resolve_checkpoint  # noqa: E402
-from training.compiling import compile_layers  # noqa: E402
-from training.config import TrainConfig  # noqa: E402
-from training.build import build_model  # noqa: E402
-from training.device import DTYPES, pick_device, resolve_precision  # noqa: E402
-from training.stepper import Stepper  # noqa: E402
+from training.common.device import DTYPES, pick_device, resolve_precision  # noqa: E402
+from training.methods.compiling import compile_layers  # noqa: E402
+from training.methods.stepper import Stepper  # noqa: E402
+from training.run.build import build_model  # noqa: E402
+from training.run.config import TrainConfig  # noqa: E402
 
 
 def parse_args(argv=None):

@@ -19,10 +19,10 @@ import tempfile
 from pathlib import Path
 
 import torch
-
 from common import add_clock_arg, cpu_model, data_parser, paired_ratios, pick_clock  # noqa: E402  (repo on sys.path)
-from training.config import TrainConfig  # noqa: E402
-from training.trainer import train  # noqa: E402
+
+from training.run.config import TrainConfig  # noqa: E402
+from training.run.trainer import train  # noqa: E402
 
 ARMS = {"full fine-tuning": {}, "fixed: 2 layers frozen": {"freeze_upto": 2},
         "LP-FT: heads 1 epoch, then all": {"unfreeze_schedule": "lp-ft:1epoch,probe-lr=1e-3"},

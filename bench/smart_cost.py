@@ -1,7 +1,7 @@
 """Cost of SMART: a training step with --smart against the same step without, in one run.
 
 One MT-DNN batch per task (sst, para, sts; the first bucketed batch of each in the epoch-0
-schedule of the course training data) is stepped through `training.stepper.Stepper.step`; a
+schedule of the course training data) is stepped through `training.methods.stepper.Stepper.step`; a
 "round" is one step on each of the three batches. Arms, all on the same batches:
 
     plain                       no SMART
@@ -30,16 +30,15 @@ from __future__ import annotations
 import statistics
 
 import torch
+from common import add_clock_arg, cpu_model, paired_ratios, pick_clock, step_bench_parser  # noqa: E402  (puts the repo on sys.path)
 
-from common import (add_clock_arg, cpu_model, paired_ratios, pick_clock,  # noqa: E402  (puts the repo on sys.path)
-                    step_bench_parser)
 from data.batching import TaskData, encode_task, make_batch  # noqa: E402
 from data.loaders import load_task_file  # noqa: E402
-from training.config import TrainConfig  # noqa: E402
-from training.build import build_model, schedule_for_epoch  # noqa: E402
-from training.device import autocast_dtype  # noqa: E402
-from training.frozen_cache import build_frozen_cache  # noqa: E402
-from training.stepper import Stepper  # noqa: E402
+from training.common.device import autocast_dtype  # noqa: E402
+from training.methods.frozen_cache import build_frozen_cache  # noqa: E402
+from training.methods.stepper import Stepper  # noqa: E402
+from training.run.build import build_model, schedule_for_epoch  # noqa: E402
+from training.run.config import TrainConfig  # noqa: E402
 
 
 def parse_args(argv=None):

@@ -22,10 +22,13 @@ import tempfile
 from pathlib import Path
 
 from common import cpu_model, data_parser  # noqa: E402  (puts the repository on sys.path)
-from training.config import TrainConfig  # noqa: E402
+
+from training.run.config import TrainConfig  # noqa: E402
 from training.study.protocol import Protocol  # noqa: E402
 from training.study.recipe import load_recipe  # noqa: E402
-from training.sweep import RESULTS, measure_isolated, model_layers, read_results  # noqa: E402
+from training.sweep.engine import model_layers  # noqa: E402
+from training.sweep.measure import measure_isolated
+from training.sweep.records import RESULTS, read_results
 
 NOCACHE = " (cache off)"
 

@@ -10,9 +10,9 @@ import argparse
 
 import torch
 import torch.nn.functional as F
+from common import REPO  # noqa: E402  (puts the repository on sys.path)
 from scipy.stats import pearsonr
 
-from common import REPO  # noqa: E402  (puts the repository on sys.path)
 from data.batching import encode_task, eval_batches  # noqa: E402
 from data.loaders import load_task_file  # noqa: E402
 from heads import MultitaskBert  # noqa: E402

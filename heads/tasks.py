@@ -146,7 +146,7 @@ class MultitaskBert(nn.Module):
                                     "sts": SimilarityHead(H, dropout, siamese, eye)})
         self.frozen_upto: int | None = None  # see freeze()
         self.frozen_dropout = False  # keep dropout in the frozen modules (a confound arm of the freezing study)
-        self.peft = "none"  # none, bitfit or lora: what of the encoder may train (training/peft.py sets it)
+        self.peft = "none"  # none, bitfit or lora: what of the encoder may train (training/methods/peft.py sets it)
         self.freeze(None)
 
     # ------------------------------------------------------------------ freezing

@@ -8,11 +8,10 @@ import numpy as np
 import pytest
 from scipy.stats import pearsonr, spearmanr
 from sklearn.metrics import accuracy_score, confusion_matrix, precision_recall_fscore_support
-
 from tiny_runs import tiny_run
+
 from training.analyze import FIGURES, main
-from training.evaluate import read_predictions
-from training.textio import read_tsv_predictions
+from training.inference.formats import read_predictions, read_tsv_predictions
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -11,15 +11,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from tiny_runs import tiny_run
 
 from data.loaders import COURSE_FILES, TASKS, Example, load_task_file
 from minbert import Tokenizer
-from tiny_runs import tiny_run
 from training import evaluate as evaluate_mod
 from training.api import LoadError, load
-from training.checkpointing import model_from_checkpoint
-from training.evaluate import read_predictions
-from training.textio import read_tsv_predictions
+from training.inference.formats import read_predictions, read_tsv_predictions
+from training.run.checkpointing import model_from_checkpoint
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

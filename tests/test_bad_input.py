@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from test_cli import VOCAB, tiny_checkpoint, write_course_files
-from training.cli import main
+
+from training.train import main
 
 REPO = Path(__file__).resolve().parents[1]
 PROG = "run_multitask.py: error: "
@@ -216,7 +216,7 @@ def read_only(p: Path):
 
 
 def test_too_little_disk_for_one_checkpoint_is_refused_with_the_estimate(earlier, tmp_path, capsys, monkeypatch):
-    import training.preflight as preflight
+    import training.run.preflight as preflight
 
     case = Case(tmp_path, earlier)
     usage = shutil.disk_usage(tmp_path)
@@ -237,8 +237,8 @@ def test_too_little_disk_for_one_checkpoint_is_refused_with_the_estimate(earlier
 def test_a_model_too_big_for_the_gpu_names_the_gpu(earlier, tmp_path, monkeypatch):
     """On CUDA the training memory is held against the GPU's (faked here: 1 MiB)."""
     from minbert import CheckpointError
-    from training.config import TrainConfig
-    from training.preflight import check_model
+    from training.run.config import TrainConfig
+    from training.run.preflight import check_model
 
     class Props:
         total_memory = 2**20
@@ -257,7 +257,7 @@ def test_a_model_too_big_for_the_gpu_names_the_gpu(earlier, tmp_path, monkeypatc
 def test_overwrite_keeps_the_earlier_run_until_a_step_has_trained(earlier, tmp_path, capsys, monkeypatch):
     """Every step non-finite: the run stops (exit 1) before any step trained or anything was recorded (no
     checkpoint is due: --save-every 0; 2 bad steps of the epoch's 3), and the earlier run is intact."""
-    import training.stepper as T
+    import training.methods.stepper as T
 
     case = Case(tmp_path, earlier)
     before = fingerprint(tmp_path)
@@ -276,7 +276,7 @@ def _full_disk(monkeypatch):
     """Every checkpoint write goes to /dev/full: a real ENOSPC from the kernel, through torch's writer."""
     import tempfile
 
-    import training.checkpointing as C
+    import training.run.checkpointing as C
 
     def on_full_disk(dir, prefix, suffix):
         fd, path = tempfile.mkstemp(dir=dir, prefix=prefix, suffix=suffix)
@@ -289,8 +289,8 @@ def _full_disk(monkeypatch):
 
 
 def test_a_full_disk_is_one_line_naming_the_file_and_keeps_what_was_there(tmp_path, monkeypatch):
-    from training.checkpointing import atomic_save, read_checkpoint
-    from training.errors import WriteError
+    from training.common.errors import WriteError
+    from training.run.checkpointing import atomic_save, read_checkpoint
 
     path = tmp_path / "ckpt.pt"
     atomic_save({"w": torch.ones(3)}, path)
@@ -306,7 +306,7 @@ def test_a_full_disk_is_one_line_naming_the_file_and_keeps_what_was_there(tmp_pa
 def test_torchs_full_disk_error_becomes_one_line():
     """torch.save's writer reports ENOSPC as "[enforce fail at inline_container.cc:...] . unexpected pos",
     the OSError chained behind it (in atomic_save the file's close then raises the OSError itself)."""
-    from training.errors import write_error
+    from training.common.errors import write_error
 
     f = open("/dev/full", "wb")
     try:
@@ -332,8 +332,8 @@ def test_a_full_disk_during_a_run_is_exit_1_and_one_line(earlier, tmp_path, caps
 def test_a_full_disk_under_the_metrics_and_the_log(tmp_path, capsys):
     import logging
 
-    from training.errors import WriteError
-    from training.rundir import MetricsLog, _OneLineFileHandler
+    from training.common.errors import WriteError
+    from training.run.rundir import MetricsLog, _OneLineFileHandler
 
     metrics = MetricsLog(Path("/dev/full"))
     with pytest.raises(WriteError, match=r"^/dev/full: No space left on device"):
@@ -382,7 +382,7 @@ def test_hub_warnings_are_logged_once(tmp_path):
 
 def test_ids_the_prediction_files_cannot_carry_are_bad_rows(tmp_path, caplog):
     from data.loaders import load_task_file
-    from training.evaluate import read_predictions, write_predictions
+    from training.inference.formats import read_predictions, write_predictions
 
     path = tmp_path / "sst.csv"
     path.write_text('\tid\tsentence\tsentiment\n0\ta\tthe cat\t1\n1\t"b , c"\tthe mat\t2\n2\t"d\ne"\tsat\t3\n'
@@ -405,7 +405,7 @@ def test_ids_the_prediction_files_cannot_carry_are_bad_rows(tmp_path, caplog):
 def test_a_full_disk_while_writing_predictions_is_one_line(earlier, tmp_path, capsys, monkeypatch):
     import builtins
 
-    import training.textio as E  # where the course's prediction files are written
+    import training.inference.formats as E  # where the course's prediction files are written
 
     case = Case(tmp_path, earlier)
     monkeypatch.setattr(E, "open", lambda path, mode: builtins.open("/dev/full", mode), raising=False)
@@ -420,8 +420,8 @@ def test_a_full_disk_while_writing_predictions_is_one_line(earlier, tmp_path, ca
 def test_a_full_disk_while_writing_predictions_names_the_file_and_keeps_the_earlier_set(tmp_path, monkeypatch):
     import numpy as np
 
-    import training.predictions as P
-    from training.errors import WriteError
+    import training.inference.predictions as P
+    from training.common.errors import WriteError
 
     folder = tmp_path / "predictions"
     P.write_prediction_set(folder, {("sst", "dev"): (["a", "b"], np.array([1, 2]))}, {"run": "earlier"})

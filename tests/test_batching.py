@@ -2,7 +2,8 @@
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from data.batching import _sorted_spans, encode_task, eval_batches
 from data.loaders import COURSE_FILES, load_task_file
@@ -63,7 +64,8 @@ def test_token_budget_batches_are_smaller_for_long_examples_and_cover_every_exam
 def test_outputs_per_example_do_not_depend_on_the_batching(dev_subset):
     """Each example's output under the token budget equals its output computed alone (batch of one,
     no padding: the reference), to float noise; the metrics equal the fixed-count batching's to 1e-6."""
-    from training.evaluate import evaluate, raw_outputs
+    from training.inference.metrics import evaluate
+    from training.inference.outputs import raw_outputs
     model, tok, dev = dev_subset
     cpu = torch.device("cpu")
     for task, data in dev.items():
@@ -89,7 +91,8 @@ def test_auto_budget_is_the_cpu_measurement_on_cpu_and_none_elsewhere():
 def test_evaluate_cli_rejects_a_bad_token_budget_in_one_line(value, capsys):
     from training.evaluate import main
     with pytest.raises(SystemExit) as e:
-        main(["--checkpoint", "x.pt", "--score", "sst", "f.csv", "--max-tokens", value])
+        main(["x.pt", "--score", "sst", "f.csv", f"--eval-tokens={value}"])
     assert e.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert "--max-tokens" in err and value in err
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("python -m training.evaluate: error: argument --eval-tokens: ")
+    assert value in err[0] and "unrecognized" not in err[0]

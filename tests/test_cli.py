@@ -10,8 +10,9 @@ import torch
 
 from data.loaders import COURSE_FILES, TASKS
 from minbert import Bert, BertConfig, save_hf
-from training.cli import build_parser, config_from_args, main, validate
-from training.config import TrainConfig
+from training.args import config_from_args
+from training.run.config import TrainConfig
+from training.train import build_parser, main, validate
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat", "on", "mat", "##s"]
@@ -144,7 +145,7 @@ def test_siamese_init_needs_siamese_encoding(args, capsys):
 
 def test_pair_swap_doubles_the_pair_tasks_training_sets_only(tmp_path):
     from minbert import Tokenizer
-    from training.build import load_data
+    from training.run.build import load_data
 
     data, ckpt = write_course_files(tmp_path / "data"), tiny_checkpoint(tmp_path / "ckpt")
     tok = Tokenizer.from_checkpoint(ckpt)
@@ -165,7 +166,7 @@ def test_pair_swap_doubles_the_pair_tasks_training_sets_only(tmp_path):
 
 def test_predict_both_orders_encodes_the_swapped_dev_and_test_pairs_only(tmp_path):
     from minbert import Tokenizer
-    from training.build import load_data
+    from training.run.build import load_data
 
     data, ckpt = write_course_files(tmp_path / "data"), tiny_checkpoint(tmp_path / "ckpt")
     for task in TASKS:  # the test files: the dev files without their labels will do

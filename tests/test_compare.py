@@ -5,10 +5,11 @@ import json
 from pathlib import Path
 
 import pytest
-
 from tiny_runs import tiny_run
-from training.checkpointing import read_checkpoint
+
+from training.compare import main as compare_main
 from training.report import main
+from training.run.checkpointing import read_checkpoint
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -53,7 +54,13 @@ def test_identical_runs_differ_in_nothing(runs, capsys):
 def test_a_folder_that_is_not_a_run_is_named(runs, tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["--compare", str(runs[0]), str(tmp_path)])
-    assert str(e.value) == f"training.report: {tmp_path / 'config.json'}: no such file (is {tmp_path} a run directory?)"
+    assert e.value.code == 2
+    assert capsys.readouterr().err == (f"python -m training.report: error: {tmp_path / 'config.json'}: no such file "
+                                       f"(is {tmp_path} a run directory?)\n")
+    with pytest.raises(SystemExit) as e:  # the compare command: the same line under its own name
+        compare_main([str(runs[0]), str(tmp_path)], prog="minbert compare")
+    assert e.value.code == 2
+    assert capsys.readouterr().err.startswith(f"minbert compare: error: {tmp_path / 'config.json'}: no such file")
     with pytest.raises(SystemExit) as e:
         main(["--compare", str(runs[0]), "--curves", str(runs[0])])
     assert e.value.code == 2
@@ -64,6 +71,7 @@ def test_a_torn_metrics_line_is_skipped_with_its_line_named(runs, tmp_path, caps
     """A run killed mid-write (or still writing) leaves a partial last line: the readers of metrics.jsonl
     (--compare, --curves, training.stats, the API) skip it and say which, rather than crash."""
     import shutil
+
     from training.api import load
     from training.stats import main as stats_main
     torn = tmp_path / "torn"

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from minbert import Bert, BertConfig
-from training.compiling import compile_layers
+from training.methods.compiling import compile_layers
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -45,7 +45,7 @@ def test_fallback_runs_eagerly_and_warns_once(caplog):
     eager = tiny_bert()
     compiled = copy.deepcopy(eager)
     compile_layers(compiled, backend=failing_backend)
-    with caplog.at_level(logging.WARNING, logger="training.compiling"):
+    with caplog.at_level(logging.WARNING, logger="training.methods.compiling"):
         for T, seed in ((7, 0), (11, 1)):
             ids, mask = batch(3, T, seed)
             le, ge = loss_and_grads(eager, ids, mask)
@@ -75,7 +75,7 @@ def test_inductor_matches_eager_over_lengths(caplog):
     eager = tiny_bert()
     compiled = copy.deepcopy(eager)
     compile_layers(compiled)
-    with caplog.at_level(logging.WARNING, logger="training.compiling"):
+    with caplog.at_level(logging.WARNING, logger="training.methods.compiling"):
         for B, T, seed in ((3, 7, 0), (5, 12, 1)):
             ids, mask = batch(B, T, seed)
             le, ge = loss_and_grads(eager, ids, mask)
@@ -97,7 +97,7 @@ def test_cli_flag_compiles_and_a_failure_keeps_training(tmp_path, monkeypatch, c
     once, finishes, and gives the same metrics and predictions as a run without --compile."""
     from test_training import make_checkpoint, write_data
 
-    from training.cli import main as cli_main
+    from training.train import main as cli_main
 
     real_compile = torch.compile
     calls = []
@@ -111,7 +111,7 @@ def test_cli_flag_compiles_and_a_failure_keeps_training(tmp_path, monkeypatch, c
     runs = {}
     for flag in ([], ["--compile"]):
         root = tmp_path / ("compiled" if flag else "eager")
-        with caplog.at_level(logging.WARNING, logger="training.compiling"):
+        with caplog.at_level(logging.WARNING, logger="training.methods.compiling"):
             rc = cli_main(["--model", str(ckpt), "--data-dir", str(data), "--epochs", "3", "--batch-size", "8",
                            "--lr", "1e-2", "--seed", "3", "--device", "cpu", "--precision", "fp32",
                            "--out-dir", str(root / "run"), "--predictions-dir", str(root / "pred"), *flag])

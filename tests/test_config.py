@@ -1,6 +1,5 @@
 """TrainConfig is the one source of every option: the command line, the sweep's flags, validation,
-resume and `--config FILE` all come from its fields; and the training package has no import circle."""
-import ast
+resume and `--config FILE` all come from its fields (the import graph's rules: tests/test_layout.py)."""
 import json
 from dataclasses import fields
 from pathlib import Path
@@ -8,10 +7,12 @@ from pathlib import Path
 import pytest
 
 from data.loaders import TASKS
-from training import sweep
-from training.cli import build_parser, config_from_args, main, parse
-from training.config import TrainConfig, default_of, flag_of, resume_may_differ, validate
-from training.errors import ConfigError
+from training.args import config_from_args
+from training.common.errors import ConfigError
+from training.run.config import TrainConfig, default_of, flag_of, resume_may_differ, validate
+from training.sweep import cli as sweep_cli
+from training.sweep import records as sweep_records
+from training.train import build_parser, main, parse
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -48,8 +49,8 @@ def test_the_parser_has_no_flag_without_a_field():
 
 
 def test_the_sweep_flags_come_from_the_same_fields():
-    run_flags, sweep_flags = _flags(build_parser()), _flags(sweep.build_parser())
-    for name in sweep.SWEEP_OPTIONS + ("data_dir", "model"):
+    run_flags, sweep_flags = _flags(build_parser()), _flags(sweep_cli.build_parser())
+    for name in sweep_records.SWEEP_OPTIONS + ("data_dir", "model"):
         a, b = run_flags[flag_of(name)], sweep_flags[flag_of(name)]
         assert (a.default, a.choices, a.type) == (b.default, b.choices, b.type), name
         assert a.help in b.help
@@ -69,7 +70,7 @@ def test_pcgrad_implies_mixed_sampling_in_python_too():
 
 
 def test_train_from_python_validates_before_any_work(tmp_path):
-    from training.trainer import train
+    from training.run.trainer import train
 
     cfg = TrainConfig(data_dir=str(tmp_path / "none"), epochs=0, lr=float("nan"), out_dir=str(tmp_path / "run"))
     with pytest.raises(ConfigError) as e:
@@ -153,43 +154,3 @@ def test_a_config_file_value_of_the_wrong_type_is_refused(tmp_path, capsys):
         main(["--config", str(path)])
     assert e.value.code == 2
     assert capsys.readouterr().err == f"run_multitask.py: error: --config {path}: --epochs must be an int, not 'three'\n"
-
-
-# ----------------------------------------------------------------------------- the import graph
-
-def _imports(path: Path, package: str) -> set[str]:
-    """The training modules a module imports (relative or absolute, at the top or in a function), named
-    relative to training/ ("config", "study.recipe"); `package` is the module's own ("" or "study")."""
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom):
-            base = {1: package, 2: ""}.get(node.level)
-            if node.level == 0 and node.module and node.module.startswith("training."):
-                base, module = "", node.module[len("training."):]
-            elif base is None:
-                continue
-            else:
-                module = node.module
-            prefix = f"{base}." if base else ""
-            found |= {prefix + module} if module else {prefix + a.name for a in node.names}
-        elif isinstance(node, ast.Import):
-            found |= {a.name[len("training."):] for a in node.names if a.name.startswith("training.")}
-    return found
-
-
-def test_the_training_package_has_no_import_circle():
-    modules = {}
-    for p in (REPO / "training").rglob("*.py"):
-        package = ".".join(p.relative_to(REPO / "training").parts[:-1])
-        if p.stem not in ("__init__", "__main__"):
-            modules[f"{package}.{p.stem}" if package else p.stem] = _imports(p, package)
-    assert "study.recipe" in modules and "search.engine" in modules
-
-    def reaches(start: str, seen: tuple) -> None:
-        for m in sorted(modules.get(start, ())):
-            assert m not in seen, f"import circle: {' -> '.join(seen + (m,))}"
-            reaches(m, seen + (m,))
-
-    for name in modules:
-        reaches(name, (name,))
-    assert modules["errors"] == set() and modules["device"] == set()  # the bottom layer

@@ -14,17 +14,16 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from test_ema import check_recursion
+from test_frozen_cache import _model as frozen_model
+from test_frozen_cache import setup as frozen_setup  # noqa: F401 (a fixture)
 from test_parity import IMPLS, PAIRS, SENTS, _compare, _dropout_free_pair, minilm_dir  # noqa: F401 (a fixture)
 from test_pcgrad_loop import _setup as pcgrad_setup
 from test_pcgrad_loop import check_surgery
 from test_resume import CHILD, _args, _epoch_records, files  # noqa: F401 (a fixture)
 from test_smart_loop import BIG_BALL, check_step_objective
 from test_smart_loop import _setup as smart_setup
-from test_training import EPOCHS, N, SEED, check_learnt, config, inputs, metrics_records  # noqa: F401 (a fixture)
-from test_frozen_cache import _model as frozen_model
-from test_frozen_cache import setup as frozen_setup  # noqa: F401 (a fixture)
+from test_training import EPOCHS, SEED, N, check_learnt, config, inputs, metrics_records  # noqa: F401 (a fixture)
 
 pytestmark = [
     pytest.mark.cuda,
@@ -123,7 +122,7 @@ def test_frozen_cache_holds_what_the_frozen_layers_compute(frozen_setup):
     otherwise. Same device, same fp32 arithmetic: only the padding length differs, which changes the
     matmul shapes and so cuBLAS's summation order, a few ulps of values of order 1 (atol 1e-5)."""
     from data.batching import make_batch
-    from training.frozen_cache import build_frozen_cache
+    from training.methods.frozen_cache import build_frozen_cache
     ckpt, tok, train = frozen_setup
     model = frozen_model(ckpt, 2).to(CUDA).eval()
     cache = build_frozen_cache(model, train, tok, CUDA, "memory", dtype="float32")
@@ -144,7 +143,7 @@ def test_training_with_the_cache_follows_the_run_without_it(tmp_path, inputs):
     (the CPU test's tolerance for the same storage)."""
     runs = {}
     for mode in ("off", "memory"):
-        from training.trainer import train
+        from training.run.trainer import train
         cfg = config(tmp_path / mode, *inputs, epochs=3, freeze_upto=1, frozen_cache=mode, device="cuda",
                      precision="fp32")
         runs[mode] = (train(cfg), [r for r in metrics_records(Path(cfg.out_dir)) if "train_seconds" in r])
@@ -174,7 +173,7 @@ def test_weight_ema_recursion():
 # ----------------------------------------------------------------------------- exact resume
 
 DETERMINISTIC = "import torch\ntorch.use_deterministic_algorithms(True)\n"
-PLAIN_CLI = "import sys\nfrom training.cli import main\nsys.exit(main(sys.argv[1:]))\n"
+PLAIN_CLI = "import sys\nfrom training.train import main\nsys.exit(main(sys.argv[1:]))\n"
 
 
 def _deterministic_env() -> dict:
@@ -194,7 +193,7 @@ def test_sigterm_then_resume_equals_an_uninterrupted_run(files, tmp_path, k, ext
     """test_resume's check on the GPU: with torch.use_deterministic_algorithms and a fixed cuBLAS
     workspace, a run stopped by SIGTERM after step k and resumed ends bit for bit where an
     uninterrupted run does (dropout on: the CUDA random state must come back too)."""
-    from training.checkpointing import read_checkpoint
+    from training.run.checkpointing import read_checkpoint
     ckpt, data = files
     straight, out = tmp_path / "straight", tmp_path / "interrupted"
     r = _child(PLAIN_CLI, *_args(ckpt, data, straight, "--device", "cuda", *extra))
@@ -229,7 +228,7 @@ def test_cli_trains_on_cuda_end_to_end(tmp_path, inputs, capsys, caplog, precisi
     computes it natively, else fp16, for --precision auto), writes the prediction files, and its best.pt
     evaluated again on the CPU scores what the run recorded (same weights, other kernels: 1e-3)."""
     from training import evaluate as evaluate_mod
-    from training.cli import main as cli_main
+    from training.train import main as cli_main
     caplog.set_level(logging.INFO)  # what train.log receives (pytest's own handler leaves the root at WARNING)
     assert cli_main(_cli_args(inputs, tmp_path, "--precision", precision, "--ema-decay", "0.5")) == 0
     cfg = config(tmp_path, *inputs, device="cuda", precision=precision)
@@ -250,7 +249,7 @@ def test_cli_trains_on_cuda_end_to_end(tmp_path, inputs, capsys, caplog, precisi
 
 def test_cli_smart_and_pcgrad_on_cuda(tmp_path, inputs):
     """SMART (both terms) with PCGrad's mixed batches on the GPU: runs through, and logs finite terms."""
-    from training.cli import main as cli_main
+    from training.train import main as cli_main
     assert cli_main(_cli_args(inputs, tmp_path, "--epochs", "2", "--log-every", "1", "--pcgrad", "--smart")) == 0
     steps = [r for r in metrics_records(tmp_path / "run") if "pcgrad_conflict" in r]
     assert steps

@@ -1,4 +1,4 @@
-"""Data-parallel training (training/distributed.py): two gloo ranks on CPU, launched by torchrun, train
+"""Data-parallel training (training/methods/distributed.py): two gloo ranks on CPU, launched by torchrun, train
 the tiny model of test_training and must end where one process ends on the same global batches.
 
 The rank runs all happen in one torchrun launch (a module fixture); the tests compare its outputs.
@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_training import make_checkpoint, write_data
 
 from data.sampler import epoch_schedule, mixed_schedule
-from test_training import make_checkpoint, write_data
-from training.checkpointing import read_checkpoint
-from training.config import TrainConfig
-from training.distributed import local_step
-from training.trainer import train
+from training.methods.distributed import local_step
+from training.run.checkpointing import read_checkpoint
+from training.run.config import TrainConfig
+from training.run.trainer import train
 
 REPO = Path(__file__).resolve().parents[1]
 RESUME_AT = 3  # mid-epoch 0 of the mtdnn runs (6 steps an epoch)
@@ -52,8 +52,8 @@ from pathlib import Path
 torch.set_num_threads(1)
 sys.path[:0] = [{repo!r}, {tests!r}]
 from test_distributed import SCENARIOS, RESUME_AT, base, fp16_ranks, smart_teachers
-from training.distributed import init_distributed
-from training.trainer import train
+from training.methods.distributed import init_distributed
+from training.run.trainer import train
 root = Path(sys.argv[1])
 ckpt = lambda run: str(root / run / "checkpoints" / f"step-{{RESUME_AT:07d}}.pt")
 with init_distributed("cpu") as d:
@@ -72,9 +72,9 @@ def smart_teachers(root: Path) -> None:
     """On each rank: 4 SMART steps (dropout on, so the ranks' students see different noise) through
     Stepper; rank 0 saves every rank's teacher and student for the test to compare."""
     from data.batching import make_batch
-    from training.distributed import init_distributed
-    from training.build import build_model, load_data, schedule_for_epoch
-    from training.stepper import Stepper
+    from training.methods.distributed import init_distributed
+    from training.methods.stepper import Stepper
+    from training.run.build import build_model, load_data, schedule_for_epoch
     cfg = base(root, "unused", smart=True, head_dropout=0.2)
     with init_distributed(cfg.device) as d:
         model, tok, _ = build_model(cfg)
@@ -95,9 +95,9 @@ def fp16_ranks(root: Path) -> None:
     different noise) from the default loss scale, 2^16, at which this model's first steps overflow; rank 0
     saves every rank's model, loss scale and count of skipped steps for the test to compare."""
     from data.batching import make_batch
-    from training.distributed import init_distributed
-    from training.build import build_model, load_data, schedule_for_epoch
-    from training.stepper import Stepper
+    from training.methods.distributed import init_distributed
+    from training.methods.stepper import Stepper
+    from training.run.build import build_model, load_data, schedule_for_epoch
     cfg = base(root, "unused", precision="fp16", head_dropout=0.2, pcgrad=True, task_sampling="mixed")
     with init_distributed(cfg.device) as d:
         model, tok, _ = build_model(cfg)

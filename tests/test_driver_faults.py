@@ -7,19 +7,21 @@ them. Subprocess tests run a driver with one function wrapped (PROBE scripts), o
 data of tests/tiny_runs.py."""
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-
 import tiny_runs
 from test_bad_input import read_only
-from training import sweep as S
+
 from training.study import cli as C
 from training.study.recipe import load_recipe
+from training.sweep import cli as sweep_cli
+from training.sweep import engine
+from training.sweep import measure as measure_mod
+from training.sweep import records as sweep_records
 
 ROOT = Path(__file__).parents[1]
 TRAIN = {"epochs": 1, "batch_size": 4, "lr": 1e-3, "device": "cpu", "precision": "fp32"}
@@ -43,13 +45,13 @@ def run_probe(script: str, argv: list[str], timeout: int = 300) -> subprocess.Co
 
 
 def counting_measure(monkeypatch) -> list[str]:
-    """S.measure wrapped to note the runs it trains."""
-    trained, real = [], S.measure
+    """measure_mod.measure wrapped to note the runs it trains."""
+    trained, real = [], measure_mod.measure
 
     def measure(cfg, threads=None):
         trained.append(Path(cfg.out_dir).name)
         return real(cfg, threads)
-    monkeypatch.setattr(S, "measure", measure)
+    monkeypatch.setattr(engine, "measure", measure)
     return trained
 
 
@@ -63,13 +65,13 @@ def one_line_error(err: str, code: int, rc: int) -> str:
 
 DIE_AFTER_FIRST_RECORD = """
 import os, sys
-from training import sweep as S
+from training.sweep import engine
 from training.study import cli as C
-real = S.append_result
+real = engine.append_result
 def append_then_die(path, record):  # SIGKILL right after the record is on disk: no `finally` runs
     real(path, record)
     os._exit(9)
-S.append_result = append_then_die
+engine.append_result = append_then_die
 sys.exit(C.main(sys.argv[1:]))
 """
 
@@ -89,8 +91,8 @@ def test_a_worker_killed_after_recording_a_run_leaves_nothing_once_another_start
     for d in (tmp_path / "runs").glob("sst-*"):
         assert not (d / "best.pt").exists() and not (d / "checkpoints").exists(), d
         assert (d / "metrics.jsonl").is_file()  # the logs and metrics stay
-    records = S.read_results(tmp_path / "results" / S.RESULTS)
-    assert sorted(S.RunKey.of(r).name for r in records) == sorted([first, *trained])
+    records = sweep_records.read_results(tmp_path / "results" / sweep_records.RESULTS)
+    assert sorted(sweep_records.RunKey.of(r).name for r in records) == sorted([first, *trained])
 
 
 def test_keep_checkpoints_keeps_them_after_a_kill_too(tmp_path):
@@ -105,11 +107,11 @@ def test_a_run_another_worker_recorded_meanwhile_is_not_claimed(tmp_path):
     runs, out = tmp_path / "runs", tmp_path / "out"
     runs.mkdir()
     out.mkdir()
-    a, b = S.RunKey("sst", None, 6, 1), S.RunKey("sst", None, 6, 2)
+    a, b = sweep_records.RunKey("sst", None, 6, 1), sweep_records.RunKey("sst", None, 6, 2)
     # read before another worker finished a, claimed after it released a's lock
-    S.append_result(out / S.RESULTS, {**a.to_dict(), "dev": {}})
+    sweep_records.append_result(out / sweep_records.RESULTS, {**a.to_dict(), "dev": {}})
     busy = set()
-    assert S.claim_next(runs, [a, b], busy, out / S.RESULTS) == b
+    assert engine.claim_next(runs, [a, b], busy, out / sweep_records.RESULTS) == b
     assert not (runs / f".{a.name}.lock").exists() and (runs / f".{b.name}.lock").is_file()
 
 
@@ -154,14 +156,14 @@ def test_a_read_only_folder_is_one_line_before_training(tmp_path, capsys, monkey
         rc = C.main(argv)
     err = one_line_error(capsys.readouterr().err, 2, rc)
     assert f"{names} {tmp_path / folder}: not writable" in err
-    assert trained == [] and not (tmp_path / "results" / S.RESULTS).exists()
+    assert trained == [] and not (tmp_path / "results" / sweep_records.RESULTS).exists()
 
 
 def test_a_read_only_sweep_out_is_one_line_before_training(tmp_path, capsys):
     data, enc = tiny_runs.inputs(tmp_path)
     (tmp_path / "out").mkdir()
     with read_only(tmp_path / "out"):
-        rc = S.main(["--tasks", "sst", "--depths", "none", "--sizes", "6", "--seeds", "1", "--data-dir", str(data),
+        rc = sweep_cli.main(["--tasks", "sst", "--depths", "none", "--sizes", "6", "--seeds", "1", "--data-dir", str(data),
                      "--model", str(enc), "--out", str(tmp_path / "out"), "--runs-dir", str(tmp_path / "runs"),
                      "--epochs", "1", "--in-process"])
     err = one_line_error(capsys.readouterr().err, 2, rc)
@@ -172,26 +174,26 @@ def test_a_full_disk_at_the_record_keeps_the_run_and_the_next_start_records_it_u
                                                                                         monkeypatch):
     argv = recipe_argv(tmp_path, seeds=(1,))
     (tmp_path / "results").mkdir()
-    (tmp_path / "results" / S.RESULTS).symlink_to("/dev/full")  # every write: ENOSPC, a real one
+    (tmp_path / "results" / sweep_records.RESULTS).symlink_to("/dev/full")  # every write: ENOSPC, a real one
     assert C.main(argv) == 1
     err = capsys.readouterr().err
     line = err.strip().splitlines()[-1]
     assert "Traceback" not in err and line.startswith("training.sweep: error: ")
     run = next((tmp_path / "runs").glob("sst-*"))
-    assert "No space left on device" in line and str(run / S.KEPT) in line and "without training" in line
-    kept = json.loads((run / S.KEPT).read_text())["record"]
+    assert "No space left on device" in line and str(run / engine.KEPT) in line and "without training" in line
+    kept = json.loads((run / engine.KEPT).read_text())["record"]
     assert (run / "best.pt").is_file() and kept["run_dir"] == str(run)
-    (tmp_path / "results" / S.RESULTS).unlink()  # room again
+    (tmp_path / "results" / sweep_records.RESULTS).unlink()  # room again
     trained = counting_measure(monkeypatch)
     assert C.main(argv) == 0
     assert trained == []
-    assert S.read_results(tmp_path / "results" / S.RESULTS) == [kept]
-    assert not (run / S.KEPT).exists() and not (run / "best.pt").exists()
+    assert sweep_records.read_results(tmp_path / "results" / sweep_records.RESULTS) == [kept]
+    assert not (run / engine.KEPT).exists() and not (run / "best.pt").exists()
 
 
 def test_a_write_that_fails_part_way_is_cut_off_again(tmp_path, monkeypatch):
-    path = tmp_path / S.RESULTS
-    S.append_result(path, {"a": 1})
+    path = tmp_path / sweep_records.RESULTS
+    sweep_records.append_result(path, {"a": 1})
     real = os.write
 
     def half_then_full(fd, data):  # the disk fills in the middle of the line
@@ -199,7 +201,7 @@ def test_a_write_that_fails_part_way_is_cut_off_again(tmp_path, monkeypatch):
         raise OSError(28, "No space left on device")
     monkeypatch.setattr(os, "write", half_then_full)
     with pytest.raises(OSError):
-        S.append_result(path, {"b": 2})
+        sweep_records.append_result(path, {"b": 2})
     assert path.read_text() == '{"a": 1}\n'
 
 
@@ -207,9 +209,9 @@ def test_a_write_that_fails_part_way_is_cut_off_again(tmp_path, monkeypatch):
 
 STUDY_SIGTERM_IN_A_WEAKREF_CALLBACK = """
 import os, signal, sys, weakref
-from training import sweep as S
+from training.sweep import engine
 from training.study import cli as C
-real = S.append_result
+real = engine.append_result
 class Thing: pass
 def append_then_signal(path, record):
     real(path, record)
@@ -220,7 +222,7 @@ def append_then_signal(path, record):
     thing = Thing()
     ref = weakref.ref(thing, callback)
     del thing
-S.append_result = append_then_signal
+engine.append_result = append_then_signal
 sys.exit(C.main(sys.argv[1:]))
 """
 
@@ -231,15 +233,15 @@ def test_a_study_signalled_inside_a_weakref_callback_stops_after_the_run(tmp_pat
     assert p.returncode == 128 + signal.SIGTERM, p.stderr
     assert "Traceback" not in p.stderr and "Exception ignored" not in p.stderr
     assert any(x.startswith("training.sweep: stopped by SIGTERM (1 run(s) finished") for x in p.stderr.splitlines())
-    assert len(S.read_results(tmp_path / "results" / S.RESULTS)) == 1
+    assert len(sweep_records.read_results(tmp_path / "results" / sweep_records.RESULTS)) == 1
     assert not list((tmp_path / "runs").glob(".*.lock"))
 
 
 STUDY_TWO_SIGNALS_AFTER_THE_FIRST_RUN = """
 import os, signal, sys
-from training import sweep as S
+from training.sweep import engine
 from training.study import cli as C
-real = S.append_result
+real = engine.append_result
 def append_then_two_signals(path, record):
     real(path, record)
     os.kill(os.getpid(), signal.SIGINT)  # the first asks to stop after this run
@@ -249,7 +251,7 @@ def append_then_two_signals(path, record):
     for _ in range(1000):
         pass
     raise AssertionError("still running after the second signal")
-S.append_result = append_then_two_signals
+engine.append_result = append_then_two_signals
 sys.exit(C.main(sys.argv[1:]))
 """
 
@@ -261,7 +263,7 @@ def test_a_second_signal_stops_the_worker_at_once_and_releases_its_claim(tmp_pat
     assert "Traceback" not in p.stderr and "still running" not in p.stderr
     assert "SIGINT received: stopping after the current run" in p.stderr
     assert "stopped by" not in p.stderr  # not after the run: at once, before its clean-up
-    assert len(S.read_results(tmp_path / "results" / S.RESULTS)) == 1
+    assert len(sweep_records.read_results(tmp_path / "results" / sweep_records.RESULTS)) == 1
     assert not list((tmp_path / "runs").glob(".*.lock"))  # its `finally` ran, and cleaned the recorded run
     assert not list((tmp_path / "runs").glob("sst-*/best.pt")) and not list((tmp_path / "runs").glob("sst-*/checkpoints"))
 
@@ -285,7 +287,7 @@ def test_a_signal_to_a_worker_stops_its_training_process_and_the_worker(tmp_path
     assert p.returncode == 128 + signal.SIGTERM, p.stderr
     assert "Traceback" not in p.stderr
     assert any(x.startswith("training.sweep: stopped by SIGTERM (0 run(s) finished") for x in p.stderr.splitlines())
-    assert not (tmp_path / "results" / S.RESULTS).exists() or not S.read_results(tmp_path / "results" / S.RESULTS)
+    assert not (tmp_path / "results" / sweep_records.RESULTS).exists() or not sweep_records.read_results(tmp_path / "results" / sweep_records.RESULTS)
     assert not list((tmp_path / "runs").glob(".*.lock"))
 
 

@@ -5,13 +5,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_training import EPOCHS, config, make_checkpoint, write_data
 from torch import nn
 
-from test_training import EPOCHS, config, make_checkpoint, write_data
-from training.checkpointing import read_checkpoint
-from training.cli import build_parser, config_from_args, validate
-from training.ema import WeightEMA
-from training.trainer import train
+from training.args import config_from_args
+from training.methods.ema import WeightEMA
+from training.run.checkpointing import read_checkpoint
+from training.run.trainer import train
+from training.train import build_parser, validate
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -10,18 +10,17 @@ import numpy as np
 import pytest
 import torch
 from scipy import special
+from tiny_runs import make_encoder
 
 from data.batching import encode_task, make_batch
 from data.loaders import COURSE_FILES, load_task_file
 from minbert import Tokenizer
 from training import ensemble as ensemble_mod
 from training import evaluate as evaluate_mod
-from training.checkpointing import model_from_checkpoint, save_checkpoint
-from training.config import TrainConfig
-from training.evaluate import read_predictions
-from training.trainer import train
-
-from tiny_runs import make_encoder
+from training.inference.formats import read_predictions
+from training.run.checkpointing import model_from_checkpoint, save_checkpoint
+from training.run.config import TrainConfig
+from training.run.trainer import train
 
 WORDS = "apple river stone cloud lamp tiger honey piano garden silver rocket paper window forest candle".split()
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]

@@ -8,13 +8,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from tiny_runs import tiny_run
 
 from data.loaders import COURSE_FILES, load_task_file
 from minbert import Bert, BertConfig, Tokenizer
-from tiny_runs import tiny_run
 from training.api import load
-from training.checkpointing import read_checkpoint
 from training.export import main as export_main
+from training.run.checkpointing import read_checkpoint
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

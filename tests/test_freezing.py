@@ -7,9 +7,9 @@ import torch
 from data.batching import Batch
 from heads import MultitaskBert
 from minbert import Bert, BertConfig, save_hf
-from training.cli import main as cli_main
-from training.config import TrainConfig
-from training.stepper import Stepper, build_optimizer, linear_warmup_decay
+from training.methods.stepper import Stepper, build_optimizer, linear_warmup_decay
+from training.run.config import TrainConfig
+from training.train import main as cli_main
 
 L = 2
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat", "on", "mat", "##s"]
@@ -242,7 +242,8 @@ def test_layer_lr_decay_gives_each_depth_its_rate(upto):
 
 
 def test_layer_lr_decay_rejects_values_outside_0_1():
-    from training.cli import build_parser, config_from_args, validate
+    from training.args import config_from_args
+    from training.train import build_parser, validate
     for bad in ("0", "1.5", "-0.9"):
         cfg = config_from_args(build_parser().parse_args(["--layer-lr-decay", bad]))
         assert any("--layer-lr-decay must be in (0, 1]" in e for e in validate(cfg)), bad

@@ -7,9 +7,9 @@ from data.batching import encode_task, make_batch
 from data.loaders import Example
 from heads import MultitaskBert
 from minbert import Bert, BertConfig, Tokenizer, save_hf
-from training.config import TrainConfig
-from training.frozen_cache import build_frozen_cache, cache_key, estimate_bytes
-from training.stepper import Stepper
+from training.methods.frozen_cache import build_frozen_cache, cache_key, estimate_bytes
+from training.methods.stepper import Stepper
+from training.run.config import TrainConfig
 
 WORDS = ["the", "cat", "sat", "on", "mat", "dog", "ran", "far", "away", "home", "big", "red"]
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS
@@ -77,7 +77,7 @@ def test_cached_training_matches_uncached(setup):
 def test_bregman_only_smart_keeps_the_cache_and_its_trajectory(setup):
     """--smart --smart-lambda 0 perturbs nothing, so the frozen prefix needs no graph: the cache stays on
     (full SMART perturbing the embeddings turns it off) and trains as the uncached run does."""
-    from training.build import maybe_frozen_cache
+    from training.methods.cache_keeper import maybe_frozen_cache
     ckpt, tok, train = setup
     bregman = dict(smart=True, smart_lambda=0.0)
     assert maybe_frozen_cache(TrainConfig(freeze_upto=2, **bregman), _model(ckpt, 2), train, tok,
@@ -124,7 +124,7 @@ def test_disk_cache_round_trips_and_is_reused(setup, tmp_path, caplog):
 
 
 def test_two_runs_building_the_same_disk_entry_at_once(setup, tmp_path, monkeypatch):
-    import training.frozen_cache as fc
+    import training.methods.frozen_cache as fc
     ckpt, tok, train = setup
     fill, cpu = fc._fill, torch.device("cpu")
 
@@ -200,7 +200,7 @@ def test_needs_a_frozen_layer(setup):
 
 @pytest.mark.parametrize("mode, upto, says", [("disk", 0, True), ("memory", None, True), ("auto", 0, False)])
 def test_an_explicit_cache_mode_without_frozen_layers_is_not_ignored_silently(setup, caplog, mode, upto, says):
-    from training.build import maybe_frozen_cache
+    from training.methods.cache_keeper import maybe_frozen_cache
     ckpt, tok, train = setup
     cfg = TrainConfig(frozen_cache=mode, freeze_upto=upto)
     with caplog.at_level("WARNING"):

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from test_parity import PAIRS, SENTS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -90,9 +89,8 @@ def test_outputs_match_the_original_to_fp16_precision(prepared):
     fp16 keeps 11 significant bits (each weight moves by at most 2^-11 ~ 4.9e-4 of itself); through
     six layers that measured 7e-4 of the largest hidden value, and the bounds (the script's) allow
     2e-3 of it and 1e-3 on the pooled output, which lies in [-1, 1]."""
-    from transformers import BertModel
-
     from safetensors import safe_open
+    from transformers import BertModel
 
     from minbert import load_bert, load_tokenizer, resolve_checkpoint
     original = resolve_checkpoint("minilm-l6")

@@ -60,10 +60,10 @@ def results(tmp_path):
     records[2]["dev_overall"] = 0.6  # the best is epoch 1's
     (res / "train" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     (res / "train" / "train.log").write_text(
-        "2026-12-01 10:00:00,000 INFO training.trainer: epoch 0: 900 steps, padding efficiency 0.96\n"
+        "2026-12-01 10:00:00,000 INFO training.run.trainer: epoch 0: 900 steps, padding efficiency 0.96\n"
         "2026-12-01 10:00:05,500 INFO progress: epoch 0 450/900\n"
-        "2026-12-01 10:00:11,000 INFO training.trainer: epoch 0: dev, raw weights sst_acc 0.4\n"
-        "2026-12-01 10:00:12,000 INFO training.trainer: epoch 0: dev, weight EMA sst_acc 0.5\n")
+        "2026-12-01 10:00:11,000 INFO training.run.trainer: epoch 0: dev, raw weights sst_acc 0.4\n"
+        "2026-12-01 10:00:12,000 INFO training.run.trainer: epoch 0: dev, weight EMA sst_acc 0.5\n")
     # epoch 0 trained for 10 s from 10:00:00: two samples inside (90, 80), three outside (0 before,
     # 20 and 10 while the dev sets were evaluated, the first of them before the first dev line)
     (res / "train-gpu-util.csv").write_text("2026/12/01 09:59:58.000, 0, 500\n2026/12/01 10:00:02.000, 90, 900\n"

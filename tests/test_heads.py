@@ -305,6 +305,7 @@ def test_heads_run_in_fp32_under_autocast(tmp_path, pooling, encoding, dtype):
     computation of the heads on the same (autocast) pooled vectors: no half-precision rounding of logits
     or scores."""
     import tiny_runs
+
     from data.batching import encode_task, make_batch
     from data.loaders import load_task_file
     from minbert import Tokenizer, load_bert
@@ -331,7 +332,8 @@ def test_bf16_similarity_predictions_are_not_rounded_to_bf16_steps(tmp_path):
     """A tiny run under bf16 autocast writes as many distinct STS predictions as an fp32 run does (a bf16
     score in [4, 5] has 32 possible values)."""
     import tiny_runs
-    from training.textio import read_predictions
+
+    from training.inference.formats import read_predictions
 
     counts = {}
     for precision in ("fp32", "bf16"):

@@ -14,8 +14,7 @@ from pathlib import Path
 import pytest
 
 from data import download
-from data.loaders import (COURSE_FILES, TASKS, BadRow, DataError, Example,
-                          load_task_file, load_task_split)
+from data.loaders import COURSE_FILES, TASKS, BadRow, DataError, Example, load_task_file, load_task_split
 
 SPLITS = ("train", "dev", "test")
 ALL_FILES = [(t, s) for t in TASKS for s in SPLITS]

@@ -2,7 +2,7 @@
 
 The gradients the optimizer sees are captured at `optimizer.step` (max_grad_norm=0: no
 clipping) and compared with surgery recomputed here, from per-task gradients taken with
-torch.autograd.grad and a projection written independently of training.pcgrad. All dropout is
+torch.autograd.grad and a projection written independently of training.methods.pcgrad. All dropout is
 off (model config, head_dropout=0), so every forward is deterministic.
 """
 import pytest
@@ -11,9 +11,9 @@ import torch
 from data.batching import encode_task
 from data.loaders import Example
 from heads import task_loss
-from training.config import TrainConfig
-from training.build import build_model, schedule_for_epoch
-from training.stepper import Stepper
+from training.methods.stepper import Stepper
+from training.run.build import build_model, schedule_for_epoch
+from training.run.config import TrainConfig
 
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat", "on", "mat", "##s"]
 WORDS = ["the", "cat", "sat", "on", "mat", "cats", "mats"]
@@ -228,7 +228,7 @@ def test_the_trainers_mixed_steps_are_length_bucketed(course_data_dir):
     step, and little padding (0.53 of the tokens were real before the steps were bucketed)."""
     from data.sampler import padding_efficiency
     from minbert import Tokenizer, resolve_checkpoint
-    from training.build import load_data
+    from training.run.build import load_data
 
     cfg = TrainConfig(data_dir=str(course_data_dir), pcgrad=True, max_train_examples=2000, seed=3)
     assert cfg.task_sampling == "mixed"

@@ -1,27 +1,25 @@
-"""--peft (training/peft.py, minbert/lora.py): LoRA against its formula and against the `peft` library on
+"""--peft (training/methods/peft.py, minbert/lora.py): LoRA against its formula and against the `peft` library on
 transformers' BERT, step 0 equal to the pretrained model, merged equal to unmerged, only the LoRA factors
 (or the biases), the pooler and the heads trained and in the optimiser, the pretrained weights untouched
 bit for bit, the merged export read by transformers, the frozen-prefix cache, the one-line refusals, and
 the records (train.log, metrics.jsonl, the sweep, a study with PEFT arms)."""
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+import tiny_runs
 import torch
 
-import tiny_runs
 from minbert import Bert, BertConfig, Tokenizer, load_bert
 from minbert.lora import TARGETS, LoRALinear, add_lora, lora_modules
-from training.build import build_model
-from training.checkpointing import read_checkpoint
-from training.cli import main as cli_main
-from training.config import TrainConfig, validate
-from training.peft import parse_peft
-from training.trainer import Run
+from training.methods.peft import parse_peft
+from training.run.build import build_model
+from training.run.checkpointing import read_checkpoint
+from training.run.config import TrainConfig, validate
+from training.run.trainer import Run
+from training.train import main as cli_main
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 REPO = Path(__file__).resolve().parents[1]
@@ -141,7 +139,7 @@ def test_a_bad_peft_is_one_line_naming_the_flag_before_any_work(tmp_path, capsys
 
 
 def test_the_spec_parses_its_settings_and_refuses_a_schedule():
-    from training import peft
+    from training.methods import peft
     assert peft.TARGETS == TARGETS  # the flag's names are the LoRA module's
     spec = parse_peft("lora:r=4,alpha=16,dropout=0.1,targets=v+q")
     assert (spec.kind, spec.r, spec.alpha, spec.dropout, spec.targets) == ("lora", 4, 16.0, 0.1, ("q", "v"))
@@ -182,7 +180,7 @@ def test_only_peft_parameters_and_heads_train_and_the_pretrained_weights_stay(tm
     in_optimiser = {id(p) for g in stepper.optimizer.param_groups for p in g["params"]}
     assert in_optimiser == {id(p) for n, p in model.named_parameters() if n in names}
     from data.batching import make_batch
-    from training.build import updates_for_epoch
+    from training.run.build import updates_for_epoch
     for step, update in enumerate(updates_for_epoch(cfg, run.data.train, 0)):
         batches = [make_batch(run.data.train[tb.task], tb.indices, run.tokenizer) for tbs in update for tb in tbs]
         assert stepper.step(batches, step) is not None
@@ -201,7 +199,7 @@ def test_only_peft_parameters_and_heads_train_and_the_pretrained_weights_stay(tm
 def test_lora_at_step_0_is_the_plain_model_exactly(tmp_path):
     # One model before and after its LoRA factors are added: the same weight tensors (two models loaded
     # apart may round a GEMM differently, their buffers aligned differently), so equal means bit for bit.
-    from training.peft import apply_peft
+    from training.methods.peft import apply_peft
     data, enc = tiny_runs.inputs(tmp_path)
     model, tok, _ = build_model(TrainConfig(model=str(enc), seed=3))
     model.eval()
@@ -227,9 +225,9 @@ def test_lora_at_step_0_is_the_plain_model_exactly(tmp_path):
 
 def test_lora_above_a_frozen_prefix_trains_the_same_with_the_cache(tmp_path):
     from data.batching import make_batch
-    from training.build import load_data
-    from training.frozen_cache import build_frozen_cache
-    from training.stepper import Stepper
+    from training.methods.frozen_cache import build_frozen_cache
+    from training.methods.stepper import Stepper
+    from training.run.build import load_data
 
     def train(cached):
         cfg = tiny_runs.tiny_config(tmp_path, freeze_upto=1, peft="lora:r=2", lr=5e-2)
@@ -291,8 +289,8 @@ def test_the_merged_export_loads_in_transformers_as_our_encoder(lora_run, tmp_pa
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     transformers = pytest.importorskip("transformers")
     from training.api import load
-    from training.checkpointing import model_from_checkpoint
     from training.export import main as export_main
+    from training.run.checkpointing import model_from_checkpoint
     out = tmp_path / "export"
     assert export_main([lora_run.out_dir, str(out)]) == 0
     network, _, _ = model_from_checkpoint(Path(lora_run.out_dir) / "best.pt")
@@ -369,15 +367,16 @@ def test_peft_trains_beside_every_trick_and_keeps_the_pretrained_weights(tmp_pat
 # ----------------------------------------------------------------------------- the sweep and the study
 
 def test_the_sweep_takes_peft_and_records_the_share():
-    from training import sweep as S
-    args = S.build_parser().parse_args(["--tasks", "sst", "--sizes", "4", "--peft", "lora:r=4"])
+    from training.sweep import cli as sweep_cli
+    from training.sweep import records as sweep_records
+    args = sweep_cli.build_parser().parse_args(["--tasks", "sst", "--sizes", "4", "--peft", "lora:r=4"])
     assert args.peft == "lora:r=4"
-    assert "peft" in S.SWEEP_OPTIONS
+    assert "peft" in sweep_records.SWEEP_OPTIONS
 
 
 def test_a_study_runs_lora_and_bitfit_arms(tmp_path):
-    from training import sweep as S
     from training.study import cli as C
+    from training.sweep import records as sweep_records
     data, enc = tiny_runs.inputs(tmp_path)
     recipe = {"title": "t", "kind": "depth", "results": str(tmp_path / "results"), "report": str(tmp_path / "report"),
               "tasks": ["sst", "para", "sts"], "depths": ["none", 1], "sizes": [6], "seeds": [1],
@@ -387,7 +386,7 @@ def test_a_study_runs_lora_and_bitfit_arms(tmp_path):
     path.write_text(json.dumps(recipe))
     assert C.main([str(path), "--model", str(enc), "--data-dir", str(data), "--in-process", "--threads", "1",
                    "--runs-dir", str(tmp_path / "runs")]) == 0
-    records = S.read_results(tmp_path / "results" / "results.jsonl")
+    records = sweep_records.read_results(tmp_path / "results" / "results.jsonl")
     by = {(r["depth"], r.get("arm", "")): r for r in records}
     assert len(by) == 6
     for depth in (None, 1):
@@ -404,7 +403,7 @@ def test_a_study_runs_lora_and_bitfit_arms(tmp_path):
 def test_the_preflight_memory_estimate_counts_what_peft_trains(tmp_path, peft, upto):
     # the estimate from the config's sizes alone against the parameters the built model trains (its heads,
     # which the estimate leaves out of both counts, taken off)
-    from training.preflight import footprint
+    from training.run.preflight import footprint
     data, enc = tiny_runs.inputs(tmp_path)
     cfg = TrainConfig(model=str(enc), peft=peft, freeze_upto=upto)
     model, _, _ = build_model(cfg)

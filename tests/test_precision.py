@@ -15,16 +15,16 @@ import logging
 from pathlib import Path
 
 import pytest
+import tiny_runs
 import torch
 
-import tiny_runs
-import training.pcgrad as pcgrad_mod
-import training.smart as smart_mod
+import training.methods.pcgrad as pcgrad_mod
+import training.methods.smart as smart_mod
 from data.batching import make_batch
-from training import device as device_mod
-from training.cli import main as cli_main
-from training.errors import NonFiniteLossError, TrainingInterrupted
-from training.trainer import Run, train
+from training.common import device as device_mod
+from training.common.errors import NonFiniteLossError, TrainingInterrupted
+from training.run.trainer import Run, train
+from training.train import main as cli_main
 
 pytestmark = [pytest.mark.usefixtures("one_thread"),
               pytest.mark.filterwarnings(r"ignore:Seems like `optimizer.step\(\)` has been overridden")]
@@ -106,7 +106,7 @@ def test_an_overflow_is_skipped_backs_off_and_is_not_a_bad_step(tmp_path, caplog
     lr_step = stepper.scheduler.last_epoch
     # 2^40 times the loss: its fp16 gradients overflow (a real overflow, not an injected inf)
     set_scale(run, 2.0 ** 40)
-    with caplog.at_level(logging.INFO, logger="training.stepper"):
+    with caplog.at_level(logging.INFO, logger="training.methods.stepper"):
         assert stepper.step([batch(run, "sst")], 1) is None
     for k, v in model.state_dict().items():
         assert torch.equal(v, weights[k]), k
@@ -288,7 +288,7 @@ def test_auto_on_each_kind_of_device(monkeypatch, device, caps, expected, why):
 @pytest.mark.parametrize("caps, expected", [({"avx512_bf16": True}, "bf16"), ({}, "fp32")])
 def test_a_run_logs_and_records_what_auto_chose(tmp_path, monkeypatch, caplog, caps, expected):
     fake_device(monkeypatch, **caps)
-    with caplog.at_level(logging.INFO, logger="training.trainer"):
+    with caplog.at_level(logging.INFO, logger="training.run.trainer"):
         tiny_runs.tiny_run(tmp_path, precision="auto", epochs=1)
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("precision ")]
     why = "the CPU computes bf16 natively (AVX512-BF16)" if caps else "the CPU has neither AMX nor AVX512-BF16"

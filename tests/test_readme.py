@@ -7,7 +7,6 @@ import importlib.util
 import io
 import re
 import shlex
-import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -44,14 +43,14 @@ def real_parser(module: str) -> argparse.ArgumentParser:
     """The parser `python -m MODULE` (or run_multitask.py: MODULE None) builds, taken from its main() at the
     moment it would parse: main runs up to there and no further."""
     if module is None:
-        main = importlib.import_module("training.cli").main
+        main = importlib.import_module("training.train").main
     else:
         spec = importlib.util.find_spec(module)
         if spec is None:
             raise ModuleNotFoundError(f"no module {module}")
         if spec.submodule_search_locations:  # a package: its __main__ says where main comes from
             source = Path(spec.submodule_search_locations[0], "__main__.py").read_text()
-            main = importlib.import_module("." + re.search(r"from \.(\w+) import main", source)[1], module).main
+            main = importlib.import_module(re.search(r"from ([\w.]+) import main", source)[1]).main
         else:
             main = importlib.import_module(module).main
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from test_training import make_checkpoint, write_data
-from training.checkpointing import atomic_save, read_checkpoint
-from training.cli import main as cli_main
+
+from training.run.checkpointing import atomic_save, read_checkpoint
+from training.train import main as cli_main
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -34,7 +34,7 @@ def _args(ckpt, data, out, *extra):
 # Runs the CLI in a child process that sends itself a real SIGTERM right after step K.
 CHILD = """
 import os, signal, sys
-import training.stepper as T
+import training.methods.stepper as T
 K = int(sys.argv[1])
 step = T.Stepper.step
 def step_then_signal(self, batches, n):
@@ -43,7 +43,7 @@ def step_then_signal(self, batches, n):
         os.kill(os.getpid(), signal.SIGTERM)
     return out
 T.Stepper.step = step_then_signal
-from training.cli import main
+from training.train import main
 sys.exit(main(sys.argv[2:]))
 """
 
@@ -122,7 +122,7 @@ def test_interrupted_checkpoint_write_leaves_the_previous_one_intact(tmp_path, m
 
 
 def test_nan_losses_are_skipped_and_a_run_of_them_stops(files, tmp_path, monkeypatch, capsys):
-    import training.stepper as T
+    import training.methods.stepper as T
     ckpt, data = files
     real = T.task_loss
     calls = {"n": 0}
@@ -148,7 +148,7 @@ def test_nan_losses_are_skipped_and_a_run_of_them_stops(files, tmp_path, monkeyp
 
 
 def test_out_of_memory_names_the_batch_and_what_to_lower(files, tmp_path, monkeypatch, capsys):
-    import training.stepper as T
+    import training.methods.stepper as T
     ckpt, data = files
 
     def oom(self, batch):
@@ -192,7 +192,7 @@ def test_a_new_run_refuses_an_out_dir_holding_an_earlier_run(files, tmp_path, ca
     records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert max(r["step"] for r in records) == 6
     log_text = (out / "train.log").read_text()  # the replaced run's lines went with its records
-    assert log_text.count("training.trainer: model ") == 1 and "removed" in log_text, log_text[:2000]
+    assert log_text.count("training.run.trainer: model ") == 1 and "removed" in log_text, log_text[:2000]
 
 
 def test_a_bad_flag_with_overwrite_leaves_the_earlier_run_alone(files, tmp_path, capsys):
@@ -238,7 +238,8 @@ def test_resume_after_a_crash_writes_each_record_once(files, tmp_path, caplog, m
     # best model of the uninterrupted run, each step recorded once. "epoch-end save N": killed while
     # writing the checkpoint that ends an epoch, after its record and best.pt (6 steps per epoch).
     import shutil
-    from training.checkpointing import RollingCheckpoints
+
+    from training.run.checkpointing import RollingCheckpoints
     ckpt, data = files
     torch.set_num_threads(1)
     straight, crashed = tmp_path / "straight", tmp_path / "crashed"
@@ -309,7 +310,7 @@ def test_resume_refuses_another_best_pt_or_changed_training_files(files, tmp_pat
 
 
 def test_metric_records_are_strict_json(tmp_path):
-    from training.rundir import MetricsLog
+    from training.run.rundir import MetricsLog
     metrics = MetricsLog(tmp_path / "m.jsonl")
     metrics.write({"step": 1, "pcgrad_cosine": float("nan"), "x": float("inf"), "loss_sst": 0.5})
     metrics.close()
@@ -344,7 +345,7 @@ def test_a_training_checkpoint_evaluates_with_the_weight_average(files, tmp_path
     """best.pt holds the weights the run evaluated: with --ema-decay, the average. A step checkpoint
     holds the raw weights and the average; evaluating it must give the average too (--raw-weights the raw)."""
     import training.evaluate as evaluate_mod
-    from training.checkpointing import model_from_checkpoint
+    from training.run.checkpointing import model_from_checkpoint
     ckpt, data = files
     out = tmp_path / "run"
     assert cli_main(_args(ckpt, data, out, "--epochs", "1", "--ema-decay", "0.5")) == 0  # one evaluation: best

@@ -11,10 +11,10 @@ import time
 
 import pytest
 import torch
-
 from test_resume import REPO, _args, files  # noqa: F401  (files: the module's tiny model and data)
-from training.checkpointing import read_checkpoint
-from training.cli import main as cli_main
+
+from training.run.checkpointing import read_checkpoint
+from training.train import main as cli_main
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -101,7 +101,7 @@ def test_no_readable_checkpoint_at_all_is_one_line(files, straight, tmp_path, ca
 # Runs the CLI in a child that is SIGKILLed half-way through writing checkpoint K: the temp file stays.
 KILLED_MID_WRITE = """
 import os, signal, sys
-import training.checkpointing as C
+import training.run.checkpointing as C
 K = int(sys.argv[1])
 real_save = C.torch.save
 def save(obj, f):
@@ -112,7 +112,7 @@ def save(obj, f):
         os.kill(os.getpid(), signal.SIGKILL)
     real_save(obj, f)
 C.torch.save = save
-from training.cli import main
+from training.train import main
 sys.exit(main(sys.argv[2:]))
 """
 

@@ -8,11 +8,11 @@ import shutil
 from pathlib import Path
 
 import pytest
-
-import training.trainer
 from tiny_runs import tiny_config
-from training.cli import main
-from training.trainer import train
+
+import training.run.trainer
+from training.run.trainer import train
+from training.train import main
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -43,7 +43,7 @@ def resume(run: Path, *flags: str) -> int:
 def _no_model_may_be_built(monkeypatch):
     def refuse(cfg):
         raise AssertionError("a finished run was built again")
-    monkeypatch.setattr(training.trainer, "build_model", refuse)
+    monkeypatch.setattr(training.run.trainer, "build_model", refuse)
 
 
 def test_resume_auto_on_a_finished_run_says_so_and_writes_nothing(run, monkeypatch, caplog):

@@ -7,15 +7,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_training import config, make_checkpoint, write_data
 
 from data.batching import encode_task, make_batch
 from data.loaders import Example
 from minbert import Tokenizer
-from test_training import config, make_checkpoint, write_data
-from training.build import build_model
-from training.cli import main as cli_main
-from training.stepper import Stepper
-from training.trainer import train
+from training.methods.stepper import Stepper
+from training.run.build import build_model
+from training.run.trainer import train
+from training.train import main as cli_main
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -72,7 +72,7 @@ def test_another_runs_prediction_folder_is_refused_then_replaced_whole(tmp_path,
 def test_the_dev_files_are_the_kept_evaluations_predictions(tmp_path, inputs, monkeypatch):
     """The prediction phase predicts the test sets only: the dev files come from the evaluation that kept
     best.pt, and equal a fresh prediction from best.pt byte for byte."""
-    import training.trainer as T
+    import training.run.trainer as T
     from training.evaluate import main as evaluate_main
 
     cfg = _quick(tmp_path, inputs, epochs=2, ema_decay=0.5, predict_both_orders=True)
@@ -110,7 +110,7 @@ def test_train_log_ends_with_the_summary_or_the_error(tmp_path, inputs, monkeypa
     last = (Path(cfg.out_dir) / "train.log").read_text().splitlines()[-1]
     assert "finished in" in last and f"overall {metrics['overall']:.3f}" in last and "predictions" in last
 
-    import training.stepper as S
+    import training.methods.stepper as S
     real, calls = S.task_loss, []
 
     def nan_after_the_first_step(task, out, labels):  # the first step trains: the run has claimed OUT_DIR
@@ -205,7 +205,7 @@ def test_an_unknown_flag_is_one_line_with_the_nearest_real_one(argv, hint, capsy
 def test_evaluation_and_prediction_show_progress(tmp_path, inputs, caplog):
     """A dev or test set's prediction logs its progress off a terminal (tqdm on one); a handful of
     sentences (an API call) does not."""
-    from training.inference import SHOW_PROGRESS_FROM, raw_outputs
+    from training.inference.outputs import SHOW_PROGRESS_FROM, raw_outputs
 
     data, ckpt = inputs
     cfg = config(tmp_path, data, ckpt)
@@ -224,8 +224,9 @@ def test_evaluation_and_prediction_show_progress(tmp_path, inputs, caplog):
 def test_eval_tokens_sets_the_evaluation_batches_and_not_the_metrics(tmp_path, monkeypatch):
     """--eval-tokens caps each evaluation batch's padded size (0: --eval-batch-size alone); the dev
     metrics and prediction files do not depend on it."""
-    import training.inference as inference
     from tiny_runs import tiny_run
+
+    import training.inference.outputs as inference
     sizes: dict[str, list[int]] = {}
     real = inference.make_batch
 
@@ -272,7 +273,7 @@ def test_report_to_tensorboard_mirrors_metrics_jsonl(tmp_path):
 
 
 def test_a_resumed_tensorboard_log_shows_each_step_once_with_its_new_value(tmp_path):
-    from training.rundir import MetricsLog
+    from training.run.rundir import MetricsLog
     log = MetricsLog(tmp_path / "metrics.jsonl", tensorboard=True)
     for step in (1, 2, 3, 4):
         log.write({"step": step, "epoch": 0, "loss_sst": float(step)})
@@ -286,6 +287,7 @@ def test_a_resumed_tensorboard_log_shows_each_step_once_with_its_new_value(tmp_p
 
 def test_report_to_tensorboard_without_the_package_is_one_line(tmp_path, monkeypatch, capsys):
     import importlib.util
+
     from tiny_runs import tiny_config
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tensorboard" else real(name, *a))

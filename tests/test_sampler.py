@@ -5,10 +5,19 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from data.sampler import (DEFAULT_BUCKET_BATCHES, SAMPLING_MODES, TaskBatch, annealing_alpha,
-                          epoch_schedule, mixed_schedule, padding_efficiency, shard)
+from data.sampler import (
+    DEFAULT_BUCKET_BATCHES,
+    SAMPLING_MODES,
+    TaskBatch,
+    annealing_alpha,
+    epoch_schedule,
+    mixed_schedule,
+    padding_efficiency,
+    shard,
+)
 
 FEW = settings(max_examples=30, deadline=None)
 

@@ -10,14 +10,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from test_resume import CHILD  # the CLI in a child that sends itself SIGTERM after step K
 from tiny_runs import make_encoder, tiny_config, write_data
-from training.cli import main as cli_main
-from training.config import TrainConfig, validate
-from training.freezing import FreezeSchedule, parse_schedule, schedule_error
-from training.stepper import Stepper
-from training.trainer import train
+
+from training.methods.freezing import FreezeSchedule, parse_schedule, schedule_error
+from training.methods.stepper import Stepper
+from training.run.config import TrainConfig, validate
+from training.run.trainer import train
+from training.train import main as cli_main
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -242,7 +242,7 @@ def epoch_rows(out: Path) -> list[dict]:
 
 @pytest.mark.parametrize("schedule", ["lp-ft:4steps", "gradual:3steps", "adaptive:2steps,threshold=0.3"])
 def test_cached_and_uncached_phases_give_the_same_metrics(root, tmp_path, monkeypatch, schedule):
-    from training import frozen_cache
+    from training.methods import frozen_cache
     # the training states stored in float32 too: what is left to differ is the order of a few float sums
     monkeypatch.setitem(frozen_cache._DTYPES, "float16", np.float32)
     runs = {}
@@ -266,7 +266,7 @@ def test_a_deepened_cache_equals_one_computed_from_the_tokens(root):
     from data.loaders import load_task_file
     from heads import MultitaskBert
     from minbert import Tokenizer, load_bert
-    from training.frozen_cache import build_frozen_cache
+    from training.methods.frozen_cache import build_frozen_cache
     tok = Tokenizer.from_checkpoint(root / "encoder3")
     sets = {t: encode_task(t, load_task_file(root / "data" / f, t).examples, tok)
             for t, f in (("sst", "ids-sst-train.csv"), ("sts", "sts-train.csv"))}
@@ -333,7 +333,7 @@ def test_ema_smart_and_pcgrad_see_each_phase(root, tmp_path, monkeypatch, option
     seen = spy_updates(monkeypatch)
     averages = []
     if "ema_decay" in options:
-        from training.ema import WeightEMA
+        from training.methods.ema import WeightEMA
         update = WeightEMA.update
 
         def recording(self, model):
@@ -360,7 +360,7 @@ def test_a_resumed_run_predicts_dev_with_best_pt_not_with_a_cache_of_later_weigh
     """Adaptive freezing can freeze layers after the best evaluation: best.pt then holds other weights in
     them than the cache's states came from. A resumed run (which no longer has the best evaluation's
     predictions) must predict dev from best.pt itself, as the uninterrupted run wrote them."""
-    from training import trainer
+    from training.run import trainer
     scores = iter(range(100))
 
     def first_is_best(dev, preds):  # the first evaluation stays the best: best.pt predates any freeze

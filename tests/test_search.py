@@ -1,7 +1,6 @@
 """The hyperparameter search (training/search) on Optuna: a search on the file store, its best trial rerun,
 pruning, a killed search resumed, two workers on one grid, and the one-line errors."""
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -9,12 +8,12 @@ import time
 from pathlib import Path
 
 import pytest
-
 import tiny_runs
-from training.config import TrainConfig
+
+from training.run.config import TrainConfig
+from training.run.trainer import train
 from training.search import cli as C
 from training.search import engine as E
-from training.trainer import train
 
 optuna = pytest.importorskip("optuna", reason="the [search] extra (in [test]) is not installed")
 ROOT = Path(__file__).parents[1]

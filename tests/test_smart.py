@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from scipy import special, stats
 from torch import nn
 
-from training.smart import (
+from training.methods.smart import (
     EMATeacher,
     SmartConfig,
     adversarial_loss,

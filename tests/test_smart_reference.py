@@ -1,6 +1,6 @@
 """SMART's "reference" perturbation mode against the MT-DNN code's algorithm written out here from
 its formulas (mt_dnn/perturbation.py SmartPerturbation.forward, mt_dnn/loss.py stable_kl and
-SymKlCriterion), never through training/smart.py:
+SymKlCriterion), never through training/methods/smart.py:
 
 - a torch transcription on a small tanh network (autograd for the ascent gradient), every output
   kind, both norms, K = 1 and 2, two inputs, a padding mask;
@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from scipy import special
 from torch import nn
 
-from training.smart import SmartConfig, adversarial_loss, perturb, reference_divergence
+from training.methods.smart import SmartConfig, adversarial_loss, perturb, reference_divergence
 
 D64 = torch.float64
 GUARD = 1e-6  # stable_kl's epsilon in mt_dnn/loss.py
@@ -329,10 +329,10 @@ def test_reference_mode_through_the_stepper(tiny_ckpt):
     from data.batching import encode_task, make_batch
     from data.loaders import Example
     from heads import KIND
-    from training.config import TrainConfig
-    from training.smart import dropout_disabled
-    from training.build import build_model
-    from training.stepper import Stepper
+    from training.methods.smart import dropout_disabled
+    from training.methods.stepper import Stepper
+    from training.run.build import build_model
+    from training.run.config import TrainConfig
 
     cfg = TrainConfig(model=str(tiny_ckpt), head_dropout=0.0, device="cpu", precision="fp32", max_grad_norm=0.0,
                       lr=1e-2, warmup_ratio=0.0, seed=5, smart=True, smart_perturbation="reference")

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 from scipy import special, stats
 
-from training import stats as S
-from training.evaluate import write_predictions
+from training.inference.formats import write_predictions
+from training.results import statistics as S
+from training.stats import main as stats_main
 
 # ----------------------------------------------------------------------------- over seeds
 
@@ -221,7 +222,7 @@ def recipes(tmp_path):
 
 
 def _run_stats(capsys, *argv):
-    assert S.main([*map(str, argv)]) == 0
+    assert stats_main([*map(str, argv)]) == 0
     return capsys.readouterr().out
 
 
@@ -268,7 +269,7 @@ def test_command_without_data_dir_has_no_bootstrap(recipes, capsys):
 
 def _error(capsys, *argv) -> str:
     with pytest.raises(SystemExit) as e:
-        S.main([*map(str, argv)])
+        stats_main([*map(str, argv)])
     assert e.value.code == 2
     return capsys.readouterr().err.strip().splitlines()[-1]
 
@@ -296,7 +297,7 @@ def test_bad_input_is_one_line_exit_2(recipes, capsys):
 def test_an_ensembles_prediction_set_is_compared_by_its_files(recipes, capsys):
     """A folder of dev prediction files with a manifest (training.ensemble's) stands for a run of no seed:
     paired by order, its metrics the manifest's, checked against its files."""
-    from training.predictions import write_prediction_set
+    from training.inference.predictions import write_prediction_set
     root, groups = recipes
     labels, ids = write_dev(root / "data2")  # the same seeded labels and ids as the fixture's data/
     preds = fake_predictions(labels, 7, 0.1, 0.3)

@@ -13,15 +13,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tiny_runs
 import torch
 
-import tiny_runs
-from training import sweep as S
-from training.config import TrainConfig, depth_error, freeze_depth, validate
+from training.run.config import TrainConfig, depth_error, freeze_depth, validate
 from training.study import aggregate as A
 from training.study import cli as C
 from training.study import tables as T
 from training.study.recipe import COST_ARM, Recipe, load_recipe, lr_arm
+from training.sweep import engine
+from training.sweep import measure as measure_mod
+from training.sweep import records as sweep_records
 
 TASKS = "sst+para+sts"
 
@@ -60,7 +62,7 @@ def test_shares_round_to_the_nearest_layer_halves_down(share, six, twelve):
 
 
 def test_a_share_freezes_exactly_the_layers_of_its_depth(tmp_path):
-    from training.build import build_model
+    from training.run.build import build_model
     data, enc = tiny_runs.inputs(tmp_path)  # 2 layers: 75% -> 1.5 -> 1
     by_share, _, _ = build_model(TrainConfig(model=str(enc), freeze_upto="75%"))
     by_depth, _, _ = build_model(TrainConfig(model=str(enc), freeze_upto=1))
@@ -73,7 +75,7 @@ def test_a_share_freezes_exactly_the_layers_of_its_depth(tmp_path):
 
 @pytest.mark.parametrize("value", ["x%", "150%", "-5%", "-2", "1.5"])
 def test_a_bad_share_is_one_line_naming_the_flag(value, capsys):
-    from training.cli import build_parser
+    from training.train import build_parser
     with pytest.raises(SystemExit) as e:
         build_parser().parse_args([f"--freeze-upto={value}"])
     err = capsys.readouterr().err.strip()
@@ -143,9 +145,9 @@ def test_the_built_in_recipes_load_and_plan_on_6_and_12_layers():
 def test_the_grid_then_tuning_then_each_depths_best_rate(tmp_path):
     r = recipe(tmp_path, lr_grid={"lrs": [1e-2, 1e-1], "tuning_seeds": [1]}, cost={"seeds": [1], "overrides":
                                                                                       {"frozen_cache": "off"}})
-    grid = [S.RunKey(TASKS, d, 6, s) for s in (1, 2) for d in (None, 1, 2)]
-    tuning = [S.RunKey(TASKS, d, 6, 1, lr_arm(lr)) for d in (1, 2) for lr in (1e-2, 1e-1)]
-    cost = [S.RunKey(TASKS, d, 6, 1, COST_ARM) for d in (1, 2)]
+    grid = [sweep_records.RunKey(TASKS, d, 6, s) for s in (1, 2) for d in (None, 1, 2)]
+    tuning = [sweep_records.RunKey(TASKS, d, 6, 1, lr_arm(lr)) for d in (1, 2) for lr in (1e-2, 1e-1)]
+    cost = [sweep_records.RunKey(TASKS, d, 6, 1, COST_ARM) for d in (1, 2)]
     assert r.plan([]) == grid + tuning + cost
     # depth 1: 1e-2 wins on the tuning seed; depth 2: a tie with --lr (1e-3) keeps --lr; so seed 2 runs depth 1 at 1e-2
     done = [record(1, 1, dev(0.3, 0.6, 0.2)), record(1, 1, dev(0.4, 0.6, 0.2), lr_arm(1e-2)),
@@ -153,7 +155,7 @@ def test_the_grid_then_tuning_then_each_depths_best_rate(tmp_path):
             record(2, 1, dev(0.3, 0.6, 0.2)), record(2, 1, dev(0.3, 0.6, 0.2), lr_arm(1e-2)),
             record(2, 1, dev(0.2, 0.6, 0.2), lr_arm(1e-1))]
     assert r.best_lrs(done) == {(1, 6): 1e-2, (2, 6): 1e-3}
-    assert r.plan(done) == grid + tuning + [S.RunKey(TASKS, 1, 6, 2, lr_arm(1e-2))] + cost
+    assert r.plan(done) == grid + tuning + [sweep_records.RunKey(TASKS, 1, 6, 2, lr_arm(1e-2))] + cost
     assert r.best_lrs(done[:-1]) == {(1, 6): 1e-2}  # depth 2's tuning not all in: no decision yet
     assert r.all_arms() == {"": {}, "lr0.01": {"lr": 1e-2}, "lr0.1": {"lr": 1e-1}, COST_ARM: {"frozen_cache": "off"}}
 
@@ -247,14 +249,14 @@ def tiny_recipe(tmp_path, data, enc, **over):
 def test_a_killed_study_redoes_only_the_run_in_progress(tmp_path, monkeypatch):
     data, enc = tiny_runs.inputs(tmp_path)
     args = tiny_recipe(tmp_path, data, enc)
-    trained, real = [], S.measure
+    trained, real = [], measure_mod.measure
 
     def crash_third(cfg, threads=None):
         trained.append(Path(cfg.out_dir).name)
         if len(trained) == 3:
             raise KeyboardInterrupt  # killed in the middle of the third run
         return real(cfg, threads)
-    monkeypatch.setattr(S, "measure", crash_third)
+    monkeypatch.setattr(engine, "measure", crash_third)
     with pytest.raises(KeyboardInterrupt):
         C.main(args)
     names = [k.name for k in load_recipe(args[0]).resolve(2).plan([])]
@@ -263,8 +265,8 @@ def test_a_killed_study_redoes_only_the_run_in_progress(tmp_path, monkeypatch):
     trained.clear()
     assert C.main(args) == 0
     assert trained == names[2:]  # the third again, then the last; nothing finished is redone
-    records = S.read_results(tmp_path / "results" / "results.jsonl")
-    assert [S.RunKey.of(r).name for r in records] == names
+    records = sweep_records.read_results(tmp_path / "results" / "results.jsonl")
+    assert [sweep_records.RunKey.of(r).name for r in records] == names
     assert records[3]["overrides"] == {"head_dropout": 0.2} and "overrides" not in records[2]
     report = (tmp_path / "report" / "report.md").read_text()
     assert "| none (full) | 1 |" in report and (tmp_path / "report" / "report.csv").is_file()
@@ -277,13 +279,13 @@ def test_runs_sharing_a_frozen_prefix_build_it_once_and_score_as_if_alone(tmp_pa
         assert C.main(tiny_recipe(tmp_path, data, enc)) == 0
     assert caplog.text.count("frozen-prefix cache: wrote") == 2  # training and dev states, depth 1, once
     assert caplog.text.count("frozen-prefix cache: reusing") == 2  # arm b found both
-    shared = {S.RunKey.of(r).arm: r for r in S.read_results(tmp_path / "results" / "results.jsonl") if r["depth"] == 1}
+    shared = {sweep_records.RunKey.of(r).arm: r for r in sweep_records.read_results(tmp_path / "results" / "results.jsonl") if r["depth"] == 1}
     # arm b again, alone: its own cache folder, built from scratch
-    from training.trainer import train
+    from training.run.trainer import train
     cfg = C.base_config(load_recipe(tiny_recipe(tmp_path, data, enc)[0]), C.build_parser().parse_args(
         tiny_recipe(tmp_path, data, enc)))
     alone = TrainConfig(**{**cfg.to_dict(), "head_dropout": 0.2, "freeze_upto": 1, "seed": 1,
-                           "files": {f"{t}_train": str(tmp_path / "runs" / S.RunKey(TASKS, 1, 6, 1, "b").name /
+                           "files": {f"{t}_train": str(tmp_path / "runs" / sweep_records.RunKey(TASKS, 1, 6, 1, "b").name /
                                                        f"{t}-train-subset.csv") for t in ("sst", "para", "sts")},
                            "cache_dir": str(tmp_path / "own-cache"), "out_dir": str(tmp_path / "alone")})
     assert train(alone) == shared["b"]["dev"]
@@ -292,21 +294,21 @@ def test_runs_sharing_a_frozen_prefix_build_it_once_and_score_as_if_alone(tmp_pa
 def test_two_workers_never_train_one_run(tmp_path):
     runs = tmp_path / "runs"
     runs.mkdir()
-    key = S.RunKey(TASKS, 1, 6, 1)
-    lock = S.claim(runs, key)
-    assert lock is not None and S.claim(runs, key) is None  # held by this (live) process
+    key = sweep_records.RunKey(TASKS, 1, 6, 1)
+    lock = engine.claim(runs, key)
+    assert lock is not None and engine.claim(runs, key) is None  # held by this (live) process
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     lock.write_text(json.dumps({"pid": dead.pid, "host": os.uname().nodename}))
-    assert S.claim(runs, key) == lock  # its worker is gone: taken over
+    assert engine.claim(runs, key) == lock  # its worker is gone: taken over
     lock.write_text(json.dumps({"pid": dead.pid, "host": "another-machine"}))
-    assert S.claim(runs, key) is None  # another machine's worker: left alone
+    assert engine.claim(runs, key) is None  # another machine's worker: left alone
 
 
 def test_a_killed_sweep_stops_its_training_process(tmp_path):
     """SIGTERM to the parent runs its `finally` (exit_on_sigterm); a parent gone without one stops the
     child too (exit_with_parent)."""
-    code = ("import sys, time, pathlib; from training.signals import exit_on_sigterm; exit_on_sigterm()\n"
+    code = ("import sys, time, pathlib; from training.run.signals import exit_on_sigterm; exit_on_sigterm()\n"
             "try:\n    print('ready', flush=True); time.sleep(60)\n"
             f"finally:\n    pathlib.Path({str(tmp_path / 'cleaned')!r}).write_text('yes')\n")
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=Path(__file__).parents[1])
@@ -316,7 +318,7 @@ def test_a_killed_sweep_stops_its_training_process(tmp_path):
     script, flag = tmp_path / "pair.py", tmp_path / "stopped"
     script.write_text(
         "import os, sys, time, signal, subprocess, pathlib\n"
-        "from training.signals import exit_with_parent\n"
+        "from training.run.signals import exit_with_parent\n"
         "if sys.argv[1] == 'parent':\n"
         "    subprocess.Popen([sys.executable, __file__, 'child', sys.argv[2]])\n"
         "    time.sleep(1)\n"
@@ -336,9 +338,9 @@ def test_a_killed_sweep_stops_its_training_process(tmp_path):
 
 
 def test_cached_dev_outputs_equal_uncached_ones(tmp_path):
-    from training.build import build_model, load_data
-    from training.frozen_cache import build_frozen_cache
-    from training.inference import raw_outputs, task_outputs
+    from training.inference.outputs import raw_outputs, task_outputs
+    from training.methods.frozen_cache import build_frozen_cache
+    from training.run.build import build_model, load_data
     data, enc = tiny_runs.inputs(tmp_path)
     cfg = TrainConfig(model=str(enc), data_dir=str(data), freeze_upto=1, predict_both_orders=True)
     model, tok, _ = build_model(cfg)

@@ -9,15 +9,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from scipy import stats as sps
-
 import tiny_runs
-from training import sweep as S
+
 from training.study import arms as A
 from training.study import baselines as B
 from training.study import cli as C
 from training.study.protocol import Protocol, ladder, run_arm, split_run_arm
 from training.study.recipe import load_recipe
+from training.sweep import records as sweep_records
+from training.sweep import subsets as sweep_subsets
 
 TASKS = "sst+para+sts"
 
@@ -49,24 +49,23 @@ def tuning_record(depth, arm, lr, score, seed=7):
 
 def test_the_tuning_split_is_stratified_disjoint_and_fixed_by_its_own_seed():
     labels = [0] * 60 + [1] * 30 + [2] * 10
-    tune, rest = S.tuning_split(labels, 0.1, seed=0)
+    tune, rest = sweep_subsets.tuning_split(labels, 0.1, seed=0)
     assert sorted(tune + rest) == list(range(100)) and not set(tune) & set(rest)
     assert [sum(labels[i] == c for i in tune) for c in (0, 1, 2)] == [6, 3, 1]  # 10% of each class
-    assert S.tuning_split(labels, 0.1, seed=0) == (tune, rest)
-    assert S.tuning_split(labels, 0.1, seed=1)[0] != tune
+    assert sweep_subsets.tuning_split(labels, 0.1, seed=0) == (tune, rest)
+    assert sweep_subsets.tuning_split(labels, 0.1, seed=1)[0] != tune
 
 
 def test_training_subsets_never_hold_a_tuning_example(tmp_path):
     data, _ = tiny_runs.inputs(tmp_path)
-    from argparse import Namespace
-    from training.config import TrainConfig
-    ns = Namespace(tasks=["sst", "para", "sts"], sizes=["all"], seeds=[1, 2], tuning_split={"share": 0.25, "seed": 0})
-    subsets = S.training_subsets(ns, TrainConfig(data_dir=str(data)))
-    for task in ns.tasks:
-        tune = {e.id for e in subsets[task, S.TUNE]}
-        train = {e.id for e in subsets[task, 1]["all"]}
+    from training.run.config import TrainConfig
+    grid = sweep_subsets.Grid(["sst", "para", "sts"], ["all"], [1, 2], tuning_split={"share": 0.25, "seed": 0})
+    drawn = sweep_subsets.training_subsets(grid, TrainConfig(data_dir=str(data)))
+    for task in grid.tasks:
+        tune = {e.id for e in drawn[task, sweep_subsets.TUNE]}
+        train = {e.id for e in drawn[task, 1]["all"]}
         assert len(tune) == 3 and len(train) == tiny_runs.N - 3 and not tune & train
-        assert train == {e.id for e in subsets[task, 2]["all"]}  # "all" is the whole rest, whatever the seed
+        assert train == {e.id for e in drawn[task, 2]["all"]}  # "all" is the whole rest, whatever the seed
 
 
 # ----------------------------------------------------------------------------- rates and the plan
@@ -121,7 +120,7 @@ def test_lr_of_trains_at_the_other_points_rate(tmp_path):
     records = [tuning_record(1, "b", lr, s) for lr, s in [(0.0003, 0.4), (0.001, 0.5), (0.003, 0.45)]]
     protocol = Protocol(recipe, records)
     assert protocol.chosen("one") == 0.001 and protocol.chosen("full at one's") == 0.001
-    assert S.RunKey(TASKS, None, "all", 1, "lr0.001") in recipe.plan(records)
+    assert sweep_records.RunKey(TASKS, None, "all", 1, "lr0.001") in recipe.plan(records)
 
 
 @pytest.mark.parametrize("over, says", [
@@ -214,7 +213,7 @@ def test_the_threshold_is_the_best_midpoint():
 
 def test_a_tiny_arms_study_reports_the_kept_models_dev_scores(tmp_path):
     from data.loaders import COURSE_FILES, load_task_file
-    from training.evaluate import METRIC, score
+    from training.inference.metrics import METRIC, score
 
     data, enc = tiny_runs.inputs(tmp_path)
     path = arms_recipe(tmp_path, points=[{"label": "full", "depth": "none", "arm": ""},
@@ -223,7 +222,7 @@ def test_a_tiny_arms_study_reports_the_kept_models_dev_scores(tmp_path):
     args = [str(path), "--model", str(enc), "--data-dir", str(data), "--in-process", "--threads", "1",
             "--runs-dir", str(tmp_path / "runs"), "--out", str(out), "--keep-checkpoints"]
     assert C.main(args) == 0
-    records = S.read_results(out / "results.jsonl")
+    records = sweep_records.read_results(out / "results.jsonl")
     roles = {r["seed"]: r["seed_role"] for r in records}
     assert roles == {7: "tuning", 1: "reporting", 2: "reporting"}
     for r in records:
@@ -314,7 +313,7 @@ def test_a_study_with_out_writes_there_and_leaves_the_projects_record_alone(tmp_
     out = tmp_path / "mine"
     assert C.main([str(path), "--model", str(enc), "--data-dir", str(data), "--in-process", "--threads", "1",
                    "--runs-dir", str(tmp_path / "runs"), "--out", str(out)]) == 0
-    assert len(S.read_results(out / "results.jsonl")) == 4 and (out / "depth" / "report.md").is_file()
+    assert len(sweep_records.read_results(out / "results.jsonl")) == 4 and (out / "depth" / "report.md").is_file()
     assert {p: p.stat().st_mtime_ns for p in record.rglob("*") if p.is_file()} == before
 
 
@@ -323,8 +322,10 @@ def test_a_study_with_out_writes_there_and_leaves_the_projects_record_alone(tmp_
 
 def test_frozen_dropout_keeps_the_frozen_modules_training_and_drops_the_cache(tmp_path, caplog):
     import torch
-    from training.build import build_model, maybe_frozen_cache
-    from training.config import TrainConfig, validate
+
+    from training.methods.cache_keeper import maybe_frozen_cache
+    from training.run.build import build_model
+    from training.run.config import TrainConfig, validate
     data, enc = tiny_runs.inputs(tmp_path)
     for keep in (False, True):
         model, _, _ = build_model(TrainConfig(model=str(enc), freeze_upto=1, frozen_dropout=keep))

@@ -6,10 +6,10 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
 from tiny_runs import tiny_run
+
 from training import evaluate as evaluate_mod
-from training.predictions import sha256_of
+from training.inference.predictions import sha256_of
 from training.submit import COURSE_FILES, COURSE_ZIP, REPO, main
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -1,4 +1,4 @@
-"""The freezing sweep (training/sweep.py) and its report (training/report.py): stratified nested subsets,
+"""The freezing sweep (training/sweep/engine.py) and its report (training/report.py): stratified nested subsets,
 a resume that reruns exactly the unfinished runs, the report's statistics against numpy, the PNGs, and one
 real tiny sweep through the child processes."""
 import csv
@@ -14,12 +14,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_training import make_checkpoint, write_data
 
 from data.loaders import Example, load_task_file
-from test_training import make_checkpoint, write_data
 from training import report as R
-from training import sweep as S
+from training.run.config import TrainConfig
+from training.sweep import cli as sweep_cli
+from training.sweep import engine
+from training.sweep import records as sweep_records
+from training.sweep import subsets as sweep_subsets
 
 
 @pytest.fixture(scope="module")
@@ -47,27 +52,27 @@ def test_subsets_are_stratified_nested_and_seeded():
     rng = np.random.default_rng(0)
     labels = list(rng.permutation([0] * 50 + [1] * 30 + [2] * 13 + [3] * 5 + [4] * 2))
     sizes = [10, 25, 60, 100]
-    a = S.stratified_nested_subsets(labels, sizes, seed=1)
+    a = sweep_subsets.stratified_nested_subsets(labels, sizes, seed=1)
     check_subsets(labels, a)
     assert a[100] == list(range(100))
     assert Counter(labels[i] for i in a[10]) == {0: 5, 1: 3, 2: 1, 3: 1}  # 5, 3, 1.3, .5, .2 -> LR
-    assert S.stratified_nested_subsets(labels, sizes, seed=1) == a
-    assert S.stratified_nested_subsets(labels, list(reversed(sizes)), seed=1) == a
-    b = S.stratified_nested_subsets(labels, sizes, seed=2)
+    assert sweep_subsets.stratified_nested_subsets(labels, sizes, seed=1) == a
+    assert sweep_subsets.stratified_nested_subsets(labels, list(reversed(sizes)), seed=1) == a
+    b = sweep_subsets.stratified_nested_subsets(labels, sizes, seed=2)
     assert b[10] != a[10] and b[60] != a[60]
     with pytest.raises(ValueError, match="101"):
-        S.stratified_nested_subsets(labels, [101], seed=1)
+        sweep_subsets.stratified_nested_subsets(labels, [101], seed=1)
 
 
 def test_largest_remainder_and_the_alabama_paradox():
-    assert S.largest_remainder({0: 5, 1: 3, 2: 2}, 5) == {0: 3, 1: 1, 2: 1}  # tie .5/.5: the larger class
+    assert sweep_subsets.largest_remainder({0: 5, 1: 3, 2: 2}, 5) == {0: 3, 1: 1, 2: 1}  # tie .5/.5: the larger class
     # largest remainder alone takes a seat from class 0 when n goes 3 -> 4; the nested counts do not
     sizes = {0: 1, 1: 3, 2: 3}
-    assert S.largest_remainder(sizes, 3) == {0: 1, 1: 1, 2: 1}
-    assert S.largest_remainder(sizes, 4) == {0: 0, 1: 2, 2: 2}
-    assert S.nested_counts(sizes, [3, 4]) == {3: {0: 1, 1: 1, 2: 1}, 4: {0: 1, 1: 2, 2: 1}}
+    assert sweep_subsets.largest_remainder(sizes, 3) == {0: 1, 1: 1, 2: 1}
+    assert sweep_subsets.largest_remainder(sizes, 4) == {0: 0, 1: 2, 2: 2}
+    assert sweep_subsets.nested_counts(sizes, [3, 4]) == {3: {0: 1, 1: 1, 2: 1}, 4: {0: 1, 1: 2, 2: 1}}
     labels = [0] + [1] * 3 + [2] * 3
-    check_subsets(labels, S.stratified_nested_subsets(labels, [3, 4, 5, 6, 7], seed=0))
+    check_subsets(labels, sweep_subsets.stratified_nested_subsets(labels, [3, 4, 5, 6, 7], seed=0))
 
 
 @settings(max_examples=150, deadline=None)
@@ -76,21 +81,21 @@ def test_subsets_property(class_sizes, data):
     labels = [k for k, c in enumerate(class_sizes) for _ in range(c)]
     sizes = data.draw(st.lists(st.integers(0, len(labels)), min_size=1, max_size=6, unique=True))
     seed = data.draw(st.integers(0, 2**31))
-    check_subsets(labels, S.stratified_nested_subsets(labels, sizes, seed))
+    check_subsets(labels, sweep_subsets.stratified_nested_subsets(labels, sizes, seed))
 
 
 def test_sts_strata():
-    assert S.strata("sts", [0.0, 0.99, 1.0, 2.5, 4.2, 5.0]) == [0, 0, 1, 2, 4, 4]
-    assert S.strata("sst", [3, 0]) == [3, 0]
+    assert sweep_subsets.strata("sts", [0.0, 0.99, 1.0, 2.5, 4.2, 5.0]) == [0, 0, 1, 2, 4, 4]
+    assert sweep_subsets.strata("sst", [3, 0]) == [3, 0]
 
 
 def test_course_file_round_trip(tmp_path):
     tricky = [Example("a1", 'he said "no"', "tab\there", 0.4), Example("b2", "x, y; 'z'", "multi\nline", 5.0),
               Example("c3", "plain", "text", 3.25)]
-    S.write_course_file(tmp_path / "sts.csv", "sts", tricky)
+    sweep_subsets.write_course_file(tmp_path / "sts.csv", "sts", tricky)
     assert load_task_file(tmp_path / "sts.csv", "sts", strict=True).examples == tricky
     sst = [Example("s1", 'a "quoted" word', None, 4), Example("s2", "b", None, 0)]
-    S.write_course_file(tmp_path / "sst.csv", "sst", sst)
+    sweep_subsets.write_course_file(tmp_path / "sst.csv", "sst", sst)
     assert (tmp_path / "sst.csv").read_text().splitlines()[0] == "\tid\tsentence\tsentiment"
     assert load_task_file(tmp_path / "sst.csv", "sst", strict=True).examples == sst
 
@@ -119,9 +124,9 @@ def fake_training(calls, crash_on=None):
 def test_resume_runs_exactly_the_unfinished_runs(inputs, tmp_path, monkeypatch, caplog):
     data, ckpt = inputs
     calls = []
-    monkeypatch.setattr(S, "measure", fake_training(calls, crash_on=3))
+    monkeypatch.setattr(engine, "measure", fake_training(calls, crash_on=3))
     with pytest.raises(KeyboardInterrupt):
-        S.main(sweep_args(data, ckpt, tmp_path, "--in-process"))
+        sweep_cli.main(sweep_args(data, ckpt, tmp_path, "--in-process"))
     results = tmp_path / "sweep" / "results.jsonl"
     assert len(results.read_text().splitlines()) == 2
     with open(results, "a") as f:
@@ -130,33 +135,33 @@ def test_resume_runs_exactly_the_unfinished_runs(inputs, tmp_path, monkeypatch, 
     assert calls == plan[:3]
 
     calls.clear()
-    monkeypatch.setattr(S, "measure", fake_training(calls))
+    monkeypatch.setattr(engine, "measure", fake_training(calls))
     with caplog.at_level(logging.WARNING):
-        assert S.main(sweep_args(data, ckpt, tmp_path, "--in-process")) == 0
+        assert sweep_cli.main(sweep_args(data, ckpt, tmp_path, "--in-process")) == 0
     assert "partial last line" in caplog.text
     assert calls == plan[2:]
     records = [json.loads(x) for x in results.read_text().splitlines()]
     assert [(r["depth"], r["size"], r["seed"]) for r in records] == plan
     assert all(r["n_train"] == {"sst": r["size"]} and r["best_epoch"] == 0 for r in records)
     run_dirs = sorted(p.name for p in (tmp_path / "runs").iterdir())
-    assert run_dirs == sorted(S.RunKey(*(("sst",) + k)).name for k in plan)
+    assert run_dirs == sorted(sweep_records.RunKey(*(("sst",) + k)).name for k in plan)
 
     calls.clear()  # all done: nothing runs
-    assert S.main(sweep_args(data, ckpt, tmp_path, "--in-process")) == 0 and calls == []
+    assert sweep_cli.main(sweep_args(data, ckpt, tmp_path, "--in-process")) == 0 and calls == []
     # other settings into the same results are refused
-    assert S.main(sweep_args(data, ckpt, tmp_path, "--in-process", "--lr", "0.5")) == 2 and calls == []
+    assert sweep_cli.main(sweep_args(data, ckpt, tmp_path, "--in-process", "--lr", "0.5")) == 2 and calls == []
 
 
 def test_two_sweeps_never_share_or_delete_each_others_runs(inputs, tmp_path, monkeypatch):
     data, ckpt = inputs
     a, b = tmp_path / "expA" / "sweep", tmp_path / "expB" / "sweep"
-    assert S.default_runs_dir(a) != S.default_runs_dir(b)  # the same folder name, other paths
-    monkeypatch.setattr(S, "measure", fake_training([]))
-    assert S.main(sweep_args(data, ckpt, tmp_path / "expA", "--in-process")) == 0
+    assert engine.default_runs_dir(a) != engine.default_runs_dir(b)  # the same folder name, other paths
+    monkeypatch.setattr(engine, "measure", fake_training([]))
+    assert sweep_cli.main(sweep_args(data, ckpt, tmp_path / "expA", "--in-process")) == 0
     shared = ["--runs-dir", str(tmp_path / "expA" / "runs")]  # B pointed at A's run directories
     kept = {p: p.read_bytes() for p in (tmp_path / "expA" / "runs").rglob("*") if p.is_file()}
     with pytest.raises(SystemExit, match="belongs to the sweep in .*expA"):
-        S.main(sweep_args(data, ckpt, tmp_path / "expB", "--in-process", *shared))
+        sweep_cli.main(sweep_args(data, ckpt, tmp_path / "expB", "--in-process", *shared))
     assert {p: p.read_bytes() for p in kept} == kept
 
 
@@ -164,8 +169,8 @@ def test_pooling_ema_and_both_orders_reach_every_run(inputs, tmp_path, monkeypat
     data, ckpt = inputs
     seen = []
     fake = fake_training([])
-    monkeypatch.setattr(S, "measure", lambda cfg, threads=None: seen.append(cfg) or fake(cfg, threads))
-    assert S.main(sweep_args(data, ckpt, tmp_path, "--in-process", "--pooling", "mean", "--ema-decay", "0.99",
+    monkeypatch.setattr(engine, "measure", lambda cfg, threads=None: seen.append(cfg) or fake(cfg, threads))
+    assert sweep_cli.main(sweep_args(data, ckpt, tmp_path, "--in-process", "--pooling", "mean", "--ema-decay", "0.99",
                              "--predict-both-orders")) == 0
     assert len(seen) == 4
     assert all(c.pooling == "mean" and c.ema_decay == 0.99 and c.predict_both_orders for c in seen)
@@ -174,23 +179,23 @@ def test_pooling_ema_and_both_orders_reach_every_run(inputs, tmp_path, monkeypat
 def test_bad_arguments_fail_before_training(inputs, tmp_path, capsys):
     data, ckpt = inputs
     with pytest.raises(SystemExit):
-        S.main(sweep_args(data, ckpt, tmp_path, "--depths", "3"))  # the tiny model has 2 layers
+        sweep_cli.main(sweep_args(data, ckpt, tmp_path, "--depths", "3"))  # the tiny model has 2 layers
     assert "--depths 3 is out of range: " in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        S.main(sweep_args(data, ckpt, tmp_path, "--depths", "150%"))
+        sweep_cli.main(sweep_args(data, ckpt, tmp_path, "--depths", "150%"))
     assert "'150%' is not a depth" in capsys.readouterr().err
-    assert S.main(sweep_args(data, ckpt, tmp_path, "--sizes", "9")) == 2
+    assert sweep_cli.main(sweep_args(data, ckpt, tmp_path, "--sizes", "9")) == 2
     assert "only 8 training examples" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        S.main(sweep_args(data, ckpt, tmp_path, "--depths", "-2"))
+        sweep_cli.main(sweep_args(data, ckpt, tmp_path, "--depths", "-2"))
     with pytest.raises(SystemExit):
-        S.main(sweep_args(data, ckpt, tmp_path, "--ema-decay", "1"))
+        sweep_cli.main(sweep_args(data, ckpt, tmp_path, "--ema-decay", "1"))
     assert "--ema-decay must be in [0, 1)" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        S.main(sweep_args(data, ckpt, tmp_path, "--pair-encoding", "siamese", "--predict-both-orders"))
+        sweep_cli.main(sweep_args(data, ckpt, tmp_path, "--pair-encoding", "siamese", "--predict-both-orders"))
     assert "--predict-both-orders is for --pair-encoding cross" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        S.main(sweep_args(data, ckpt, tmp_path, "--seeds", "1", "-3"))
+        sweep_cli.main(sweep_args(data, ckpt, tmp_path, "--seeds", "1", "-3"))
     assert "--seeds must be in [0, 2**32), as numpy's seeds are, not -3" in capsys.readouterr().err
 
 
@@ -273,10 +278,14 @@ def test_dev_series_places_mid_epoch_evaluations_and_keeps_the_raw_scores():
                                   "dev_raw_sst_acc": [(1.0, 0.35)]}
 
 
-def test_plot_without_matplotlib_says_how_to_get_it(monkeypatch):
+def test_plot_without_matplotlib_says_how_to_get_it(monkeypatch, tmp_path, capsys):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
-    with pytest.raises(SystemExit, match="pip install matplotlib"):
-        R._pyplot()
+    with pytest.raises(SystemExit) as e:
+        R.main(["--curves", str(tmp_path)])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("python -m training.report: error: --plot and --curves need matplotlib: "
+                                               "pip install matplotlib")
 
 
 # ----------------------------------------------------------------------------- end to end
@@ -287,8 +296,8 @@ def test_tiny_sweep_end_to_end(inputs, tmp_path):
     args = ["--tasks", "sst", "--depths", "none", "2", "--sizes", "6", "--seeds", "5", "--data-dir", str(data),
             "--model", str(ckpt), "--out", str(tmp_path / "sweep"), "--runs-dir", str(tmp_path / "runs"),
             "--epochs", "2", "--batch-size", "4", "--lr", "1e-3", "--threads", "1", "--device", "cpu"]
-    assert S.main(args) == 0
-    records = S.read_results(tmp_path / "sweep" / "results.jsonl")
+    assert sweep_cli.main(args) == 0
+    records = sweep_records.read_results(tmp_path / "sweep" / "results.jsonl")
     assert [(r["depth"], r["size"], r["seed"]) for r in records] == [(None, 6, 5), (2, 6, 5)]
     full, frozen = records
     for r in records:
@@ -307,13 +316,13 @@ def test_tiny_sweep_end_to_end(inputs, tmp_path):
 
 def test_results_from_before_an_option_existed_still_match(tmp_path):
     """A record written before an option was added lacks it: its run had the option's default."""
-    settings = S.settings_of(S.TrainConfig())
+    settings = sweep_records.settings_of(TrainConfig())
     older = {k: v for k, v in settings.items() if k != "grad_accum_steps"}
-    assert S.settings_clash([{"settings": older}], settings, tmp_path / "results.jsonl") == ""
-    assert "lr: 0.5 there, 0.0001 now" in S.settings_clash([{"settings": {**older, "lr": 0.5}}], settings,
+    assert sweep_records.settings_clash([{"settings": older}], settings, tmp_path / "results.jsonl") == ""
+    assert "lr: 0.5 there, 0.0001 now" in sweep_records.settings_clash([{"settings": {**older, "lr": 0.5}}], settings,
                                                             tmp_path / "results.jsonl")
     accumulating = {**settings, "grad_accum_steps": 4}
-    assert "grad_accum_steps: 1 there, 4 now" in S.settings_clash([{"settings": older}], accumulating,
+    assert "grad_accum_steps: 1 there, 4 now" in sweep_records.settings_clash([{"settings": older}], accumulating,
                                                                    tmp_path / "results.jsonl")
 
 
@@ -323,24 +332,24 @@ def test_results_record_the_resolved_precision_and_read_an_old_auto_as_it_was(tm
     which on a CPU without AMX was fp32: it matches an fp32 sweep, and not one that now runs in bf16."""
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
-    now = S.settings_of(S.TrainConfig(device="cpu"))
+    now = sweep_records.settings_of(TrainConfig(device="cpu"))
     assert now["precision"] == ("bf16" if avx512_bf16 else "fp32")
-    assert S.settings_of(S.TrainConfig(device="cpu", precision="fp16"))["precision"] == "fp16"
+    assert sweep_records.settings_of(TrainConfig(device="cpu", precision="fp16"))["precision"] == "fp16"
     old = [{"settings": {**now, "precision": "auto"}}]
-    clash = S.settings_clash(old, now, tmp_path / "results.jsonl")
+    clash = sweep_records.settings_clash(old, now, tmp_path / "results.jsonl")
     assert clash == ("" if not avx512_bf16 else
                      f"{tmp_path / 'results.jsonl'} holds 1 result(s) made with other settings (precision: 'fp32' "
                      f"there, 'bf16' now); use another --out")
-    fp32 = S.settings_of(S.TrainConfig(device="cpu", precision="fp32"))
-    assert S.settings_clash(old, fp32, tmp_path / "results.jsonl") == ""
+    fp32 = sweep_records.settings_of(TrainConfig(device="cpu", precision="fp32"))
+    assert sweep_records.settings_clash(old, fp32, tmp_path / "results.jsonl") == ""
 
 
 def test_shares_in_depths_resolve_on_the_model(inputs, tmp_path, monkeypatch):
     """The tiny model has 2 layers: 50% is 1 layer (the same run as 1, made once), 100% is 2."""
     data, ckpt = inputs
     calls = []
-    monkeypatch.setattr(S, "measure", fake_training(calls))
-    assert S.main(sweep_args(data, ckpt, tmp_path, "--in-process", "--depths", "none", "50%", "1", "100%",
+    monkeypatch.setattr(engine, "measure", fake_training(calls))
+    assert sweep_cli.main(sweep_args(data, ckpt, tmp_path, "--in-process", "--depths", "none", "50%", "1", "100%",
                              "--sizes", "3")) == 0
     assert calls == [(None, 3, 1), (1, 3, 1), (2, 3, 1)]
 
@@ -349,15 +358,15 @@ def test_schedules_are_a_dimension_of_the_grid_and_of_the_report(inputs, tmp_pat
     data, ckpt = inputs
     seen = []
     fake = fake_training([])
-    monkeypatch.setattr(S, "measure", lambda cfg, threads=None: seen.append(cfg) or fake(cfg, threads))
+    monkeypatch.setattr(engine, "measure", lambda cfg, threads=None: seen.append(cfg) or fake(cfg, threads))
     args = sweep_args(data, ckpt, tmp_path, "--in-process", "--schedules", "fixed", "lp-ft:1epoch",
                       "gradual:2steps,floor=0")
-    assert S.main(args) == 0
+    assert sweep_cli.main(args) == 0
     # each (seed, size, depth) point once per schedule, the fixed one under the plain name
     assert [(c.freeze_upto, c.unfreeze_schedule) for c in seen[:3]] == [
         (None, "fixed"), (None, "lp-ft:1epoch"), (None, "gradual:2steps,floor=0")]
     assert len(seen) == 12
-    records = S.read_results(tmp_path / "sweep" / "results.jsonl")
+    records = sweep_records.read_results(tmp_path / "sweep" / "results.jsonl")
     assert [r.get("arm", "") for r in records[:3]] == ["", "lp-ft-1epoch", "gradual-2steps-floor0"]
     assert Path(records[1]["run_dir"]).name == "sst-freezenone-n3-seed1-lp-ft-1epoch"
     assert R.main([str(tmp_path / "sweep")]) == 0
@@ -373,6 +382,6 @@ def test_schedules_are_a_dimension_of_the_grid_and_of_the_report(inputs, tmp_pat
 def test_a_bad_schedule_in_a_sweep_is_refused_before_training(inputs, tmp_path, capsys, schedule, says):
     data, ckpt = inputs
     with pytest.raises(SystemExit) as e:
-        S.main(sweep_args(data, ckpt, tmp_path, "--in-process", "--schedules", schedule))
+        sweep_cli.main(sweep_args(data, ckpt, tmp_path, "--in-process", "--schedules", schedule))
     assert e.value.code == 2 and says in capsys.readouterr().err
     assert not (tmp_path / "sweep" / "results.jsonl").exists()

@@ -18,19 +18,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from tiny_runs import VOCAB, sent
+from tiny_runs import make_encoder as make_checkpoint  # the 2-layer, hidden-32 encoder of every tiny run
 
 from data.loaders import COURSE_FILES, load_task_file
 from heads import MultitaskBert, predict
 from minbert import Bert, BertConfig, Tokenizer, load_bert
 from training import evaluate as evaluate_mod
-from training.checkpointing import model_from_checkpoint, read_checkpoint
-from training.cli import main as cli_main
-from training.config import TrainConfig
-from training.evaluate import HEADERS, read_predictions
-from training.trainer import train
-
-from tiny_runs import VOCAB, sent
-from tiny_runs import make_encoder as make_checkpoint  # the 2-layer, hidden-32 encoder of every tiny run
+from training.inference.formats import HEADERS, read_predictions
+from training.run.checkpointing import model_from_checkpoint, read_checkpoint
+from training.run.config import TrainConfig
+from training.run.trainer import train
+from training.train import main as cli_main
 
 N = 8  # examples per task
 EPOCHS = 40
@@ -139,7 +138,7 @@ def test_overfits_siamese(tmp_path, inputs, capsys, pooling):
 def test_bf16_autocast_learns_on_cpu(tmp_path, inputs, caplog):
     """--precision bf16 on the CPU (the default there where AMX makes it fast): the same memorisation."""
     cfg = config(tmp_path, *inputs, precision="bf16")
-    with caplog.at_level(logging.INFO, logger="training.trainer"):
+    with caplog.at_level(logging.INFO, logger="training.run.trainer"):
         check_learnt(cfg, train(cfg))
     assert "device cpu, bf16 autocast" in caplog.text
 
@@ -147,7 +146,7 @@ def test_bf16_autocast_learns_on_cpu(tmp_path, inputs, caplog):
 @pytest.mark.parametrize("amx, avx512_bf16, expected", [(True, False, torch.bfloat16), (False, True, torch.bfloat16),
                                                         (False, False, None)])
 def test_auto_precision_on_cpu_follows_native_bf16(monkeypatch, amx, avx512_bf16, expected):
-    from training.device import autocast_dtype
+    from training.common.device import autocast_dtype
 
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
@@ -381,7 +380,7 @@ def test_evaluate_both_orders_defaults_to_the_runs(cross_run, tmp_path, capsys):
 
 
 def test_evaluate_both_orders_needs_a_cross_encoder(cross_run, tmp_path, capsys):
-    from training.checkpointing import save_checkpoint
+    from training.run.checkpointing import save_checkpoint
 
     cfg, _ = cross_run
     siamese = TrainConfig.from_dict({**cfg.to_dict(), "pair_encoding": "siamese"})
@@ -390,7 +389,7 @@ def test_evaluate_both_orders_needs_a_cross_encoder(cross_run, tmp_path, capsys)
         evaluate_mod.main(["--checkpoint", str(tmp_path / "best.pt"), "--device", "cpu", "--both-orders",
                            "--tokenizer", str(Path(cfg.out_dir) / "tokenizer"),
                            "--score", "sts", str(Path(cfg.data_dir) / COURSE_FILES["sts"]["dev"])])
-    assert "--both-orders is for cross-encoded pairs; this model is siamese" in capsys.readouterr().err
+    assert "--predict-both-orders is for cross-encoded pairs; this model is siamese" in capsys.readouterr().err
 
 
 def test_evaluate_errors_are_one_line_naming_the_file(cross_run, tmp_path, capsys):
@@ -416,7 +415,7 @@ def test_evaluate_errors_are_one_line_naming_the_file(cross_run, tmp_path, capsy
 
 @pytest.mark.parametrize("flag, expected", [(None, "fp32"), ("bf16", "bf16"), ("fp32", "fp32")])
 def test_evaluate_precision_defaults_to_the_runs(cross_run, tmp_path, monkeypatch, flag, expected):
-    import training.device as device_mod
+    import training.common.device as device_mod
     cfg, _ = cross_run
     assert cfg.precision == "fp32"
     seen = []

@@ -14,8 +14,8 @@ import torch
 
 from data.loaders import COURSE_FILES
 from minbert import Bert, BertConfig, save_hf
-from training.config import TrainConfig
-from training.trainer import train
+from training.run.config import TrainConfig
+from training.run.trainer import train
 
 WORDS = ("apple river stone cloud lamp tiger honey piano garden silver rocket paper window forest candle "
          "mirror ocean pepper violin desert").split()

@@ -6,7 +6,7 @@
 OUT then holds
     analysis.md          the summary below, with the figures
     analysis.json        the same numbers, for scripts
-    {task}-dev.tsv       the predictions they come from (training/textio.py's TSV format, with the gold label)
+    {task}-dev.tsv       the predictions they come from (training/inference/formats.py's TSV format, with the gold label)
     sst_confusion.png    SST-5: confusion matrix (rows: gold, columns: predicted; shaded by row)
     para_confusion.png   Quora: the 2 x 2 confusion matrix
     sts_scatter.png      STS-B: predicted against gold scores, with Pearson's and Spearman's correlations
@@ -18,7 +18,6 @@ and TSV files are still written, and the command ends with a one-line error (exi
 """
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import math
@@ -29,11 +28,10 @@ import numpy as np
 
 from data.loaders import COURSE_FILES, DataError, load_task_file
 from heads import predict, probabilities
-
-from .api import SENTIMENTS, LoadError, Model, load
-from .evaluate import add_inference_flags
-from .progress import setup_logging
-from .textio import write_tsv_predictions
+from training.api import SENTIMENTS, LoadError, Model
+from training.args import Parser, add_inference_flags, add_model_source, load_model
+from training.common.progress import setup_logging
+from training.inference.formats import write_tsv_predictions
 
 log = logging.getLogger(__name__)
 
@@ -257,34 +255,30 @@ def dev_files(model: Model, data_dir: str | None) -> dict[str, Path]:
     return {t: Path(model.config.file(t, "dev")) for t in model.tasks}
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("source", metavar="RUN_OR_CKPT", help="a run directory (its best.pt), a checkpoint file, or an "
-                   "export folder (python -m training.export)")
+def main(argv: list[str] | None = None, prog: str = PROG) -> int:
+    p = Parser(prog=prog, description=__doc__)
+    add_model_source(p, "the model to analyse")
     p.add_argument("--data-dir", default=None, help="folder of the course's dev files (default: the files the run "
                    "trained with)")
     p.add_argument("--out", default=None, help="where to write (default: analysis/ in the run directory, or beside "
                    "the checkpoint)")
-    add_inference_flags(p, "the run's", "cross-encoded pairs: predict each pair in both orders and average")
+    add_inference_flags(p, "the run's")
     args = p.parse_args(argv)
     setup_logging()
-    if args.batch_size < 1:
-        p.error(f"--batch-size must be >= 1, not {args.batch_size}")
     source = Path(args.source)
     out = Path(args.out) if args.out else (source if source.is_dir() else source.parent) / "analysis"
     try:
-        model = load(source, device=args.device, precision=args.precision, batch_size=args.batch_size,
-                     both_orders=args.both_orders)
+        model = load_model(args, source)
         results = analyze(model, dev_files(model, args.data_dir), out)
     except (LoadError, DataError) as e:
-        p.exit(2, f"{PROG}: error: {e}\n")
+        p.fail(str(e))
     plt = _pyplot()
     (out / "analysis.json").write_text(json.dumps({k: v for k, v in results.items() if not k.startswith("_")},
                                                   indent=2) + "\n")
     (out / "analysis.md").write_text(markdown(results, figures=plt is not None))
     if plt is None:
-        p.exit(2, f"{PROG}: error: the figures need matplotlib: pip install matplotlib (or pip install -e "
-                  f"'.[plots]'); wrote {out / 'analysis.md'} and the numbers without them\n")
+        p.fail(f"the figures need matplotlib: pip install matplotlib (or pip install -e '.[plots]'); wrote "
+               f"{out / 'analysis.md'} and the numbers without them")
     draw_figures(plt, results, out)
     print(f"wrote {out / 'analysis.md'} and its figures")
     return 0

@@ -29,10 +29,9 @@ import torch
 from data.batching import encode_task
 from data.loaders import Example
 from heads import TASKS, MultitaskBert, predict, probabilities
-
-from . import device as _device
-from .config import TrainConfig
-from .rundir import read_metrics
+from training.common import device as _device
+from training.run.config import TrainConfig
+from training.run.rundir import read_metrics
 
 log = logging.getLogger(__name__)
 
@@ -85,13 +84,14 @@ class Model:
     def __init__(self, network: MultitaskBert, tokenizer, config: TrainConfig, device: torch.device,
                  dtype: torch.dtype | None, *, source: Path, tokenizer_dir: Path | None = None,
                  metrics: dict | None = None, step: int | None = None, epoch: int | None = None,
-                 both_orders: bool = False, batch_size: int = 64):
+                 both_orders: bool = False, batch_size: int = 64, eval_tokens: int | None = None):
         self.network, self.tokenizer, self.config = network.to(device).eval(), tokenizer, config
         self.device, self.dtype, self.source = device, dtype, Path(source)
         self.metrics = dict(metrics or {})  # dev metrics recorded with the checkpoint ({} where none were)
         self.step, self.epoch = step, epoch  # where in training the weights are from, where known
         self.tokenizer_dir = tokenizer_dir  # the folder the tokenizer was read from (an export copies its files)
         self.both_orders, self.batch_size = both_orders, batch_size
+        self.max_tokens = "auto" if eval_tokens is None else (eval_tokens or None)  # see inference.raw_outputs
 
     @property
     def tasks(self) -> tuple[str, ...]:
@@ -122,7 +122,7 @@ class Model:
     def outputs(self, task: str, examples: list[Example], batch_size: int | None = None) -> torch.Tensor:
         """The head's outputs for `examples`, in their order, fp32 on the CPU: logits (N, 5) for sst, the
         paraphrase logit (N,), the similarity score (N,); pairs averaged over both orders where set."""
-        from .inference import task_outputs
+        from training.inference.outputs import task_outputs
 
         if task not in self.tasks:
             raise ValueError(f"{self.source}: the model was not trained on {task} (its tasks: {', '.join(self.tasks)})")
@@ -131,7 +131,7 @@ class Model:
         data = encode_task(task, examples, self.tokenizer, self.config.pair_encoding, self.config.max_length,
                            self.both_orders)
         return task_outputs(self.network, data, self.tokenizer, batch_size or self.batch_size, self.device,
-                            self.autocast)
+                            self.autocast, self.max_tokens)
 
 
 def _examples(task: str, items) -> list[Example]:
@@ -155,14 +155,16 @@ def _examples(task: str, items) -> list[Example]:
 # --------------------------------------------------------------------------- loading
 
 def load(path: str | Path, device: str = "auto", precision: str | None = None, batch_size: int = 64,
-         both_orders: bool | None = None, raw_weights: bool = False, tokenizer: str | Path | None = None) -> Model:
+         both_orders: bool | None = None, raw_weights: bool = False, tokenizer: str | Path | None = None,
+         eval_tokens: int | None = None) -> Model:
     """A trained model from a run directory (its best.pt), a checkpoint file (best.pt or a training
     checkpoint RUN/checkpoints/step-N.pt: the weight average of an --ema-decay run unless
     `raw_weights`), or an export folder (python -m training.export).
 
     device: auto (cuda if available), cpu, cuda, cuda:N. precision: auto / fp32 / bf16 / fp16, default
     the run's. both_orders: average each pair's two orders (cross encoding only), default the run's.
-    tokenizer: a tokenizer folder for a checkpoint file away from its run directory."""
+    tokenizer: a tokenizer folder for a checkpoint file away from its run directory. eval_tokens: padded
+    tokens at most per batch (None: 1024 on CPU, no budget on CUDA; 0: no budget)."""
     path = Path(path)
     if path.is_dir() and (path / HEADS_FILE).is_file():
         network, tok, cfg, info = _from_export(path)
@@ -172,7 +174,7 @@ def load(path: str | Path, device: str = "auto", precision: str | None = None, b
         network, tok, cfg, info = _from_checkpoint(path, raw_weights, tokenizer)
     both = cfg.predict_both_orders if both_orders is None else both_orders
     if both and cfg.pair_encoding != "cross":
-        raise LoadError(f"--both-orders is for cross-encoded pairs; this model is {cfg.pair_encoding}")
+        raise LoadError(f"--predict-both-orders is for cross-encoded pairs; this model is {cfg.pair_encoding}")
     try:
         dev = _device.pick_device(device)
     except RuntimeError as e:  # torch's own message for a device name it does not know
@@ -182,7 +184,7 @@ def load(path: str | Path, device: str = "auto", precision: str | None = None, b
     dtype = _device.autocast_dtype(precision or cfg.precision, dev)
     return Model(network, tok, cfg, dev, dtype, source=path, tokenizer_dir=info["tokenizer_dir"],
                  metrics=info["metrics"], step=info["step"], epoch=info["epoch"], both_orders=both,
-                 batch_size=batch_size)
+                 batch_size=batch_size, eval_tokens=eval_tokens)
 
 
 def _best_of_run(run: Path) -> Path:
@@ -195,9 +197,8 @@ def _best_of_run(run: Path) -> Path:
 
 def _from_checkpoint(path: Path, raw_weights: bool, tokenizer_dir) -> tuple:
     from minbert import Tokenizer
-
-    from .checkpointing import model_from_checkpoint
-    from .inference import run_tokenizer_dir
+    from training.inference.outputs import run_tokenizer_dir
+    from training.run.checkpointing import model_from_checkpoint
 
     try:
         network, cfg, ckpt = model_from_checkpoint(path, raw_weights=raw_weights)

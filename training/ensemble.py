@@ -15,25 +15,26 @@ whole; one holding anything but an earlier set of the same members is refused un
 """
 from __future__ import annotations
 
-import argparse
-import contextlib
 import json
 import logging
 import sys
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 import torch
 
-from data.batching import encode_task
 from data.loaders import COURSE_FILES, DataError, load_task_file
 from heads.tasks import MAX_SIMILARITY
-
-from .evaluate import METRIC, add_inference_flags, overall, run_tokenizer_dir, score, task_outputs
-from .predictions import read_manifest, write_prediction_set
-from .progress import setup_logging
+from training.api import LoadError
+from training.args import Parser, add_inference_flags
+from training.common.progress import setup_logging
+from training.inference.metrics import METRIC, overall, score
+from training.inference.predictions import read_manifest, write_prediction_set
 
 log = logging.getLogger(__name__)
+
+PROG = "python -m training.ensemble"
 
 SPLITS = ("dev", "test")
 
@@ -84,42 +85,10 @@ def load_examples(data_dir: Path, tasks: list[str]) -> dict[tuple[str, str], lis
     return examples
 
 
-def load_member(ckpt: Path):
-    from minbert import Tokenizer
-
-    from .checkpointing import model_from_checkpoint
-
-    try:
-        model, cfg, _ = model_from_checkpoint(ckpt)
-    except (FileNotFoundError, RuntimeError, ValueError) as e:
-        # torch.load's messages run over several lines: the first names the file and the cause
-        raise EnsembleError(str(e).splitlines()[0] + ("..." if "\n" in str(e) else "")) from e
-    except KeyError as e:
-        raise EnsembleError(f"{ckpt}: not a checkpoint written by run_multitask.py (no {e})") from e
-    try:
-        tokenizer = Tokenizer.from_checkpoint(run_tokenizer_dir(ckpt, None))
-    except (FileNotFoundError, ValueError) as e:
-        raise EnsembleError(str(e)) from e
-    return model, cfg, tokenizer
-
-
-def member_probabilities(model, cfg, tokenizer, examples: dict, args, device) -> dict:
-    """One member's {(split, task): probabilities} on every example set, the data read its own way."""
-    from .device import autocast_dtype
-
-    model.to(device)
-    dtype = autocast_dtype(args.precision or cfg.precision, device)
-
-    def autocast():
-        return torch.autocast(device.type, dtype=dtype) if dtype else contextlib.nullcontext()
-
-    both = (cfg.predict_both_orders if args.both_orders is None else args.both_orders) and cfg.pair_encoding == "cross"
-    probs = {}
-    for (split, task), exs in examples.items():
-        data = encode_task(task, exs, tokenizer, cfg.pair_encoding, cfg.max_length, both)
-        out = task_outputs(model, data, tokenizer, args.batch_size, device, autocast)
-        probs[split, task] = probabilities(task, out)
-    return probs
+def member_probabilities(model, examples: dict) -> dict:
+    """One member's {(split, task): probabilities} on every example set, the data read its own way (a
+    training.api.Model encodes with its run's tokenizer, pair encoding, length and pair orders)."""
+    return {(split, task): probabilities(task, model.outputs(task, exs)) for (split, task), exs in examples.items()}
 
 
 def dev_metrics(probs: dict, examples: dict, tasks: list[str]) -> dict[str, float]:
@@ -135,38 +104,42 @@ def _line(source: str, metrics: dict[str, float]) -> str:
     return f"dev metrics of {source}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items())
 
 
-def run(args) -> dict:
-    """Score every member and the ensemble; write the ensemble's prediction files. Returns the metrics."""
-    from .device import pick_device
+def ensemble(members: Sequence[str | Path], data_dir: str | Path, predictions_dir: str | Path = "predictions",
+             overwrite: bool = False, device: str = "auto", precision: str | None = None, batch_size: int = 256,
+             both_orders: bool | None = None, eval_tokens: int | None = None) -> dict:
+    """Score every member and the ensemble; write the ensemble's prediction files. Returns the metrics.
+    precision and both_orders override each member's own (both_orders applies to cross-encoded members)."""
+    from training.api import load
 
-    ckpts = [member_checkpoint(m) for m in args.members]
-    out = Path(args.predictions_dir)
-    check_ensemble_folder(out, ckpts, args.overwrite)
-    device = pick_device(args.device)
-    tasks, examples, total, members = None, None, {}, []
+    ckpts = [member_checkpoint(str(m)) for m in members]
+    out = Path(predictions_dir)
+    check_ensemble_folder(out, ckpts, overwrite)
+    tasks, examples, total, scores = None, None, {}, []
     for ckpt in ckpts:  # one member in memory at a time
-        model, cfg, tokenizer = load_member(ckpt)
+        model = load(ckpt, device=device, precision=precision, batch_size=batch_size, eval_tokens=eval_tokens)
+        if both_orders is not None and model.config.pair_encoding == "cross":
+            model.both_orders = both_orders
         if tasks is None:
-            tasks = list(cfg.tasks)
-            examples = load_examples(Path(args.data_dir), tasks)
-        elif sorted(cfg.tasks) != sorted(tasks):
-            raise EnsembleError(f"{ckpt}: trained on {'+'.join(cfg.tasks)}, the first member on "
+            tasks = list(model.tasks)
+            examples = load_examples(Path(data_dir), tasks)
+        elif sorted(model.tasks) != sorted(tasks):
+            raise EnsembleError(f"{ckpt}: trained on {'+'.join(model.tasks)}, the first member on "
                                 f"{'+'.join(tasks)}: an ensemble's members need the same tasks")
-        probs = member_probabilities(model, cfg, tokenizer, examples, args, device)
+        probs = member_probabilities(model, examples)
         del model
-        members.append({"checkpoint": str(ckpt), "dev": dev_metrics(probs, examples, tasks)})
-        print(_line(str(ckpt), members[-1]["dev"]))
+        scores.append({"checkpoint": str(ckpt), "dev": dev_metrics(probs, examples, tasks)})
+        print(_line(str(ckpt), scores[-1]["dev"]))
         for key, p in probs.items():
             total[key] = total[key] + p if key in total else p
     mean = {key: p / len(ckpts) for key, p in total.items()}
-    ensemble = dev_metrics(mean, examples, tasks)
-    print(_line(f"the ensemble of {len(ckpts)}", ensemble))
+    together = dev_metrics(mean, examples, tasks)
+    print(_line(f"the ensemble of {len(ckpts)}", together))
     files = {(task, split): ([e.id for e in examples[split, task]], predictions(task, p))
              for (split, task), p in mean.items()}
     write_prediction_set(out, files, {"checkpoint": f"the ensemble of {len(ckpts)} checkpoints",
-                                      "ensemble": [str(c) for c in ckpts], "dev_metrics": ensemble,
-                                      "members": members})
-    return {"members": members, "ensemble": ensemble}
+                                      "ensemble": [str(c) for c in ckpts], "dev_metrics": together,
+                                      "members": scores})
+    return {"members": scores, "ensemble": together}
 
 
 def check_ensemble_folder(folder: Path, ckpts: list[Path], overwrite: bool) -> None:
@@ -182,10 +155,9 @@ def check_ensemble_folder(folder: Path, ckpts: list[Path], overwrite: bool) -> N
                         f"pass --overwrite, or another --predictions-dir")
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m training.ensemble", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("members", nargs="+", metavar="RUN_OR_CHECKPOINT",
+def main(argv=None, prog: str = PROG) -> int:
+    p = Parser(prog=prog, description=__doc__)
+    p.add_argument("members", nargs="+", metavar="RUN",
                    help="run directories (their best.pt) or checkpoint files, one per member")
     p.add_argument("--data-dir", required=True, help="the course's files: dev sets scored, test sets predicted")
     p.add_argument("--predictions-dir", default="predictions",
@@ -193,18 +165,16 @@ def main(argv=None) -> int:
     p.add_argument("--json", default=None, metavar="FILE", help="also write every dev metric to FILE as JSON")
     p.add_argument("--overwrite", action="store_true",
                    help="replace a --predictions-dir holding other predictions (another run's, or other members')")
-    add_inference_flags(p, "each member's", "cross-encoded members: predict each pair in both orders and average; "
-                        "siamese members ignore it")
+    add_inference_flags(p, "each member's")
     args = p.parse_args(argv)
     setup_logging()
-    if args.batch_size < 1:
-        p.error(f"--batch-size must be >= 1, not {args.batch_size}")
     if not Path(args.data_dir).is_dir():
-        p.error(f"--data-dir {args.data_dir}: no such directory")
+        p.fail(f"--data-dir {args.data_dir}: no such directory")
     try:
-        result = run(args)
-    except (EnsembleError, DataError) as e:
-        p.error(str(e))
+        result = ensemble(args.members, args.data_dir, args.predictions_dir, args.overwrite, args.device,
+                          args.precision, args.batch_size, args.both_orders, args.eval_tokens)
+    except (EnsembleError, LoadError, DataError) as e:
+        p.fail(str(e))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
     return 0

@@ -18,113 +18,45 @@ training.evaluate scores it). --plot needs matplotlib (pip install matplotlib, o
 """
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import logging
 import math
 import sys
-from collections import Counter
 from pathlib import Path
 
-from data.loaders import COURSE_FILES, load_task_file
-
-from .config import flag_of
-from .evaluate import METRIC
-from .progress import setup_logging
-from .rundir import read_metrics
-from .sweep import RESULTS, read_results
+from training.args import Parser
+from training.common.progress import setup_logging
+from training.results.summary import (
+    RunDirError,
+    depth_order,
+    majority_baselines,
+    metric_names,
+    read_run,
+    size_order,
+    summary_rows,
+)
+from training.run.config import flag_of, locations
+from training.run.rundir import read_metrics
+from training.sweep.records import RESULTS, read_results
 
 log = logging.getLogger(__name__)
 
+PROG = "python -m training.report"
+
 DPI = 100
+
 PANEL = (6.0, 4.8)  # inches per panel of metric_vs_depth.png
+
 CURVES_SIZE = (12.0, 4.5)  # inches of a --curves figure
+
 DODGE = 0.08  # horizontal offset between the sizes' points at one depth
+
 PLOT = "metric_vs_depth.png"
+
 COLUMNS = ["tasks", "depth", "size", "metric", "seeds", "mean", "median", "std", "min", "max", "baseline",
            "wall_seconds", "train_seconds", "peak_rss_mib", "trainable_params"]
 
-
-# --------------------------------------------------------------------------- statistics
-
-def summarize(values) -> dict:
-    """n, mean, median, std (sample, ddof=1; nan for one value), min, max."""
-    xs = sorted(float(v) for v in values)
-    n = len(xs)
-    if n == 0:
-        raise ValueError("no values to summarise")
-    mean = math.fsum(xs) / n
-    median = xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
-    std = math.sqrt(math.fsum((x - mean) ** 2 for x in xs) / (n - 1)) if n > 1 else math.nan
-    return {"seeds": n, "mean": mean, "median": median, "std": std, "min": xs[0], "max": xs[-1]}
-
-
-def _mean(values) -> float:
-    xs = [float(v) for v in values if v is not None]
-    return math.fsum(xs) / len(xs) if xs else math.nan
-
-
-def depth_order(d) -> tuple:
-    return (-2,) if d is None else (d,)
-
-
-def size_order(n) -> tuple:
-    return (1, 0) if n == "all" else (0, n)
-
-
-def metrics_of(tasks: str) -> list[str]:
-    names = [METRIC[t] for t in tasks.split("+")]
-    return names + ["overall"] if len(names) > 1 else names
-
-
-def summary_rows(records: list[dict], baselines: dict[str, float] | None = None) -> list[dict]:
-    """One row per (task set, depth, size, metric), in sweep order."""
-    baselines = baselines or {}
-    groups: dict[tuple, list[dict]] = {}
-    for r in records:  # an arm: a freezing schedule (the sweep's --schedules) or the study's named overrides
-        groups.setdefault((r["tasks"], r["depth"], r["size"], r.get("arm", "")), []).append(r)
-    rows = []
-    for tasks, depth, size, arm in sorted(groups, key=lambda k: (k[0], size_order(k[2]), depth_order(k[1]), k[3])):
-        group = groups[tasks, depth, size, arm]
-        seeds = {r["seed"] for r in group}
-        if len(seeds) < len(group):
-            log.warning("%s depth %s size %s: %d records for %d seeds; each seed counted once (the last)",
-                        tasks, depth, size, len(group), len(seeds))
-            group = list({r["seed"]: r for r in group}.values())
-        for metric in metrics_of(tasks):
-            values = [r["dev"][metric] for r in group if metric in r.get("dev", {})]
-            if not values:
-                continue
-            rows.append({"tasks": tasks, "depth": depth, "arm": arm, "size": size, "metric": metric,
-                         **summarize(values),
-                         "baseline": baselines.get(metric, math.nan),
-                         "wall_seconds": _mean(r.get("wall_seconds") for r in group),
-                         "train_seconds": _mean(r.get("train_seconds") for r in group),
-                         "peak_rss_mib": _mean(r.get("peak_rss_mib") for r in group),
-                         "trainable_params": _mean(r.get("trainable_params") for r in group)})
-    return rows
-
-
-def majority_baselines(records: list[dict], data_dir: str | None = None) -> dict[str, float]:
-    """{metric: score of the dev set's majority label} for the tasks in the records; sts_pearson: 0."""
-    out = {}
-    tasks = sorted({t for r in records for t in r["tasks"].split("+")})
-    for task in tasks:
-        if task == "sts":
-            out["sts_pearson"] = 0.0
-            continue
-        d = data_dir or next((r.get("settings", {}).get("data_dir") for r in records if r.get("settings")), None)
-        path = Path(d or "data") / COURSE_FILES[task]["dev"]
-        if not path.is_file():
-            log.warning("%s: not found; no %s baseline (pass --data-dir)", path, task)
-            continue
-        labels = [e.label for e in load_task_file(path, task, labelled=True).examples]
-        out[METRIC[task]] = Counter(labels).most_common(1)[0][1] / len(labels)
-    return out
-
-
-# --------------------------------------------------------------------------- report.md / report.csv
 
 def _fmt(x, digits=4) -> str:
     if x is None or (isinstance(x, float) and math.isnan(x)):
@@ -175,13 +107,11 @@ def markdown(rows: list[dict], records: list[dict], baselines: dict[str, float])
     return "\n".join(lines) + "\n"
 
 
-# --------------------------------------------------------------------------- plots
-
 def _pyplot():
     try:
         import matplotlib
     except ImportError:
-        raise SystemExit("training.report: --plot and --curves need matplotlib: pip install matplotlib "
+        raise RunDirError("--plot and --curves need matplotlib: pip install matplotlib "
                          "(or pip install -e '.[plots]')") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -193,7 +123,7 @@ def plot_sweep(rows: list[dict], path: Path) -> Path:
     over seeds, dashed: the majority baseline), then the mean wall time of a run. PANEL inches a panel."""
     plt = _pyplot()
     task_sets = sorted({r["tasks"] for r in rows})
-    ncols = max(len(metrics_of(t)) for t in task_sets) + 1
+    ncols = max(len(metric_names(t)) for t in task_sets) + 1
     fig, axes = plt.subplots(len(task_sets), ncols, figsize=(PANEL[0] * ncols, PANEL[1] * len(task_sets)),
                              dpi=DPI, squeeze=False)
     for row, tasks in enumerate(task_sets):
@@ -203,7 +133,7 @@ def plot_sweep(rows: list[dict], path: Path) -> Path:
         x_of = {d: i for i, d in enumerate(depths)}
         offsets = {n: (j - (len(sizes) - 1) / 2) * DODGE for j, n in enumerate(sizes)}  # keep error bars apart
         width = DODGE * (len(sizes) - 1)
-        metrics = metrics_of(tasks)
+        metrics = metric_names(tasks)
         for col in range(ncols):
             ax = axes[row][col]
             if col < len(metrics):
@@ -266,7 +196,7 @@ def plot_curves(run_dir: Path, path: Path | None = None) -> Path:
     run_dir = Path(run_dir)
     src = run_dir / "metrics.jsonl"
     if not src.is_file():
-        raise SystemExit(f"training.report: {src}: no such file (is {run_dir} a run directory?)")
+        raise RunDirError(f"{src}: no such file (is {run_dir} a run directory?)")
     records = read_metrics(src)
     steps = [r for r in records if "train_seconds" not in r and "dev_overall" not in r]
     epochs = [r for r in records if "train_seconds" in r]
@@ -301,29 +231,11 @@ def plot_curves(run_dir: Path, path: Path | None = None) -> Path:
     plt.close(fig)
     return path
 
+NOT_COMPARED = locations("output")  # where a run wrote, not what it trained
 
-# --------------------------------------------------------------------------- comparing runs
-
-NOT_COMPARED = ("out_dir", "predictions_dir", "export_hf", "resume", "overwrite")  # where a run wrote, not what
 COMPARED_METRICS = ("sst_acc", "para_acc", "sts_pearson", "overall")
+
 COMPARE_SIZE = (5.0, 4.0)  # inches per panel of the --compare figure
-
-
-def read_run(run_dir: Path) -> dict:
-    """A run directory's config, records, kept evaluation (the first with the best dev_overall: the trainer
-    keeps an evaluation only when it beats the best so far) and training seconds."""
-    run_dir = Path(run_dir)
-    for name in ("config.json", "metrics.jsonl"):
-        if not (run_dir / name).is_file():
-            raise SystemExit(f"training.report: {run_dir / name}: no such file (is {run_dir} a run directory?)")
-    config = json.loads((run_dir / "config.json").read_text())
-    records = read_metrics(run_dir / "metrics.jsonl")
-    evals = [r for r in records if r.get("dev_overall") is not None]
-    if not evals:
-        raise SystemExit(f"training.report: {run_dir / 'metrics.jsonl'}: no dev evaluation recorded yet")
-    kept = max(evals, key=lambda r: r["dev_overall"])  # max returns the first of equal maxima
-    return {"dir": run_dir, "config": config, "records": records, "kept": kept,
-            "train_seconds": sum(r["train_seconds"] for r in records if "train_seconds" in r)}
 
 
 def run_labels(runs: list[dict]) -> list[str]:
@@ -415,12 +327,10 @@ def compare(run_dirs: list[str], csv_path: str | None = None, plot_path: str | N
     return compare_markdown(header, rows)
 
 
-# --------------------------------------------------------------------------- command line
-
 def report(out: Path, plot: bool = False, data_dir: str | None = None) -> list[dict]:
     records = read_results(out / RESULTS)
     if not records:
-        raise SystemExit(f"training.report: {out / RESULTS}: no results (run python -m training.sweep first)")
+        raise RunDirError(f"{out / RESULTS}: no results (run python -m training.sweep first)")
     baselines = majority_baselines(records, data_dir)
     rows = summary_rows(records, baselines)
     (out / "report.md").write_text(markdown(rows, records, baselines))
@@ -431,9 +341,8 @@ def report(out: Path, plot: bool = False, data_dir: str | None = None) -> list[d
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m training.report", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None, prog: str = PROG) -> int:
+    p = Parser(prog=prog, description=__doc__)
     p.add_argument("out", nargs="?", help="a sweep's --out folder (holding results.jsonl); report.md and "
                    "report.csv are written there")
     p.add_argument("--plot", action="store_true", help=f"also draw OUT/{PLOT}: dev metric against depth, one "
@@ -448,24 +357,31 @@ def main(argv: list[str] | None = None) -> int:
                    "--compare, draw the runs' dev curves overlaid there")
     args = p.parse_args(argv)
     setup_logging()
-    if args.compare:
-        if args.out or args.curves:
-            p.error("--compare goes alone: not with a sweep folder or --curves")
-        print(compare(args.compare, args.csv, args.output), end="")
-        return 0
-    if args.csv:
+    if args.compare and (args.out or args.curves):
+        p.error("--compare goes alone: not with a sweep folder or --curves")
+    if args.csv and not args.compare:
         p.error("--csv is for --compare")
-    if not args.out and not args.curves:
+    if not (args.out or args.curves or args.compare):
         p.error("give a sweep folder (OUT), --curves RUN_DIR or --compare RUN_DIR ...")
+    try:
+        run_commands(args)
+    except RunDirError as e:
+        p.fail(str(e))
+    return 0
+
+
+def run_commands(args) -> None:
+    if args.compare:
+        print(compare(args.compare, args.csv, args.output), end="")
+        return
     if args.out:
         out = Path(args.out)
         if not (out / RESULTS).is_file():
-            p.error(f"{out / RESULTS}: no such file")
+            raise RunDirError(f"{out / RESULTS}: no such file")
         report(out, args.plot, args.data_dir)
         print((out / "report.md").read_text(), end="")
     if args.curves:
         print(f"wrote {plot_curves(Path(args.curves), args.output)}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Zip a run's prediction files for the course's submission.
 
     python -m training.submit runs/default         # writes runs/default/cs224n_default_final_project_submission.zip
-    python -m training.submit runs/default --out my-submission.zip
+    python -m training.submit runs/default --zip my-submission.zip
 
 The zip is laid out as the course's own prepare_submit.py lays it out (CS224N default final project
 starter code, 2023 and 2024): the prediction files under predictions/ (predictions/sst-dev-output.csv,
@@ -11,7 +11,7 @@ cs224n_default_final_project_submission.zip.
 
 RUN is a run directory (its predictions/ folder) or a predictions folder. The folder must hold one
 model's set: its manifest.json (written with the files by the trainer and by
-`python -m training.evaluate --data-dir`; training/predictions.py) lists every prediction file there with
+`python -m training.evaluate --data-dir`; training/inference/predictions.py) lists every prediction file there with
 its sha256, and a folder with a file missing, a course-named file the manifest does not list, a file
 changed since, or no manifest, is refused. So is a set short of the six files the course expects,
 unless --partial.
@@ -25,9 +25,9 @@ import zipfile
 from pathlib import Path
 
 from data.loaders import TASKS
-
-from .textio import read_predictions
-from .predictions import MANIFEST, PredictionSetError, check_prediction_set
+from training.args import Parser
+from training.inference.formats import read_predictions
+from training.inference.predictions import MANIFEST, PredictionSetError, check_prediction_set
 
 PROG = "python -m training.submit"
 COURSE_ZIP = "cs224n_default_final_project_submission.zip"
@@ -47,7 +47,7 @@ def predictions_folder(arg: Path) -> Path:
     if (arg / MANIFEST).is_file() or any(arg.glob("*-output.csv")):
         return arg
     raise SubmitError(f"{arg}: no predictions/ folder and no prediction files (train the run, or write them with "
-                      f"python -m training.evaluate --checkpoint {arg} --data-dir DATA --predictions-dir "
+                      f"python -m training.evaluate {arg} --data-dir DATA --predictions-dir "
                       f"{arg / 'predictions'})")
 
 
@@ -56,7 +56,7 @@ def checked_files(folder: Path, partial: bool) -> tuple[dict, list[Path]]:
     try:
         manifest, files = check_prediction_set(folder)
     except PredictionSetError as e:
-        hint = ("; write the set again with python -m training.evaluate --checkpoint RUN --data-dir DATA "
+        hint = ("; write the set again with python -m training.evaluate RUN --data-dir DATA "
                 f"--predictions-dir {folder}") if "no manifest" in str(e) or "not one run's set" in str(e) else ""
         raise SubmitError(f"{e}{hint}") from None
     missing = [n for n in COURSE_FILES if n not in {p.name for p in files}]
@@ -102,18 +102,19 @@ def submit(arg: str | Path, out: str | Path | None = None, overwrite: bool = Fal
     return zip_path, manifest, files
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None, prog: str = PROG) -> int:
+    p = Parser(prog=prog, description=__doc__)
     p.add_argument("run", metavar="RUN", help="a run directory (its predictions/) or a predictions folder")
-    p.add_argument("--out", metavar="FILE.zip", default=None, help=f"the zip to write (default: RUN/{COURSE_ZIP})")
+    p.add_argument("--zip", metavar="FILE.zip", default=None, help=f"the zip to write (default: RUN/{COURSE_ZIP})")
+    p.add_argument("--out", dest="zip", help=argparse.SUPPRESS)  # the earlier name; --out is a folder elsewhere
     p.add_argument("--overwrite", action="store_true", help="replace an existing zip")
     p.add_argument("--no-code", dest="code", action="store_false", help="leave the code's .py files out of the zip")
     p.add_argument("--partial", action="store_true", help="zip a set short of the six files the course expects")
     args = p.parse_args(argv)
     try:
-        zip_path, manifest, files = submit(args.run, args.out, args.overwrite, args.code, args.partial)
+        zip_path, manifest, files = submit(args.run, args.zip, args.overwrite, args.code, args.partial)
     except SubmitError as e:
-        p.exit(2, f"{PROG}: error: {e}\n")
+        p.fail(str(e))
     overall = (manifest.get("dev_metrics") or {}).get("overall")
     score = f", dev overall {overall:.4f}" if isinstance(overall, (int, float)) else ""
     print(f"wrote {zip_path}: {len(files)} prediction files of {manifest.get('checkpoint', '?')}{score}"

@@ -15,22 +15,21 @@ import signal
 import sys
 from pathlib import Path
 
-from .. import signals
-from ..cli import add_option
-from ..config import TrainConfig, validate
-from ..errors import ConfigError, TrainingInterrupted
-from ..progress import setup_logging
-from ..signals import exit_on_sigterm, stop_after
-from .space import load_space
+from training.args import Parser, add_option
+from training.common.errors import ConfigError, TrainingInterrupted
+from training.common.progress import setup_logging
+from training.run import signals
+from training.run.config import TrainConfig, validate
+from training.run.signals import exit_on_sigterm, stop_after
+from training.search.space import load_space
 
 log = logging.getLogger(__name__)
 PROG = "python -m training.search"
-NO_OPTUNA = (f"{PROG}: error: the search runs on Optuna, which is not installed: pip install -e \".[search]\" "
-             "(or pip install optuna)")
+NO_OPTUNA = "the search runs on Optuna, which is not installed: pip install -e \".[search]\" (or pip install optuna)"
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser(prog: str = PROG) -> Parser:
+    p = Parser(prog=prog, description=__doc__)
     p.add_argument("space", help="the search space, a JSON file (docs/search.md)")
     p.add_argument("--out", default="runs/search", help="folder of the trials, the journal and the summary "
                    "(default: %(default)s)")
@@ -42,9 +41,10 @@ def build_parser() -> argparse.ArgumentParser:
     for name in ("data_dir", "model"):
         add_option(p, TrainConfig.__dataclass_fields__[name], help_suffix=" (default: %(default)s)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
-    p.add_argument("--seed", type=int, default=None, help="the sampler's seed (default: the space's, else 0; "
+    p.add_argument("--sampler-seed", dest="seed", type=int, default=None, help="the sampler's seed (default: the space's, else 0; "
                    "each worker adds its process id and the number of trials so far, so that workers, and a "
                    "restarted one, do not propose the same settings)")
+    p.add_argument("--seed", dest="seed", type=int, help=argparse.SUPPRESS)  # its earlier name
     p.add_argument("--keep-checkpoints", action="store_true", help="keep every trial's best.pt")
     p.add_argument("--report-only", action="store_true", help="run no trial: write the summary")
     p.add_argument("--repair-journal", action="store_true", help="a journal file damaged in the middle (the "
@@ -60,41 +60,41 @@ def base_config(args, space) -> TrainConfig:
     return TrainConfig(data_dir=args.data_dir, model=args.model, test_predictions=False, save_every=0, keep_last=1)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def main(argv: list[str] | None = None, prog: str = PROG) -> int:
+    args = build_parser(prog).parse_args(argv)
     setup_logging(logging.DEBUG if args.verbose else logging.INFO)
     exit_on_sigterm()
-    from .engine import require_optuna
+    from training.search.engine import require_optuna
     optuna = require_optuna()
     if optuna is None:
-        print(NO_OPTUNA, file=sys.stderr)
+        print(f"{prog}: error: {NO_OPTUNA}", file=sys.stderr)
         return 2
     try:
         space = load_space(args.space)
     except ConfigError as e:
-        print(f"{PROG}: error: {e}", file=sys.stderr)
+        print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
     if args.trials is not None:
         if args.trials < 1:
-            print(f"{PROG}: error: --trials must be >= 1, not {args.trials}", file=sys.stderr)
+            print(f"{prog}: error: --trials must be >= 1, not {args.trials}", file=sys.stderr)
             return 2
         space.trials = args.trials
     base = base_config(args, space)
     errors = validate(TrainConfig(**{**base.to_dict(), **space.fixed}))
     if errors:
-        print(f"{PROG}: error: {space.path}: fixed: {errors[0]}", file=sys.stderr)
+        print(f"{prog}: error: {space.path}: fixed: {errors[0]}", file=sys.stderr)
         return 2
     problem = storage_problem(args)
     if problem:
-        print(f"{PROG}: error: {problem}", file=sys.stderr)
+        print(f"{prog}: error: {problem}", file=sys.stderr)
         return 2
-    return search(optuna, space, base, args)
+    return search(optuna, space, base, args, prog)
 
 
 def storage_problem(args) -> str | None:
     """--out writable (a probe file written there) and, the default storage, its journal one to go on from."""
-    from ..sweep import writable_problem
-    from .engine import JOURNAL, journal_problem
+    from training.search.engine import JOURNAL, journal_problem
+    from training.sweep.engine import writable_problem
     out = Path(args.out)
     return writable_problem({"--out": out}) or (None if args.storage else journal_problem(out / JOURNAL,
                                                                                          args.repair_journal))
@@ -104,8 +104,8 @@ def run_trials(optuna, study, space, base: TrainConfig, args, seed: int) -> str 
     """Trials until the budget is spent, or a stop signal's name: a signal during a trial's training
     stops it after its step (the trial is failed, and run again by the next start); one after its
     training, or between trials, stops the worker once that trial is told."""
-    from . import summary
-    from .engine import run_trial
+    from training.search import summary
+    from training.search.engine import run_trial
     while not (args.report_only or signals.received()):
         try:
             state = run_trial(optuna, study, space, base, Path(args.out), seed)
@@ -121,13 +121,13 @@ def run_trials(optuna, study, space, base: TrainConfig, args, seed: int) -> str 
     return signal.Signals(signals.received()).name if signals.received() else None
 
 
-def search(optuna, space, base: TrainConfig, args) -> int:
+def search(optuna, space, base: TrainConfig, args, prog: str = PROG) -> int:
     import os
 
     import torch
 
-    from . import summary
-    from .engine import keep_best_checkpoints, open_study, reap_dead, storage_for
+    from training.search import summary
+    from training.search.engine import keep_best_checkpoints, open_study, reap_dead, storage_for
 
     out = Path(args.out)
     if args.threads:
@@ -139,7 +139,7 @@ def search(optuna, space, base: TrainConfig, args) -> int:
     except Exception as e:  # noqa: BLE001 - no driver, a bad URL, another study's directions, no database
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         driver = " (PostgreSQL needs a driver: pip install 'psycopg[binary]')" if isinstance(e, ImportError) else ""
-        print(f"{PROG}: error: --storage {args.storage or out / 'study.journal'}: {first}{driver}", file=sys.stderr)
+        print(f"{prog}: error: --storage {args.storage or out / 'study.journal'}: {first}{driver}", file=sys.stderr)
         return 2
     seed = (args.seed if args.seed is not None else space.seed) + os.getpid() + 100_003 * earlier
     study = open_study(optuna, space, storage, name, seed)
@@ -150,7 +150,7 @@ def search(optuna, space, base: TrainConfig, args) -> int:
     with stop_after("trial"):
         stopped = run_trials(optuna, study, space, base, args, seed)
         if stopped:
-            print(f"{PROG}: stopped by {stopped}; the trials so far are kept, rerun the same command to go on",
+            print(f"{prog}: stopped by {stopped}; the trials so far are kept, rerun the same command to go on",
                   file=sys.stderr)
             summary.write(study, space, out)
             return signals.exit_status()

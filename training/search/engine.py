@@ -24,9 +24,10 @@ import time
 import warnings
 from pathlib import Path
 
-from ..config import TrainConfig
-from ..trainer import train
-from .space import Space
+from training.common.processes import process_alive
+from training.run.config import TrainConfig
+from training.run.trainer import train
+from training.search.space import Space
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +80,7 @@ def cut_torn_journal_tail(path: Path) -> bytes:
     so that no worker is half-way through an append."""
     from optuna.storages.journal import JournalFileSymlinkLock
 
-    from ..sweep import cut_torn_last_line
+    from training.sweep.records import cut_torn_last_line
     lock = JournalFileSymlinkLock(str(path))  # the lock JournalFileBackend takes by default
     lock.acquire()
     try:
@@ -181,21 +182,11 @@ def reap_dead(optuna, study, orphan_after: float = 60.0) -> list[int]:
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         worker = t.user_attrs.get("worker")
         orphan = worker is None and (now - t.datetime_start).total_seconds() >= orphan_after
-        if orphan or (worker or {}).get("host") == socket.gethostname() and not _alive(worker.get("pid")):
+        if orphan or (worker or {}).get("host") == socket.gethostname() and not process_alive(worker.get("pid")):
             study._storage.set_trial_user_attr(t._trial_id, "state_note", "its worker died mid-trial")
             study._storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL)
             reaped.append(t.number)
     return reaped
-
-
-def _alive(pid) -> bool:
-    try:
-        os.kill(int(pid), 0)
-    except (TypeError, ValueError, ProcessLookupError):
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def next_grid_point(space: Space, trials) -> dict | None:
@@ -304,10 +295,9 @@ def run_trial(optuna, study, space: Space, base: TrainConfig, out: Path, seed: i
 def train_seconds(run_dir: Path) -> float:
     """The run's training time: its epochs' train_seconds in metrics.jsonl (steps only, no evaluation);
     for a run stopped mid-epoch, what the epochs before it took (0 if none ended)."""
-    from ..rundir import read_metrics
+    from training.run.rundir import read_metrics, training_seconds
     path = run_dir / "metrics.jsonl"
-    rows = read_metrics(path) if path.is_file() else []
-    return round(sum(r["train_seconds"] for r in rows if "train_seconds" in r), 2)
+    return training_seconds(read_metrics(path) if path.is_file() else [])
 
 
 def keep_best_checkpoints(study, space: Space, out: Path) -> None:

@@ -20,10 +20,10 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..config import TrainConfig, options_problem, read_json_object
-from ..errors import ConfigError
-from ..evaluate import METRIC
-from ..sweep import PER_RUN
+from training.common.errors import ConfigError
+from training.inference.metrics import METRIC
+from training.run.config import TrainConfig, options_problem, read_json_object
+from training.sweep.records import PER_RUN
 
 METRICS = (*METRIC.values(), "overall")
 COST = "train_seconds"

@@ -9,7 +9,7 @@ import math
 import warnings
 from pathlib import Path
 
-from .space import Space
+from training.search.space import Space
 
 log = logging.getLogger(__name__)
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..report import metrics_of, summarize
-from ..stats import paired_tests
-from ..sweep import RunKey
-from .recipe import COST_ARM, Recipe, lr_arm
+from training.results.statistics import paired_tests
+from training.results.summary import metric_names, summarize
+from training.study.recipe import COST_ARM, Recipe, lr_arm
+from training.sweep.records import RunKey
 
 NINETY = 0.9
 
@@ -85,7 +85,7 @@ def relative_cells(recipe: Recipe, records: list[dict], size, protocol: str = "e
     arm = arm_for(recipe, records, protocol)
     cells = []
     for d in sorted(recipe.resolved_depths(), key=depth_order):
-        for metric in metrics_of(tasks):
+        for metric in metric_names(tasks):
             values, relative, seeds = [], [], []
             for s in recipe.seeds:
                 r = runs.get(RunKey(tasks, d, size, s, arm(d, size, s)))
@@ -166,7 +166,7 @@ def size_rows(recipe: Recipe, records: list[dict]) -> list[dict]:
     runs, tasks, rows = by_key(records), "+".join(recipe.tasks), []
     for n in recipe.sizes:
         for d in sorted(recipe.resolved_depths(), key=depth_order):
-            for metric in metrics_of(tasks):
+            for metric in metric_names(tasks):
                 got = {s: runs[k]["dev"][metric] for s in recipe.seeds
                        for k in [RunKey(tasks, d, n, s, "")] if k in runs}
                 full = {s: runs[k]["dev"][metric] for s in recipe.seeds
@@ -188,7 +188,7 @@ def table_rows(recipe: Recipe, records: list[dict]) -> list[dict]:
     for row in recipe.rows:
         d = recipe.depth(row["depth"])
         found = {s: runs[k] for s in recipe.seeds for k in [RunKey(tasks, d, n, s, row["arm"])] if k in runs}
-        values = {m: {s: r["dev"][m] for s, r in found.items()} for m in metrics_of(tasks)}
+        values = {m: {s: r["dev"][m] for s, r in found.items()} for m in metric_names(tasks)}
         out.append({"label": row["label"], "depth": d, "arm": row["arm"], "values": values,
                     "published": row.get("published", {}),
                     "train_seconds": [r["train_seconds"] for r in found.values() if r.get("train_seconds")]})

@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 from scipy import stats as sps
 
-from ..evaluate import METRIC
-from ..stats import bootstrap_diffs, interval, mean_sd, overall_diffs, paired_tests
-from .protocol import Protocol
+from training.inference.metrics import METRIC
+from training.results.statistics import bootstrap_diffs, interval, mean_sd, overall_diffs, paired_tests
+from training.study.protocol import Protocol
 
 LEVEL = 0.95
 METRICS = ("sst_acc", "para_acc", "sts_pearson", "overall")
@@ -176,7 +176,7 @@ def split_scores(recipe, records: list[dict], results: Path, dev_labels: dict[st
 
 
 def _part_scores(preds: dict[str, np.ndarray], dev_labels: dict[str, np.ndarray], unseen: dict[str, list[int]]) -> dict:
-    from ..evaluate import score
+    from training.inference.metrics import score
 
     out = {}
     for task, labels in dev_labels.items():

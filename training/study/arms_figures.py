@@ -16,9 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..sweep import RunKey
-from .figures import DPI, PANEL, _save, pyplot
-from .protocol import Protocol, tune_score
+from training.study.figures import DPI, PANEL, _save, pyplot
+from training.study.protocol import Protocol, tune_score
+from training.sweep.records import RunKey
 
 
 def arms_figures(recipe, records: list[dict], rows: list[dict], baselines: dict | None, out: Path) -> list[Path]:

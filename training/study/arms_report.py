@@ -9,11 +9,10 @@ from pathlib import Path
 import numpy as np
 
 from data.loaders import COURSE_FILES, load_task_file
-
-from ..sweep import RESULTS, RunKey, read_results
-from .arms import METRICS, point_rows, split_scores, versus
-from .baselines import labels_digest, read_baselines
-from .protocol import Protocol, tune_score
+from training.study.arms import METRICS, point_rows, split_scores, versus
+from training.study.baselines import labels_digest, read_baselines
+from training.study.protocol import Protocol, tune_score
+from training.sweep.records import RESULTS, RunKey, read_results
 
 
 def _f(x, digits: int = 4, sign: bool = False) -> str:
@@ -177,7 +176,7 @@ CSV_COLUMNS = ["point", "depth", "arm", "lr", "metric", "seeds", "mean", "ci_low
 
 
 def write_arms_report(recipe, results: Path, report: Path, data_dir: str | None = None) -> Path:
-    from .arms_figures import arms_figures
+    from training.study.arms_figures import arms_figures
 
     text, rows = arms_markdown(recipe, results, data_dir)
     report.mkdir(parents=True, exist_ok=True)

@@ -19,10 +19,9 @@ from pathlib import Path
 import numpy as np
 
 from data.loaders import load_task_file
-
-from ..config import TrainConfig
-from ..evaluate import METRIC, overall, score
-from ..sweep import TUNE
+from training.inference.metrics import METRIC, overall, score
+from training.run.config import TrainConfig
+from training.sweep.subsets import TUNE
 
 log = logging.getLogger(__name__)
 FILE = "baselines.json"

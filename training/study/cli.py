@@ -15,29 +15,29 @@ studies) and docs/freezing-study/whole (the whole-file study).
 """
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
 from pathlib import Path
 
-from ..cli import add_option
-from ..config import TrainConfig, validate
-from ..errors import ConfigError
-from ..progress import setup_logging
-from ..signals import exit_on_sigterm
-from ..sweep import (RESULTS, RunKey, default_runs_dir, model_layers, read_results, settings_clash, settings_of,
-                     training_subsets, work, writable_problem)
-from .figures import FIGURES
-from .protocol import ArmOverrides, role_of
-from .recipe import Recipe, available, load_recipe
-from .tables import MARKDOWN, write_csv
+from training.args import Parser, add_option
+from training.common.errors import ConfigError
+from training.common.progress import setup_logging
+from training.run.config import TrainConfig, validate
+from training.run.signals import exit_on_sigterm
+from training.study.figures import FIGURES
+from training.study.protocol import ArmOverrides, role_of
+from training.study.recipe import Recipe, available, load_recipe
+from training.study.tables import MARKDOWN, write_csv
+from training.sweep.engine import Workers, default_runs_dir, model_layers, work, writable_problem
+from training.sweep.records import RESULTS, RunKey, read_results, settings_clash, settings_of
+from training.sweep.subsets import Grid, training_subsets
 
 log = logging.getLogger(__name__)
 PROG = "python -m training.study"
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser(prog: str = PROG) -> Parser:
+    p = Parser(prog=prog, description=__doc__)
     p.add_argument("recipe", help=f"a built-in recipe ({', '.join(available())}) or a recipe file (JSON)")
     for name in ("data_dir", "model"):
         add_option(p, TrainConfig.__dataclass_fields__[name], help_suffix=" (default: %(default)s)")
@@ -75,7 +75,7 @@ def check(recipe: Recipe, base: TrainConfig) -> list[str]:
 
 def write_report(recipe: Recipe, results: Path, report: Path, data_dir: str | None = None) -> Path:
     if recipe.kind == "arms":  # the dev labels (for the bootstrap) from data_dir
-        from .arms_report import write_arms_report
+        from training.study.arms_report import write_arms_report
         return write_arms_report(recipe, results, report, data_dir)
     records = read_results(results / RESULTS)
     report.mkdir(parents=True, exist_ok=True)
@@ -85,8 +85,8 @@ def write_report(recipe: Recipe, results: Path, report: Path, data_dir: str | No
     return report / "report.md"
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def main(argv: list[str] | None = None, prog: str = PROG) -> int:
+    args = build_parser(prog).parse_args(argv)
     setup_logging(logging.DEBUG if args.verbose else logging.INFO)
     exit_on_sigterm()
     try:
@@ -97,10 +97,10 @@ def main(argv: list[str] | None = None) -> int:
         recipe.resolve(layers)
         base = base_config(recipe, args)
     except ConfigError as e:
-        print(f"{PROG}: error: {e}", file=sys.stderr)
+        print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
     if args.threads is not None and args.threads < 1:
-        print(f"{PROG}: error: --threads must be >= 1, not {args.threads}", file=sys.stderr)
+        print(f"{prog}: error: --threads must be >= 1, not {args.threads}", file=sys.stderr)
         return 2
     errors = check(recipe, base)
     results = Path(args.out or recipe.results or "runs/study")
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.report_only:  # a report reads the records as they are; only training must not mix settings
         errors += [e for e in [settings_clash(records, settings_of(base), results / RESULTS)] if e]
     if errors:
-        print(f"{PROG}: error: {errors[0]}" + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""),
+        print(f"{prog}: error: {errors[0]}" + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""),
               file=sys.stderr)
         return 2
     if args.dry_run:
@@ -119,35 +119,34 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     rc = 0
     if not args.report_only:
-        rc = train(recipe, base, args, results, report)
+        rc = train(recipe, base, args, results, report, prog)
         if rc == 2:  # refused before training: no new result to report
             return rc
     try:
         path = write_report(recipe, results, report, base.data_dir)
     except ValueError as e:  # an arms study's dev files are not the ones its runs were scored on
-        print(f"{PROG}: error: {e}", file=sys.stderr)
+        print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
     log.info("report: %s", path)
     return rc
 
 
-def train(recipe: Recipe, base: TrainConfig, args, results: Path, report: Path) -> int:
+def train(recipe: Recipe, base: TrainConfig, args, results: Path, report: Path, prog: str = PROG) -> int:
     arms_study = recipe.kind == "arms"
     seeds = recipe.seeds + (recipe.lr_grid["tuning_seeds"] if arms_study else [])
-    ns = argparse.Namespace(tasks=recipe.tasks, sizes=recipe.sizes, seeds=seeds, in_process=args.in_process,
-                            threads=args.threads, keep_going=args.keep_going, keep_checkpoints=args.keep_checkpoints,
-                            test_predictions=False, tuning_split=recipe.tuning_split)
+    grid = Grid(recipe.tasks, recipe.sizes, seeds, recipe.tuning_split)
+    workers = Workers(args.threads, args.in_process, args.keep_going, args.keep_checkpoints)
     runs_dir = Path(args.runs_dir or default_runs_dir(results))
     problem = writable_problem({f"{recipe.path}: results": results, f"{recipe.path}: report": report,
                                 "--runs-dir": runs_dir})
-    subsets = problem or training_subsets(ns, base, flag=f"{recipe.path}: sizes")
+    subsets = problem or training_subsets(grid, base, flag=f"{recipe.path}: sizes")
     if isinstance(subsets, str):
-        print(f"{PROG}: error: {subsets}", file=sys.stderr)
+        print(f"{prog}: error: {subsets}", file=sys.stderr)
         return 2
     arms, annotate = recipe.all_arms(), None
     if arms_study:
-        from .baselines import write_baselines
+        from training.study.baselines import write_baselines
         write_baselines(recipe, base, subsets, results)
         arms, annotate = ArmOverrides(recipe), lambda key: {"seed_role": role_of(recipe, key)}
-    return work(ns, base, recipe.plan, arms, subsets, results, runs_dir,
+    return work(grid, workers, base, recipe.plan, arms, subsets, results, runs_dir,
                 after_each=lambda: write_report(recipe, results, report, base.data_dir), annotate=annotate)

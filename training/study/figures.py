@@ -13,9 +13,9 @@ import logging
 import math
 from pathlib import Path
 
-from ..report import metrics_of
-from .aggregate import NINETY, cost_rows, depth_label, relative_cells, size_rows, table_rows
-from .recipe import Recipe
+from training.results.summary import metric_names
+from training.study.aggregate import NINETY, cost_rows, depth_label, relative_cells, size_rows, table_rows
+from training.study.recipe import Recipe
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ def depth_figures(recipe: Recipe, records: list[dict], out: Path) -> list[Path]:
     plt = pyplot()
     if plt is None:
         return []
-    size, metrics = recipe.sizes[0], metrics_of("+".join(recipe.tasks))
+    size, metrics = recipe.sizes[0], metric_names("+".join(recipe.tasks))
     protocols = ["elsa"] + (["tuned"] if recipe.lr_grid else [])
     fig, axes = _grid(plt, len(metrics))
     for j, protocol in enumerate(protocols):
@@ -104,7 +104,7 @@ def size_figures(recipe: Recipe, records: list[dict], out: Path) -> list[Path]:
     plt = pyplot()
     if plt is None:
         return []
-    rows, metrics = size_rows(recipe, records), metrics_of("+".join(recipe.tasks))
+    rows, metrics = size_rows(recipe, records), metric_names("+".join(recipe.tasks))
     fig, axes = _grid(plt, len(metrics))
     depths = list(dict.fromkeys(r["depth"] for r in rows))
     for ax, metric in zip(axes, metrics):
@@ -129,7 +129,7 @@ def table_figures(recipe: Recipe, records: list[dict], out: Path) -> list[Path]:
     rows = table_rows(recipe, records)
     if plt is None or not any(v for r in rows for v in r["values"].values()):
         return []
-    metrics = metrics_of("+".join(recipe.tasks))
+    metrics = metric_names("+".join(recipe.tasks))
     fig, axes = _grid(plt, len(metrics))
     for ax, metric in zip(axes, metrics):
         for i, r in enumerate(rows):

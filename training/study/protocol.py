@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 
-from ..sweep import RunKey
+from training.sweep.records import RunKey
 
 SEED_ROLES = ("tuning", "reporting")
 
@@ -139,7 +139,7 @@ def role_of(recipe, key: RunKey) -> str:
 
 
 class ArmOverrides:
-    """The arms of a protocol study as training.sweep.work reads them (.get(arm, default)): computed from
+    """The arms of a protocol study as training.sweep.engine.work reads them (.get(arm, default)): computed from
     the run's arm name, since edge extensions add rates while the study runs."""
 
     def __init__(self, recipe):

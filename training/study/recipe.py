@@ -30,11 +30,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from data.loaders import TASKS
-
-from ..config import TrainConfig, freeze_depth, freeze_error, read_json_object, seed_error
-from ..config import options_problem as config_options_problem
-from ..errors import ConfigError
-from ..sweep import PER_RUN, RunKey
+from training.common.errors import ConfigError
+from training.run.config import TrainConfig, freeze_depth, freeze_error, read_json_object, seed_error
+from training.run.config import options_problem as config_options_problem
+from training.sweep.records import PER_RUN, RunKey
 
 RECIPES = Path(__file__).with_name("recipes")
 KINDS = ("depth", "size", "table", "arms")
@@ -107,7 +106,7 @@ class Recipe:
         its tuning seeds, then each depth's best rate on the other seeds (known once its tuning runs
         are in), then the cost arm. An arms study: protocol.Protocol's plan."""
         if self.kind == "arms":
-            from .protocol import Protocol
+            from training.study.protocol import Protocol
             return Protocol(self, records).plan()
         keys = self.base_keys()
         if self.lr_grid:

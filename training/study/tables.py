@@ -6,11 +6,20 @@ import csv
 import math
 from pathlib import Path
 
-from ..report import metrics_of
-from ..stats import mean_sd
-from .aggregate import (NINETY, comparisons, cost_rows, depth_label, ninety_depth, relative_cells, size_rows,
-                        table_rows, trainable_layers)
-from .recipe import Recipe
+from training.results.statistics import mean_sd
+from training.results.summary import metric_names
+from training.study.aggregate import (
+    NINETY,
+    comparisons,
+    cost_rows,
+    depth_label,
+    ninety_depth,
+    relative_cells,
+    size_rows,
+    table_rows,
+    trainable_layers,
+)
+from training.study.recipe import Recipe
 
 
 def _f(x, digits: int = 4, sign: bool = False) -> str:
@@ -51,7 +60,7 @@ def depth_markdown(recipe: Recipe, records: list[dict]) -> str:
         lrs = _lr_column(recipe, records, size) if protocol == "tuned" else None
         lines += [f"## Quality against frozen depth: {what}", ""] + _relative_table(recipe, cells, lrs) + [""]
         lines += [f"Deepest depth keeping {NINETY:.0%} of full quality (mean relative quality): " + ", ".join(
-            f"{m} {_depth_or_none(ninety_depth(cells, m), recipe.layers)}" for m in metrics_of("+".join(recipe.tasks))),
+            f"{m} {_depth_or_none(ninety_depth(cells, m), recipe.layers)}" for m in metric_names("+".join(recipe.tasks))),
             ""]
     if recipe.lr_grid:
         best = recipe.best_lrs(records)
@@ -99,7 +108,7 @@ def _lr_column(recipe: Recipe, records: list[dict], size) -> dict:
 
 
 def _relative_table(recipe: Recipe, cells, lrs: dict | None = None) -> list[str]:
-    metrics = metrics_of("+".join(recipe.tasks))
+    metrics = metric_names("+".join(recipe.tasks))
     lr_head, lr_rule = ("lr | ", "---|") if lrs else ("", "")
     lines = [f"| depth | {lr_head}seeds | " + " | ".join(f"{m} | {m} relative" for m in metrics) + " |",
              f"|---|{lr_rule}---:|" + "---:|---:|" * len(metrics)]
@@ -118,7 +127,7 @@ def _relative_table(recipe: Recipe, cells, lrs: dict | None = None) -> list[str]
 
 def size_markdown(recipe: Recipe, records: list[dict]) -> str:
     rows = size_rows(recipe, records)
-    metrics = metrics_of("+".join(recipe.tasks))
+    metrics = metric_names("+".join(recipe.tasks))
     lines = [f"# {recipe.title}", "", recipe.about, "", settings_line(recipe, records), "",
              "Mean ± sample std over seeds; gap: the frozen run minus the full fine-tuning run of the same seed "
              "and size (negative: freezing lost), mean ± std.", "",
@@ -140,7 +149,7 @@ def size_markdown(recipe: Recipe, records: list[dict]) -> str:
 
 def table_markdown(recipe: Recipe, records: list[dict]) -> str:
     rows = table_rows(recipe, records)
-    metrics = metrics_of("+".join(recipe.tasks))
+    metrics = metric_names("+".join(recipe.tasks))
     published = any(r["published"] for r in rows)  # a reproduction: the paper's figures beside ours
     lines = [f"# {recipe.title}", "", recipe.about, "", settings_line(recipe, records), "",
              f"Training examples per task: {recipe.sizes[0]}. Ours: mean ± sample std over seeds"

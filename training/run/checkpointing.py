@@ -1,6 +1,6 @@
 """The checkpoint files: written so that a crash mid-write never destroys the previous one, read back
 with one-line errors. This module stores the dicts its callers hand it and knows no component's
-insides; the run (training/trainer.py) asks each component for its `state_dict()`.
+insides; the run (training/run/trainer.py) asks each component for its `state_dict()`.
 
     best.pt                      {"model", "bert_config", "config", "epoch", "step", "metrics"}
     checkpoints/step-NNNNNNN.pt  the same model keys plus every component's state (Run.state_dict)
@@ -19,10 +19,9 @@ import torch
 
 from heads import MultitaskBert
 from minbert import Bert, BertConfig
-
-from .config import TrainConfig, freeze_depth
-from .errors import write_error
-from .peft import apply_peft
+from training.common.errors import write_error
+from training.methods.peft import apply_peft
+from training.run.config import TrainConfig, freeze_depth
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +133,7 @@ def model_from_checkpoint(path, raw_weights: bool = False) -> tuple[MultitaskBer
                          f"the training checkpoints (checkpoints/step-N.pt) of an --ema-decay run")
     model.load_state_dict(ckpt["model"])
     if "ema" in ckpt and not raw_weights:
-        from .ema import load_average
+        from training.methods.ema import load_average
         load_average(model, ckpt["ema"])
         log.info("%s: the weight average at step %s (not the raw weights)", path, ckpt["run_state"]["global_step"])
     return model, cfg, ckpt

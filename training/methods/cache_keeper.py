@@ -18,9 +18,15 @@ the tokens (`chain`): a resumed run recomputes them the same way, to the same bi
 from __future__ import annotations
 
 import logging
+import os
 import time
 
-from .build import dev_frozen_cache, maybe_frozen_cache
+import torch
+
+from data.batching import TaskData
+from heads import MultitaskBert
+from training.methods.frozen_cache import build_frozen_cache, estimate_bytes
+from training.run.config import TrainConfig
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +36,7 @@ class CacheKeeper:
         self.cfg, self.model, self.data, self.tokenizer = cfg, model, data, tokenizer
         self.device, self.amp_dtype, self.dist = device, amp_dtype, dist
         self.train = None  # FrozenCache of the training sets, or None
-        self.dev = None  # FrozenCache of the dev sets (one process only: see build.dev_frozen_cache)
+        self.dev = None  # FrozenCache of the dev sets (one process only: see dev_frozen_cache below)
         self.chain: list[int] = []  # the layers the caches entered since they were built from the tokens
         self.seconds: float | None = None  # time spent building caches since the last epoch record
 
@@ -86,3 +92,60 @@ class CacheKeeper:
                 self._build(deepen=k > 0)
         finally:
             self.model.frozen_upto = depth
+
+
+# --------------------------------------------------------------------------- which cache, when
+
+def maybe_frozen_cache(cfg: TrainConfig, model: MultitaskBert, train: dict[str, TaskData], tokenizer, device,
+                       dist=None, amp_dtype: torch.dtype | None = None, base=None):
+    """The frozen-prefix cache when it applies (frozen encoder layers, nothing needing their gradients).
+    base: the cache of a shallower prefix, to compute the new states from (one process)."""
+    if cfg.frozen_cache == "off":
+        return None
+    if model.first_trainable_layer < 1:
+        if cfg.frozen_cache != "auto":
+            log.warning("--frozen-cache %s does nothing here: no encoder layer is frozen (it caches the states "
+                        "entering the first trainable layer, with --freeze-upto N >= 1)", cfg.frozen_cache)
+        return None
+    if cfg.frozen_dropout:
+        log.info("frozen-prefix cache off: --frozen-dropout keeps dropout in the frozen layers, so their output "
+                 "is no fixed function of the input")
+        return None
+    if cfg.perturbs_embeddings():
+        log.info("frozen-prefix cache off: SMART perturbs the embeddings, which needs gradients through the "
+                 "frozen layers every step (--smart-perturb-at first-trainable keeps the cache)")
+        return None
+    if dist is not None:
+        return frozen_cache_per_rank(dist, model, train, tokenizer, device, cfg.frozen_cache, cfg.cache_dir,
+                                     amp_dtype)
+    return build_frozen_cache(model, train, tokenizer, device, cfg.frozen_cache, cfg.cache_dir,
+                              compute_dtype=amp_dtype, base=base)
+
+
+def dev_frozen_cache(cfg: TrainConfig, model: MultitaskBert, dev: dict[str, TaskData], tokenizer, device,
+                     amp_dtype: torch.dtype | None = None, base=None):
+    """The dev sets' frozen-prefix states, stored in float32, for the evaluations during training: each
+    then runs only the trainable layers. Where the training cache applies and one process evaluates
+    (under torchrun, rank 0 alone evaluates: its own cache would be the only one, so none is made)."""
+    return build_frozen_cache(model, dev, tokenizer, device, cfg.frozen_cache, cfg.cache_dir, dtype="float32",
+                              compute_dtype=amp_dtype, base=base)
+
+
+def frozen_cache_per_rank(d, model, train, tokenizer, device, mode: str, cache_dir, compute_dtype=None):
+    """The frozen-prefix cache of the WHOLE training set on every rank (a rank's slices change every
+    epoch). In memory: one copy per process, built at once; 'auto' counts the node's ranks against
+    its RAM. On disk: the ranks take turns, so the first rank on a filesystem writes the cache and
+    the others find and memory-map the same files (one copy in the page cache, no write races)."""
+    if mode == "auto":
+        size = estimate_bytes(train, model.encoder.config.hidden_size) * d.local_world_size
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        mode = "memory" if size < ram // 4 else "disk"
+    if mode != "disk":
+        return build_frozen_cache(model, train, tokenizer, device, mode, compute_dtype=compute_dtype)
+    cache = None
+    for r in range(d.world_size):
+        if r == d.rank:
+            cache = build_frozen_cache(model, train, tokenizer, device, "disk", cache_dir,
+                                       compute_dtype=compute_dtype)
+        d.barrier()
+    return cache

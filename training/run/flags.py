@@ -1,13 +1,13 @@
-"""A run's recipe: the options of its config that differ from the defaults, as the flags that would
-set them. What a model card and a comparison of runs show, instead of the whole config."""
+"""A run's options that differ from the defaults, as the flags that would set them: what a model card and a
+comparison of runs show instead of the whole config, and the command that would train the run again."""
 from __future__ import annotations
 
 import shlex
 
-from .config import TrainConfig, default_of, flag_of, options
+from training.run.config import TrainConfig, default_of, flag_of, locations, options
 
 # Where a run read and wrote, not what it trained: never part of a recipe (data is shown apart).
-LOCATIONS = ("data_dir", "files", "out_dir", "predictions_dir", "export_hf", "resume", "overwrite", "cache_dir")
+LOCATIONS = locations()
 
 
 def defaults(config: dict) -> dict:
@@ -43,10 +43,10 @@ def option_flags(name: str, value) -> list[str]:
     return [flag, "none" if value is None else str(value)]
 
 
-def recipe_flags(config: dict) -> list[str]:
+def changed_flags(config: dict) -> list[str]:
     """The run's changed options as flags, e.g. ['--epochs', '1', '--smart']."""
     return [word for name, value in changed_options(config).items() for word in option_flags(name, value)]
 
 
-def recipe_command(config: dict) -> str:
-    return shlex.join(["python", "run_multitask.py", *recipe_flags(config)])
+def command_line(config: dict) -> str:
+    return shlex.join(["python", "run_multitask.py", *changed_flags(config)])

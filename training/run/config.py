@@ -1,7 +1,7 @@
 """Everything a training run is configured by, as one dataclass: the single source of every option.
 
 Each field carries its metadata (help, group, choices, range, whether a resumed run may change it, the
-feature it belongs to). From it come the command line (training/cli.py builds the parser), the
+feature it belongs to). From it come the command line (training/train.py builds the parser), the
 sweep's flags, the validation that `train()` itself runs, and the saved `config.json` from which
 `--config FILE` reruns a run. Adding an option is adding one field here.
 """
@@ -16,10 +16,9 @@ from fractions import Fraction
 from pathlib import Path
 
 from data.loaders import COURSE_FILES, TASKS
-
-from .errors import ConfigError
-from .freezing import freeze_depth, parse_schedule, parse_share
-from .peft import parse_peft
+from training.common.errors import ConfigError
+from training.methods.freezing import freeze_depth, parse_schedule, parse_share
+from training.methods.peft import parse_peft
 
 log = logging.getLogger(__name__)
 
@@ -55,12 +54,16 @@ class Range:
 
 def opt(default, help: str, group: str, *, choices: tuple | None = None, range: Range | None = None,
         metavar: str | None = None, resume_may_differ: bool = False, feature: str | None = None,
-        onoff: bool = False, default_text: str | None = None):
+        onoff: bool = False, default_text: str | None = None, where: str | None = None):
     """A TrainConfig field with what the CLI, the sweep, validation and resume need to know of it.
     feature: the bool field this option belongs to (refused when given while that one is off).
-    onoff: a bool shown on the command line as a {off,on} choice (its default may be either)."""
+    onoff: a bool shown on the command line as a {off,on} choice (its default may be either).
+    where: "data" (what a run reads) or "output" (where it writes, and how: never what it trains) for the
+    options that are locations rather than choices of training; recipes, model cards and comparisons of
+    runs leave them out (see locations())."""
     meta = dict(help=help, group=group, choices=choices, range=range, metavar=metavar,
-                resume_may_differ=resume_may_differ, feature=feature, onoff=onoff, default_text=default_text)
+                resume_may_differ=resume_may_differ, feature=feature, onoff=onoff, default_text=default_text,
+                where=where)
     if isinstance(default, (dict, list, tuple)):
         return field(default_factory=lambda: type(default)(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -96,9 +99,9 @@ class TrainConfig:
     # ------------------------------------------------------------------ data
     data_dir: str = opt(os.environ.get("MINBERT_DATA_DIR") or "data", "folder with the course's CSV files: "
                         "$MINBERT_DATA_DIR if set, else data (fetch them with `python -m data.download`)", "data",
-                        resume_may_differ=True)
+                        resume_may_differ=True, where="data")
     # "sst_train" -> path: one flag per task and split (--sst-train PATH ...), overriding DATA_DIR's file
-    files: dict = opt({}, "override DATA_DIR/{file}", "data", metavar="PATH", resume_may_differ=True)
+    files: dict = opt({}, "override DATA_DIR/{file}", "data", metavar="PATH", resume_may_differ=True, where="data")
     tasks: tuple = opt(TASKS, "tasks to train", "data", choices=TASKS)
     max_train_examples: int | None = opt(None, "use at most N training examples per task (a seeded random "
                                          "subset), for quick runs", "data", metavar="N", range=_at_least(1),
@@ -196,7 +199,7 @@ class TrainConfig:
                                "--freeze-upto N >= 1 the frozen-prefix cache is then off", "optimisation")
     cache_dir: str = opt(".cache/frozen", "where the frozen-prefix cache keeps its files when on disk "
                          "(--frozen-cache disk, or auto when it does not fit in memory)", "optimisation",
-                         resume_may_differ=True)
+                         resume_may_differ=True, where="output")
     # ------------------------------------------------------------------ PCGrad
     pcgrad: bool = opt(False, "gradient surgery between the tasks' gradients on the shared encoder; shared "
                        "parameters get the SUM of the projected task gradients (as in the paper; some ports "
@@ -253,13 +256,13 @@ class TrainConfig:
                         "than eager (docs/benchmarks.md); the first steps are slow while it compiles", "run",
                         resume_may_differ=True)
     out_dir: str = opt("runs/default", "run directory: checkpoint, metrics.jsonl, train.log", "run",
-                       resume_may_differ=True)
+                       resume_may_differ=True, where="output")
     predictions_dir: str | None = opt(None, "where {sst,para,sts}-{dev,test}-output.csv and their manifest.json "
                                       "are written; a folder holding another run's files is refused (replaced with "
                                       "--overwrite), never mixed", "run", resume_may_differ=True,
-                                      default_text="OUT_DIR/predictions")
+                                      default_text="OUT_DIR/predictions", where="output")
     export_hf: str | None = opt(None, "also write the trained encoder in the Hugging Face layout to DIR", "run",
-                                metavar="DIR", resume_may_differ=True, default_text="no export")
+                                metavar="DIR", resume_may_differ=True, default_text="no export", where="output")
     log_every: int = opt(50, "log running losses every N steps", "run", range=_at_least(1), resume_may_differ=True)
     report_to: str = opt("none", "also log every metrics.jsonl record to TensorBoard, in OUT_DIR/tensorboard (the "
                          "optional extra: pip install -e '.[tensorboard]'); metrics.jsonl is written either way", "run",
@@ -271,10 +274,10 @@ class TrainConfig:
                          metavar="K", range=_at_least(1), resume_may_differ=True)
     resume: str | None = opt(None, "continue a run exactly where it stopped: a checkpoint, or auto (the newest in "
                              "OUT_DIR/checkpoints, else start afresh)", "run", metavar="PATH|auto",
-                             resume_may_differ=True, default_text="a new run")
+                             resume_may_differ=True, default_text="a new run", where="output")
     overwrite: bool = opt(False, "let a new run replace the best.pt, training checkpoints and metrics.jsonl of an "
                           "earlier run in --out-dir (without it, such a directory is refused)", "run",
-                          resume_may_differ=True)
+                          resume_may_differ=True, where="output")
     max_bad_steps: int = opt(10, "stop after this many consecutive steps with a non-finite loss or gradient (each "
                              "is skipped)", "run", range=_at_least(1), resume_may_differ=True)
 
@@ -312,6 +315,12 @@ class TrainConfig:
 def options() -> list:
     """TrainConfig's fields, in order, each with its metadata (`f.metadata`)."""
     return list(fields(TrainConfig))
+
+
+def locations(*kinds: str) -> tuple[str, ...]:
+    """The options that say where a run reads ("data") or writes ("output"), not how it trains."""
+    kinds = kinds or ("data", "output")
+    return tuple(f.name for f in options() if f.metadata["where"] in kinds)
 
 
 def default_of(f):
@@ -503,7 +512,7 @@ def _combination_errors(cfg: TrainConfig) -> list[str]:
 
 def _schedule_errors(cfg: TrainConfig) -> list[str]:
     """--unfreeze-schedule on its own and beside the options it cannot work with (its depths against the
-    model's layers are checked with the model: training.preflight)."""
+    model's layers are checked with the model: training.run.preflight)."""
     try:
         spec = parse_schedule(cfg.unfreeze_schedule)
     except ValueError as e:

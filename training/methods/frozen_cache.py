@@ -24,8 +24,7 @@ import torch
 
 from data.batching import Batch, TaskData, batch_labels, eval_batch_indices, eval_batches, eval_token_budget
 from heads import MultitaskBert
-
-from .progress import progress
+from training.common.progress import progress
 
 log = logging.getLogger(__name__)
 

@@ -22,9 +22,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .checkpointing import current_umask
-from .errors import ConfigError, write_error
-from .textio import write_predictions
+from training.common.errors import ConfigError, write_error
+from training.inference.formats import write_predictions
+from training.inference.metrics import metrics_of
+from training.inference.outputs import predict_sets
+from training.run.checkpointing import current_umask
 
 log = logging.getLogger(__name__)
 
@@ -139,3 +141,43 @@ def check_prediction_set(folder: str | os.PathLike) -> tuple[dict, list[Path]]:
         raise PredictionSetError(f"{folder}: {', '.join(changed)} changed since {MANIFEST} was written (another "
                                  f"run or an edit wrote over them)")
     return manifest, [folder / n for n in sorted(listed)]
+
+
+def write_all_predictions(model, splits, folder, overwrite: bool = False, source: str | None = None) -> dict:
+    """The dev metrics of `model` (a training.api.Model) printed, and the course's files of every set in
+    `splits` written to `folder` with their manifest, as one set replacing the folder's earlier one whole
+    (training/inference/predictions.py). A folder holding another run's set is refused unless `overwrite`."""
+    run = run_of(model.source)
+    check_predictions_dir(folder, run, overwrite)
+
+    def predict(sets):
+        return predict_sets(model.network, sets, model.tokenizer, model.batch_size, model.device, model.autocast)
+
+    dev, test = predict(splits.dev), predict(splits.test)
+    metrics = metrics_of(splits.dev, dev) if dev else {}
+    if metrics:
+        print(f"dev metrics of {source or model.source}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+    write_run_predictions(folder, splits, dev, test, run, model.source, model.config.to_dict(), metrics,
+                          epoch=model.epoch, step=model.step)
+    return metrics
+
+
+def write_run_predictions(folder, splits, dev: dict, test: dict, run: Path, checkpoint: Path, config: dict,
+                          metrics: dict, epoch: int | None = None, step: int | None = None) -> Path:
+    """One checkpoint's prediction set: the course's file of every task predicted in `dev` and `test`
+    (task -> predictions, in the order of splits.dev and splits.test), with the manifest naming the run,
+    the checkpoint, where in training its weights are from, its config's digest and its dev metrics."""
+    files = {(task, split): ([e.id for e in sets[task].examples], preds[task])
+             for split, sets, preds in (("dev", splits.dev, dev), ("test", splits.test, test)) for task in preds}
+    manifest = {"run": str(Path(run).resolve()), "checkpoint": str(Path(checkpoint).resolve()), "epoch": epoch,
+                "step": step, "config_digest": config_digest(config), "dev_metrics": metrics}
+    return write_prediction_set(folder, files, manifest)
+
+
+def run_of(source: Path) -> Path:
+    """The run directory a checkpoint belongs to: best.pt's folder, one up from checkpoints/step-N.pt; an
+    export folder is its own."""
+    source = Path(source)
+    if source.is_dir():
+        return source
+    return source.parent.parent if source.parent.name == "checkpoints" else source.parent

@@ -1,4 +1,4 @@
-"""Seeding, device and precision: with training/errors.py, the bottom of the training package's
+"""Seeding, device and precision: with training/common/errors.py, the bottom of the training package's
 import graph (standard library, numpy and torch only), so any module or script may use it without an
 import circle."""
 from __future__ import annotations

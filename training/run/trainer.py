@@ -6,7 +6,7 @@
     run.finish()          # predictions of the best model, the optional export
 
 `train(cfg)` does all four. One loop for CPU and CUDA, in one process or data-parallel under torchrun
-(training/distributed.py). Each step trains on one task's batch (MT-DNN and the other per-task
+(training/methods/distributed.py). Each step trains on one task's batch (MT-DNN and the other per-task
 samplers) or on a mixed batch grouped by task (--task-sampling mixed, PCGrad's sampler); the loss of
 each task's group is computed separately so PCGrad can take one backward per task. The components
 (stepper.py, build.py, checkpointing.py, rundir.py) know nothing of the loop.
@@ -27,23 +27,38 @@ from tqdm import tqdm
 from data.batching import Batch, make_batch
 from data.sampler import TaskBatch, padding_efficiency
 from minbert.checkpoint import copy_tokenizer_files
-
-from .build import build_model, load_data, updates_for_epoch
-from .cache_keeper import CacheKeeper
-from .checkpointing import RollingCheckpoints, load_model_state, save_checkpoint
-from .config import TrainConfig, validate
-from .device import DTYPES, GlobalRng, fp16_autocast_problem, pick_device, resolve_precision, seed_everything
-from .errors import ConfigError, TrainingInterrupted
-from .evaluate import metrics_of, predict_sets
-from .freezing import FreezeSchedule, parse_schedule
-from .predictions import check_predictions_dir, config_digest, write_prediction_set
-from .progress import progress
-from .peft import share, trainable_counts
-from .preflight import check_disk, check_model
-from .rundir import (MetricsLog, drop_earlier_log, earlier_run_to_replace, find_resume_checkpoint, finished_run,
-                     remove_earlier_run, remove_stale_temp_files, run_log)
-from .signals import stop_on_signals
-from .stepper import Stepper
+from training.common.device import (
+    DTYPES,
+    GlobalRng,
+    fp16_autocast_problem,
+    pick_device,
+    resolve_precision,
+    seed_everything,
+)
+from training.common.errors import ConfigError, TrainingInterrupted
+from training.common.progress import progress
+from training.inference.metrics import metrics_of
+from training.inference.outputs import predict_sets
+from training.inference.predictions import check_predictions_dir, write_run_predictions
+from training.methods.cache_keeper import CacheKeeper
+from training.methods.freezing import FreezeSchedule, parse_schedule
+from training.methods.peft import share, trainable_counts
+from training.methods.stepper import Stepper
+from training.run.build import build_model, load_data, updates_for_epoch
+from training.run.checkpointing import RollingCheckpoints, load_model_state, save_checkpoint
+from training.run.config import TrainConfig, validate
+from training.run.preflight import check_disk, check_model
+from training.run.rundir import (
+    MetricsLog,
+    drop_earlier_log,
+    earlier_run_to_replace,
+    find_resume_checkpoint,
+    finished_run,
+    remove_earlier_run,
+    remove_stale_temp_files,
+    run_log,
+)
+from training.run.signals import stop_on_signals
 
 log = logging.getLogger(__name__)
 
@@ -72,19 +87,18 @@ def train(cfg: TrainConfig, on_evaluation=None) -> dict:
     Launched by torchrun with WORLD_SIZE > 1, each process is one data-parallel rank (docs/distributed.md).
     on_evaluation(record): called with each dev evaluation's metrics.jsonl record once it is written (a
     hyperparameter search reports it, and may stop the run by raising)."""
-    from .distributed import init_distributed
+    from training.methods.distributed import init_distributed
 
-    run = Run(cfg)
-    finished = finished_run(cfg, run.out_dir)  # before anything, train.log included, is touched
+    check_config(cfg)
+    finished = finished_run(cfg, Path(cfg.out_dir))  # before anything, train.log included, is touched
     if finished is not None:
         stopped = "" if finished["epoch"] >= cfg.epochs else f", stopped early after {finished['epoch']}"
         log.info("--resume auto: %s holds a finished run (%d epoch(s)%s; best dev %s), with its predictions in "
-                 "%s: nothing to do, nothing written", run.out_dir, cfg.epochs, stopped,
+                 "%s: nothing to do, nothing written", cfg.out_dir, cfg.epochs, stopped,
                  _fmt(finished["best_metrics"]), cfg.predictions_folder())
         return finished["best_metrics"]
-    run.on_evaluation = on_evaluation
     with init_distributed(cfg.device) as dist:
-        run.dist = dist
+        run = Run(cfg, dist, on_evaluation)
         with run.logging_to_out_dir():
             run.setup()
             t0 = time.time()
@@ -103,15 +117,20 @@ def train(cfg: TrainConfig, on_evaluation=None) -> dict:
             return metrics
 
 
+def check_config(cfg: TrainConfig) -> None:
+    errors = validate(cfg)
+    if errors:
+        raise ConfigError("; ".join(errors))
+
+
 class Run:
     """One training run. Rank 0 of a data-parallel run (or the only process) writes the run directory,
     evaluates and predicts; every rank trains."""
 
-    def __init__(self, cfg: TrainConfig, dist=None):
-        errors = validate(cfg)  # Python callers get the command line's checks too
-        if errors:
-            raise ConfigError("; ".join(errors))
+    def __init__(self, cfg: TrainConfig, dist=None, on_evaluation=None):
+        check_config(cfg)  # Python callers get the command line's checks too
         self.cfg, self.dist = cfg, dist
+        self.on_evaluation = on_evaluation  # see train()
         self.out_dir = Path(cfg.out_dir)
         self.state = RunState()
         self.started = time.time()  # temp files older than this, of dead writers, are a killed run's leftovers
@@ -121,7 +140,16 @@ class Run:
         self.earlier: list[Path] = []  # an earlier run's files, replaced at this run's first step
         self.best_dev_preds: dict | None = None  # the kept evaluation's dev predictions, task -> array
         self.stopped_early = False
-        self.on_evaluation = None  # see train()
+        self.stop = None  # the signal handler's flag while fit() runs
+        # choose_device(): where and in which precision the run computes
+        self.device: torch.device | None = None
+        self.precision, self.precision_reason, self.amp_dtype = None, None, None
+        # build(): the parts, made from the config
+        self.model, self.tokenizer, self.ckpt_dir = None, None, None
+        self.data, self.steps_per_epoch, self.schedule = None, None, None
+        self.stepper: Stepper | None = None
+        self.caches: CacheKeeper | None = None
+        self.checkpoints: RollingCheckpoints | None = None  # setup(): the rolling training checkpoints
 
     @property
     def main(self) -> bool:
@@ -187,13 +215,13 @@ class Run:
         """Model, data and step machine, without touching the run directory: what tests and benchmarks
         need to take steps (`Run(cfg).build().stepper`). Expects setup()'s seeding and device."""
         cfg, dist = self.cfg, self.dist
-        if not hasattr(self, "device"):  # called alone
+        if self.device is None:  # called alone
             seed_everything(cfg.seed)
             self.choose_device()
         self.model, self.tokenizer, self.ckpt_dir = build_model(cfg)
         self.model.to(self.device)
         if dist is not None:  # the same initial model everywhere, but each rank its own dropout masks
-            from .distributed import rank_seed
+            from training.methods.distributed import rank_seed
             torch.manual_seed(rank_seed(cfg.seed, dist.rank))
             log.info("data-parallel over %d ranks: each step's batch of %d is split between them",
                      dist.world_size, cfg.batch_size)
@@ -209,7 +237,7 @@ class Run:
         self.stepper = Stepper.build(self.model, cfg, total, self.device, self.amp_dtype, dist, self.schedule)
         self._log_model()
         if cfg.compile:  # after the Stepper: SMART's teacher is a deep copy and must stay eager
-            from .compiling import compile_layers
+            from training.methods.compiling import compile_layers
             compile_layers(self.model.encoder)
             log.info("--compile: encoder layers compiled lazily; the first steps of each shape family are slow")
         self.caches = CacheKeeper(cfg, self.model, self.data, self.tokenizer, self.device, self.amp_dtype, dist)
@@ -304,7 +332,7 @@ class Run:
             if generator is not None:
                 generator.set_state(ranks[dist.rank]["smart_generator"])
             return
-        from .distributed import rank_seed  # another number of ranks (or a single-process checkpoint)
+        from training.methods.distributed import rank_seed  # another number of ranks (or a single-process checkpoint)
         seed = rank_seed(self.cfg.seed, dist.rank, self.state.global_step)
         torch.manual_seed(seed)
         if generator is not None:
@@ -401,7 +429,7 @@ class Run:
             tbs, = update
             parts = self.stepper.step([self.load_batch(tb) for tb in tbs if tb.indices], state.global_step)
         else:  # this rank's slice of each task group; the step's parts come back global
-            from .distributed import local_step
+            from training.methods.distributed import local_step
             tbs, = update
             mine, weights = local_step(tbs, self.dist.rank, self.dist.world_size)
             parts = self.stepper.step([self.load_batch(tb) for tb in mine], state.global_step, weights)
@@ -537,7 +565,7 @@ class Run:
         best = load_model_state(self.model, self.out_dir / "best.pt", self.device)
         self.write_predictions(best)
         if self.cfg.export_hf:  # the encoder in the Hugging Face layout, the heads and a model card
-            from .export import export
+            from training.results.export import export
             export(self.out_dir / "best.pt", self.cfg.export_hf, overwrite=True)  # checked in setup()
             log.info("exported the model to %s", self.cfg.export_hf)
         return self.state.best_metrics if dist is None else dist.broadcast_object(self.state.best_metrics)
@@ -550,19 +578,14 @@ class Run:
         metrics = metrics_of(self.data.dev, dev)
         print("dev metrics of the best checkpoint: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
         test = self.predict(self.data.test)
-        files = {(task, split): ([e.id for e in sets[task].examples], preds[task])
-                 for split, sets, preds in (("dev", self.data.dev, dev), ("test", self.data.test, test))
-                 for task in preds}
-        manifest = {"run": str(self.out_dir.resolve()), "checkpoint": str((self.out_dir / "best.pt").resolve()),
-                    "epoch": best.get("epoch"), "step": best.get("step"),
-                    "config_digest": config_digest(self.cfg.to_dict()), "dev_metrics": metrics}
-        write_prediction_set(self.cfg.predictions_folder(), files, manifest)
+        write_run_predictions(self.cfg.predictions_folder(), self.data, dev, test, self.out_dir,
+                              self.out_dir / "best.pt", self.cfg.to_dict(), metrics, best.get("epoch"), best.get("step"))
 
 
 def check_export_dir(folder: str | None, overwrite: bool) -> None:
     """--export-hf DIR: found unusable before training, not after it."""
     if folder:
-        from .export import ExportError, check_out_dir
+        from training.results.export import ExportError, check_out_dir
         try:
             check_out_dir(Path(folder), overwrite)
         except ExportError as e:

@@ -1,5 +1,5 @@
-"""A run's parts, built from its config: the model and tokenizer, the data splits, each epoch's
-schedule of batches, and the frozen-prefix cache."""
+"""A run's parts, built from its config: the model and tokenizer, the data splits, and each epoch's
+schedule of batches (the frozen-prefix cache: training/methods/cache_keeper.py)."""
 from __future__ import annotations
 
 import logging
@@ -15,10 +15,9 @@ from data.loaders import load_task_file
 from data.sampler import TaskBatch, epoch_schedule, mixed_schedule
 from heads import MultitaskBert
 from minbert import Tokenizer, load_bert, resolve_checkpoint
-
-from .config import TrainConfig, freeze_depth
-from .errors import ConfigError
-from .peft import apply_peft
+from training.common.errors import ConfigError
+from training.methods.peft import apply_peft
+from training.run.config import TrainConfig, freeze_depth
 
 log = logging.getLogger(__name__)
 
@@ -93,41 +92,3 @@ def updates_for_epoch(cfg: TrainConfig, train: dict[str, TaskData], epoch: int) 
     last update may hold fewer)."""
     steps, k = schedule_for_epoch(cfg, train, epoch), cfg.grad_accum_steps
     return [steps[i: i + k] for i in range(0, len(steps), k)]
-
-
-def maybe_frozen_cache(cfg: TrainConfig, model: MultitaskBert, train: dict[str, TaskData], tokenizer, device,
-                       dist=None, amp_dtype: torch.dtype | None = None, base=None):
-    """The frozen-prefix cache when it applies (frozen encoder layers, nothing needing their gradients).
-    base: the cache of a shallower prefix, to compute the new states from (one process)."""
-    if cfg.frozen_cache == "off":
-        return None
-    if model.first_trainable_layer < 1:
-        if cfg.frozen_cache != "auto":
-            log.warning("--frozen-cache %s does nothing here: no encoder layer is frozen (it caches the states "
-                        "entering the first trainable layer, with --freeze-upto N >= 1)", cfg.frozen_cache)
-        return None
-    if cfg.frozen_dropout:
-        log.info("frozen-prefix cache off: --frozen-dropout keeps dropout in the frozen layers, so their output "
-                 "is no fixed function of the input")
-        return None
-    if cfg.perturbs_embeddings():
-        log.info("frozen-prefix cache off: SMART perturbs the embeddings, which needs gradients through the "
-                 "frozen layers every step (--smart-perturb-at first-trainable keeps the cache)")
-        return None
-    if dist is not None:
-        from .distributed import frozen_cache_per_rank
-        return frozen_cache_per_rank(dist, model, train, tokenizer, device, cfg.frozen_cache, cfg.cache_dir,
-                                     amp_dtype)
-    from .frozen_cache import build_frozen_cache  # numpy memory maps, hashing: only where a cache applies
-    return build_frozen_cache(model, train, tokenizer, device, cfg.frozen_cache, cfg.cache_dir,
-                              compute_dtype=amp_dtype, base=base)
-
-
-def dev_frozen_cache(cfg: TrainConfig, model: MultitaskBert, dev: dict[str, TaskData], tokenizer, device,
-                     amp_dtype: torch.dtype | None = None, base=None):
-    """The dev sets' frozen-prefix states, stored in float32, for the evaluations during training: each
-    then runs only the trainable layers. Where the training cache applies and one process evaluates
-    (under torchrun, rank 0 alone evaluates: its own cache would be the only one, so none is made)."""
-    from .frozen_cache import build_frozen_cache
-    return build_frozen_cache(model, dev, tokenizer, device, cfg.frozen_cache, cfg.cache_dir, dtype="float32",
-                              compute_dtype=amp_dtype, base=base)

@@ -16,14 +16,13 @@ import torch
 
 from data.batching import Batch
 from heads import KIND, MultitaskBert, task_loss
-
-from .config import TrainConfig
-from .device import autocast
-from .ema import WeightEMA
-from .errors import ConfigError, NonFiniteLossError
-from .pcgrad import PCGrad
-from . import smart as smart_lib  # looked up at call time, so tests can wrap adversarial_loss
-from .smart import EMATeacher, SmartConfig, dropout_disabled
+from training.common.device import autocast
+from training.common.errors import ConfigError, NonFiniteLossError
+from training.methods import smart as smart_lib  # looked up at call time, so tests can wrap adversarial_loss
+from training.methods.ema import WeightEMA
+from training.methods.pcgrad import PCGrad
+from training.methods.smart import EMATeacher, SmartConfig, dropout_disabled
+from training.run.config import TrainConfig
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +152,7 @@ class Stepper:
                  total_steps: int, dist=None):
         self.model, self.cfg, self.optimizer, self.scheduler = model, cfg, optimizer, scheduler
         self.device, self.amp_dtype = device, amp_dtype
-        self.dist = dist  # a training.distributed.Dist in a data-parallel run, else None
+        self.dist = dist  # a training.methods.distributed.Dist in a data-parallel run, else None
         self.bad_steps = 0
         self.lr = 0.0  # the peak learning rate of the last step taken (heads' rate under --layer-lr-decay)
         self.ema = WeightEMA(model, cfg.ema_decay) if cfg.ema_decay is not None else None
@@ -293,7 +292,7 @@ class Stepper:
 
         Data-parallel (self.dist): `batches` are this rank's slices and `weights` their shares
         n_local / n_global of their task's global batch; the weighted gradients and loss parts are
-        summed over the ranks (training/distributed.py), so the update and the returned parts are
+        summed over the ranks (training/methods/distributed.py), so the update and the returned parts are
         those of the global batch."""
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
@@ -316,7 +315,7 @@ class Stepper:
                 self._backward(losses[b.task])  # mixed batches without PCGrad: gradient of the sum of task losses
         reduce = None
         if self.dist is not None:
-            from .distributed import StepReduce  # torch.distributed only for data-parallel runs
+            from training.methods.distributed import StepReduce  # torch.distributed only for data-parallel runs
             reduce = StepReduce(self.dist, params, parts, weights, nonfinite)
         if self.pcgrad is not None:
             scaler = self.loss_scaler.scaler if self.loss_scaler is not None else None
@@ -436,5 +435,5 @@ def _oom_message(b: Batch, cfg: TrainConfig) -> str:
 
 
 def _rank_seed(seed: int, rank: int) -> int:
-    from .distributed import rank_seed  # torch.distributed only for data-parallel runs
+    from training.methods.distributed import rank_seed  # torch.distributed only for data-parallel runs
     return rank_seed(seed, rank)

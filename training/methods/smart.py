@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .ema import ema_update_
+from training.methods.ema import ema_update_
 
 KINDS = ("categorical", "bernoulli", "regression")
 PERTURBATIONS = ("paper", "reference")

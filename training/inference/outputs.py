@@ -11,8 +11,7 @@ import torch
 
 from data.batching import TaskData, eval_batch_indices, eval_token_budget, make_batch
 from heads import MultitaskBert, predict
-
-from .progress import progress
+from training.common.progress import progress
 
 SHOW_PROGRESS_FROM = 20  # batches: below that a call is quick, and a line for each would be noise
 
@@ -23,7 +22,7 @@ def raw_outputs(model: MultitaskBert, data: TaskData, tokenizer, batch_size: int
     """The heads' outputs (logits / scores) in the order of data.examples, in fp32 on the CPU;
     batches run sorted by length, at most batch_size examples and max_tokens padded tokens each
     (None: batch_size alone; "auto": the device's budget, data.batching.eval_token_budget).
-    cache: a frozen-prefix cache (training.frozen_cache) holding `data`'s states entering the first
+    cache: a frozen-prefix cache (training.methods.frozen_cache) holding `data`'s states entering the first
     trainable layer; the batches then run only the layers above it."""
     was_training = model.training
     model.eval()

@@ -166,7 +166,7 @@ class PCGrad:
         stats = pcgrad.backward({"sst": l1, "para": l2, "sts": l3}, scaler=scaler)
         scaler.step(optimizer)  # or optimizer.step()
 
-    Data-parallel (training/distributed.py): ``reduce`` sums the (T, P) buffer, and the head
+    Data-parallel (training/methods/distributed.py): ``reduce`` sums the (T, P) buffer, and the head
     gradients, across the ranks, so surgery sees the global per-task gradients.
     """
 

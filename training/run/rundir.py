@@ -15,12 +15,12 @@ from pathlib import Path
 import numpy as np
 
 from minbert.checkpoint import human_bytes
-
-from .checkpointing import RollingCheckpoints, read_checkpoint
-from .config import TrainConfig, resume_may_differ
-from .errors import ConfigError, write_error
-from .predictions import read_manifest
-from .progress import LOG_FORMAT
+from training.common.errors import ConfigError, write_error
+from training.common.processes import process_alive
+from training.common.progress import LOG_FORMAT
+from training.inference.predictions import read_manifest
+from training.run.checkpointing import RollingCheckpoints, read_checkpoint
+from training.run.config import TrainConfig, resume_may_differ
 
 log = logging.getLogger(__name__)
 
@@ -233,6 +233,28 @@ def read_metrics(path: str | os.PathLike) -> list[dict]:
     return [json.loads(x) for x in lines]
 
 
+def evaluations(rows: list[dict]) -> list[dict]:
+    """The dev evaluations among a run's metrics.jsonl records."""
+    return [r for r in rows if r.get("dev_overall") is not None]
+
+
+def kept_evaluation(rows: list[dict]) -> dict | None:
+    """The evaluation best.pt holds: the first with the highest dev_overall (the trainer keeps a new best
+    only when it is strictly higher); None before the first evaluation."""
+    evals = evaluations(rows)
+    return max(evals, key=lambda r: r["dev_overall"]) if evals else None  # max: the first of equal maxima
+
+
+def epoch_records(rows: list[dict]) -> list[dict]:
+    """The records of finished epochs (each with its train_seconds: training steps only, no evaluation)."""
+    return [r for r in rows if "train_seconds" in r]
+
+
+def training_seconds(rows: list[dict]) -> float:
+    """A run's training time: its finished epochs' train_seconds (0 before the first epoch ends)."""
+    return round(sum(r["train_seconds"] for r in epoch_records(rows)), 2)
+
+
 def truncate_metrics(path: Path, step: int) -> None:
     """Drop the records after `step` from metrics.jsonl: a resumed run writes those steps again. A torn
     or damaged line is dropped with a warning."""
@@ -283,7 +305,7 @@ def remove_stale_temp_files(dirs: list[Path], started: float) -> list[Path]:
             pid = _temp_writer(p)
             if pid is False:
                 continue
-            if p.stat().st_mtime >= started or (pid and _alive(int(pid))):
+            if p.stat().st_mtime >= started or (pid and process_alive(pid)):
                 log.info("%s: left alone, another process may be writing it", p)
                 continue
             total += _remove(p)
@@ -316,18 +338,6 @@ def _remove(p: Path) -> int:
     size = p.stat().st_size
     p.unlink(missing_ok=True)
     return size
-
-
-def _alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)  # signal 0: only asks whether the process exists
-    except PermissionError:  # another user's process
-        return True
-    except (OSError, OverflowError):  # ProcessLookupError, or a number no pid can be
-        return False
-    return True
 
 
 TENSORBOARD = "tensorboard"  # OUT_DIR/tensorboard under --report-to tensorboard

@@ -152,25 +152,3 @@ class StepReduce:
         self.nonfinite = int(scalars[0].item())
         for (t, k), v in zip(keys, scalars[1:].tolist()):
             self.parts[t][k] = v
-
-
-def frozen_cache_per_rank(d: Dist, model, train, tokenizer, device, mode: str, cache_dir, compute_dtype=None):
-    """The frozen-prefix cache of the WHOLE training set on every rank (a rank's slices change every
-    epoch). In memory: one copy per process, built at once; 'auto' counts the node's ranks against
-    its RAM. On disk: the ranks take turns, so the first rank on a filesystem writes the cache and
-    the others find and memory-map the same files (one copy in the page cache, no write races)."""
-    from .frozen_cache import build_frozen_cache, estimate_bytes
-
-    if mode == "auto":
-        size = estimate_bytes(train, model.encoder.config.hidden_size) * d.local_world_size
-        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        mode = "memory" if size < ram // 4 else "disk"
-    if mode != "disk":
-        return build_frozen_cache(model, train, tokenizer, device, mode, compute_dtype=compute_dtype)
-    cache = None
-    for r in range(d.world_size):
-        if r == d.rank:
-            cache = build_frozen_cache(model, train, tokenizer, device, "disk", cache_dir,
-                                       compute_dtype=compute_dtype)
-        d.barrier()
-    return cache

@@ -17,11 +17,10 @@ import torch
 
 from minbert import BertConfig, Tokenizer, resolve_checkpoint
 from minbert.checkpoint import human_bytes, machine_ram, read_bert_config, refuse_if_too_big
-
-from .config import TrainConfig, depth_error, freeze_depth
-from .errors import ConfigError
-from .freezing import optimised_depth, schedule_error
-from .peft import parse_peft
+from training.common.errors import ConfigError
+from training.methods.freezing import optimised_depth, schedule_error
+from training.methods.peft import parse_peft
+from training.run.config import TrainConfig, depth_error, freeze_depth
 
 log = logging.getLogger(__name__)
 

@@ -1,23 +1,14 @@
-"""Command line of run_multitask.py, built from TrainConfig's fields: flags -> TrainConfig, checked
-before any heavy work.
-
-    python run_multitask.py --freeze-upto 3 --smart
-    python run_multitask.py --config runs/default/config.json --seed 2   # rerun a run, one flag changed
+"""What every command's command line shares: the parser (one-line errors, the nearest flag suggested),
+TrainConfig's fields as flags, and the argument groups of the commands that run a trained model, so that a
+flag means one thing in every command. Commands import this; the library never does.
 """
 from __future__ import annotations
 
 import argparse
-import logging
-import sys
+from typing import NoReturn
 
 from data.loaders import COURSE_FILES, TASKS
-
-from .config import (GROUPS, TrainConfig, data_dir_origin, default_of, field_errors, flag_of, freeze_error, options,
-                     read_config_file, validate)
-from .errors import ConfigError, NonFiniteLossError, TrainingInterrupted, WriteError
-from .progress import setup_logging
-
-PROG = "run_multitask.py"
+from training.run.config import TrainConfig, default_of, flag_of, freeze_error, options
 
 
 def _opt_int(s: str) -> int | None:
@@ -48,20 +39,21 @@ def _int_or_text(s: str) -> int | str:
         return s
 
 
-# The CS224N starter code's flags (multitask_classifier.py) -> ours, for its users' first try
-# (docs/api.md, "Coming from the starter code"; 2023's --option and Spring 2024's --fine-tune-mode)
-STARTER_FLAGS = {"--use_gpu": "--device cuda", "--option": "--freeze-upto N (pretrain: N = the number of layers; "
-                 "finetune: leave it out)", "--fine-tune-mode": "--freeze-upto N (last-linear-layer: N = the "
-                 "number of layers; full-model: leave it out)", "--hidden_dropout_prob": "--head-dropout",
-                 "--batch_size": "--batch-size",
-                 **{f"--{t}_{s}_out": "--predictions-dir DIR" for t in ("sst", "para", "sts") for s in ("dev", "test")}}
+class Parser(argparse.ArgumentParser):
+    """argparse, but a mistake is one line naming the command (not the 40-line usage), exit status 2, and an
+    unknown flag is answered with the nearest real one, or with what replaces it for the flags in `hints`
+    (run_multitask.py's: the course's starter-code flags). Every command's parser is one."""
 
+    def __init__(self, *args, hints: dict[str, str] | None = None, **kwargs):
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        super().__init__(*args, **kwargs)
+        self.hints = hints or {}
 
-class _Parser(argparse.ArgumentParser):
-    """argparse, but a mistake is one line (not the 40-line usage), and an unknown flag is answered with
-    the nearest real one, or its name in this trainer for the course's starter-code flags."""
+    def fail(self, message: str) -> NoReturn:
+        """A problem found after parsing (a missing file, a bad value): the same one line, no usage hint."""
+        self.exit(2, f"{self.prog}: error: {message}\n")
 
-    def error(self, message: str):
+    def error(self, message: str) -> NoReturn:
         if message.startswith("unrecognized arguments:"):
             hints = [h for h in (self.nearest(w) for w in message.split(":", 1)[1].split()) if h]
             message += f" (did you mean {'; '.join(hints)}?)" if hints else ""
@@ -73,8 +65,8 @@ class _Parser(argparse.ArgumentParser):
         name = word.split("=", 1)[0]
         if not name.startswith("-"):
             return None
-        if name in STARTER_FLAGS:
-            return f"{STARTER_FLAGS[name]} for the starter code's {name}"
+        if name in self.hints:
+            return self.hints[name]
         flags = [s for a in self._actions for s in a.option_strings if s.startswith("--")]
         hyphens = name.replace("_", "-")
         if hyphens in flags:
@@ -83,7 +75,7 @@ class _Parser(argparse.ArgumentParser):
         return close[0] if close else None
 
 
-class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+class OptionsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Shows defaults, except None: "(default: None)" says nothing; those flags' help says what unset means."""
 
     def _get_help_string(self, action):
@@ -121,20 +113,6 @@ def add_option(group, f, default=None, help_suffix: str = "") -> None:
                            help=text)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(
-        prog=PROG,
-        description="Train one BERT on SST-5 sentiment, Quora paraphrase and STS-B similarity, evaluate on "
-                    "the dev sets each epoch, keep the best checkpoint and write the course's prediction files.",
-        formatter_class=_HelpFormatter)
-    p.add_argument("--config", metavar="FILE", default=None,
-                   help="start from the options in FILE (a run's config.json, or a JSON recipe of some options); "
-                        "flags given on the command line override it")
-    groups = {name: p.add_argument_group(name) for name in GROUPS}
-    for f in options():
-        add_option(groups[f.metadata["group"]], f)
-    groups["run"].add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    return p
 
 
 def config_from_args(args: argparse.Namespace, base: TrainConfig | None = None) -> TrainConfig:
@@ -172,57 +150,62 @@ def defaults_from(values: dict) -> dict:
     return out
 
 
-def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, TrainConfig]:
-    """The command line -> (args, config): --config FILE's options first, every flag given over them."""
-    parser = build_parser()
-    first, _ = parser.parse_known_args(argv)  # only to find --config; errors come from the full parse
-    if first.config is not None:
-        try:
-            values = read_config_file(first.config)
-        except ConfigError as e:
-            parser.exit(2, f"{PROG}: error: {e}\n")
-        # checked before argparse sees them: it would run a string default through the flag's type
-        errors = field_errors(TrainConfig.from_dict(values))
-        if errors:
-            parser.exit(2, "".join(f"{PROG}: error: --config {first.config}: {e}\n" for e in errors))
-        parser.set_defaults(**defaults_from(values))
-    args = parser.parse_args(argv)
-    typed = any(a == "--data-dir" or a.startswith("--data-dir=") for a in (sys.argv[1:] if argv is None else argv))
-    given = typed or args.data_dir != parser.get_default("data_dir")  # an abbreviation, --data-d X, too
-    config_file = first.config if first.config is not None and "data_dir" in values else None
-    args.data_dir_from = data_dir_origin(args.data_dir, given, config_file)  # for the line of a missing folder
-    return args, config_from_args(args)
+# --------------------------------------------------------------------------- the commands that run a trained model
+
+def add_model_source(p: argparse.ArgumentParser, what: str = "the model") -> None:
+    """The trained model a command reads: RUN (a run directory, its best.pt), a checkpoint file, or a folder
+    written by the export command; and the options of reading it."""
+    p.add_argument("source", metavar="RUN", help=f"{what}: a run directory (its best.pt), a checkpoint file "
+                   "(best.pt, checkpoints/step-N.pt) or a folder written by the export command")
+    add_reading_flags(p)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args, cfg = parse(argv)
-    setup_logging(logging.DEBUG if args.verbose else logging.INFO)
-    errors = validate(cfg, args.data_dir_from)
-    if errors:
-        for e in errors:
-            print(f"{PROG}: error: {e}", file=sys.stderr)
-        return 2
-    # heavy imports only after the flags are known to be good
-    import torch
+def add_reading_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--raw-weights", action="store_true",
+                   help="a training checkpoint of an --ema-decay run: its raw weights instead of their average, "
+                        "the weights the run evaluates (default: the average)")
+    p.add_argument("--tokenizer", default=None, help="tokenizer folder (default: the run's tokenizer/)")
 
-    from data.loaders import DataError
-    from minbert import CheckpointError
 
-    from .trainer import train
+def add_inference_flags(p: argparse.ArgumentParser, whose: str = "the training run's") -> None:
+    """--eval-batch-size, --device, --precision, --predict-both-orders, named and meaning as in training;
+    `whose` says where the last two default from. --batch-size and --both-orders, these commands' earlier
+    names, still work (hidden: --batch-size is the training batch in run_multitask.py)."""
+    p.add_argument("--eval-batch-size", dest="batch_size", type=positive_int, default=256,
+                   help="examples per inference batch (default: %(default)s)")
+    p.add_argument("--batch-size", dest="batch_size", type=positive_int, help=argparse.SUPPRESS)
+    p.add_argument("--eval-tokens", type=non_negative_int, default=None, metavar="N",
+                   help="padded tokens (examples x longest) at most per batch, which --eval-batch-size also caps; 0: "
+                        "no budget (default: 1024 on CPU, the fastest measured; none on CUDA)")
+    p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N")
+    precisions = TrainConfig.__dataclass_fields__["precision"].metadata["choices"]
+    p.add_argument("--precision", choices=precisions, default=None,
+                   help=f"autocast for inference (default: {whose} --precision)")
+    p.add_argument("--predict-both-orders", dest="both_orders", action=argparse.BooleanOptionalAction, default=None,
+                   help=f"cross encoding: predict each paraphrase/similarity pair as (a, b) and (b, a) and average "
+                        f"(default: {whose} --predict-both-orders)")
+    p.add_argument("--both-orders", dest="both_orders", action=argparse.BooleanOptionalAction, help=argparse.SUPPRESS)
 
-    try:
-        train(cfg)
-    except (ConfigError, CheckpointError, DataError) as e:  # found once the model / data / checkpoint are read
-        print(f"{PROG}: error: {e}", file=sys.stderr)
-        return 2
-    except TrainingInterrupted as e:
-        print(f"{PROG}: {e}", file=sys.stderr)
-        return 130 if e.signal_name == "SIGINT" else 143
-    except (NonFiniteLossError, torch.OutOfMemoryError, WriteError) as e:
-        print(f"{PROG}: error: {e}", file=sys.stderr)
-        return 1
-    except OSError as e:  # a file the run reads or writes, found unusable mid-way (not a bug: no traceback)
-        where = f"{e.filename}: " if e.filename else ""
-        print(f"{PROG}: error: {where}{e.strerror or e}", file=sys.stderr)
-        return 1
-    return 0
+
+def load_model(args: argparse.Namespace, source=None):
+    """The model named by add_model_source's and add_inference_flags' arguments (training.api.load;
+    LoadError when it cannot be read)."""
+    from training.api import load
+
+    return load(source or args.source, device=args.device, precision=args.precision, batch_size=args.batch_size,
+                eval_tokens=args.eval_tokens, both_orders=args.both_orders, raw_weights=args.raw_weights,
+                tokenizer=args.tokenizer)
+
+
+def non_negative_int(s: str) -> int:
+    value = int(s)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, not {value}")
+    return value
+
+
+def positive_int(s: str) -> int:
+    value = int(s)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, not {value}")
+    return value

@@ -1,0 +1,1 @@
+"""Small helpers at the bottom of the import graph: errors, device and precision, progress."""

@@ -1,0 +1,1 @@
+"""A trained model's outputs: running it, the metrics, the prediction file formats and sets."""

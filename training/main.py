@@ -1,0 +1,65 @@
+"""The `minbert` command: one entry point whose subcommands are the project's commands.
+
+    minbert train --freeze-upto 3 --smart        # = python run_multitask.py --freeze-upto 3 --smart
+    minbert evaluate runs/default --data-dir data
+    minbert COMMAND --help
+
+Each subcommand is a module's main(argv, prog) (training/<command>.py, or training/<package>/cli.py), so
+`python -m training.<command>` runs the same code; the module is imported only when its command runs.
+"""
+from __future__ import annotations
+
+import difflib
+import importlib
+import sys
+from typing import NamedTuple
+
+
+class Command(NamedTuple):
+    module: str
+    summary: str
+
+
+COMMANDS = {
+    "train": Command("training.train", "train one model on the three tasks (python run_multitask.py)"),
+    "evaluate": Command("training.evaluate", "dev metrics and the course's prediction files of a trained model"),
+    "predict": Command("training.predict", "predictions for a file of sentences or pairs"),
+    "analyze": Command("training.analyze", "where a trained model is right and wrong on the dev sets"),
+    "export": Command("training.export", "a trained model in the Hugging Face layout, heads and model card beside"),
+    "ensemble": Command("training.ensemble", "average several trained models; dev metrics and prediction files"),
+    "submit": Command("training.submit", "zip a run's prediction files for the course's submission"),
+    "report": Command("training.report", "summarise a sweep, or draw a run's training curves"),
+    "compare": Command("training.compare", "one table of several runs: what differs, dev metrics, time"),
+    "stats": Command("training.stats", "does recipe B beat recipe A? tests over seeds and dev examples"),
+    "sweep": Command("training.sweep.cli", "freezing depth x training-set size x seed, resumable, several workers"),
+    "study": Command("training.study.cli", "the freezing study's recipes (docs/freezing-study.md)"),
+    "search": Command("training.search.cli", "hyperparameter search over a space of options (Optuna)"),
+}
+PROG = "minbert"
+
+
+def usage() -> str:
+    width = max(map(len, COMMANDS))
+    lines = [f"usage: {PROG} COMMAND [options]   ({PROG} COMMAND --help for a command's options)", "",
+             "A multi-task BERT trainer (SST-5, Quora, STS-B) in plain PyTorch. Commands:", ""]
+    lines += [f"  {name:<{width}}  {cmd.summary}" for name, cmd in COMMANDS.items()]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        (sys.stdout if argv else sys.stderr).write(usage())
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        close = difflib.get_close_matches(name, COMMANDS, n=1, cutoff=0.6)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        print(f"{PROG}: error: unknown command {name!r}{hint} (see --help)", file=sys.stderr)
+        return 2
+    module = importlib.import_module(COMMANDS[name].module)
+    return module.main(rest, prog=f"{PROG} {name}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

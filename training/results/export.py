@@ -1,0 +1,180 @@
+"""A trained model written in the Hugging Face layout, the task heads beside it, and a model card: what
+`python -m training.export` and a run's --export-hf write (the command's --help shows the folder).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from datetime import datetime, timezone
+from pathlib import Path
+
+from minbert.checkpoint import VOCAB_FILES, WEIGHT_FILES, copy_tokenizer_files
+from training.api import HEADS_FILE, HEADS_WEIGHTS, SENTIMENTS, Model, load
+from training.inference.metrics import METRIC
+from training.methods.peft import share, trainable_counts
+from training.run.config import freeze_depth
+from training.run.flags import changed_options, command_line
+
+log = logging.getLogger(__name__)
+
+CARD = "README.md"
+TOKENIZER_EXTRAS = ("tokenizer_config.json", "special_tokens_map.json")
+EXPORT_FILES = ("config.json", HEADS_FILE, HEADS_WEIGHTS, CARD, *WEIGHT_FILES, *VOCAB_FILES, *TOKENIZER_EXTRAS)
+TASK_NAMES = {"sst": "SST-5 sentiment", "para": "Quora paraphrase", "sts": "STS-B similarity"}
+
+
+class ExportError(ValueError):
+    """An export that cannot be written where asked; one line naming the folder."""
+
+
+def export(source: str | Path, out_dir: str | Path, overwrite: bool = False, raw_weights: bool = False,
+           tokenizer: str | Path | None = None) -> Path:
+    """Write the model at `source` (anything training.api.load takes) to `out_dir`; returns out_dir."""
+    out = Path(out_dir)
+    check_out_dir(out, overwrite)
+    model = load(source, device="cpu", raw_weights=raw_weights, tokenizer=tokenizer)
+    staging = out.parent / f".{out.name}.export-{os.getpid()}"  # mkdir, not mkdtemp: modes follow the umask
+    if staging.exists():
+        shutil.rmtree(staging)
+    staging.mkdir(parents=True)
+    try:
+        write_export(model, staging, out.name)
+        _move_into(staging, out)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging)
+    log.info("exported %s to %s", model.source, out)
+    return out
+
+
+def check_out_dir(out: Path, overwrite: bool) -> None:
+    """An export folder we may write: none yet, an empty one, or (with overwrite) an earlier export."""
+    if out.exists() and not out.is_dir():
+        raise ExportError(f"{out}: exists and is not a folder")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise ExportError(f"{out}: exists and is not empty; pass --overwrite to replace the export there, or "
+                          f"name another OUT_DIR")
+
+
+def _move_into(staging: Path, out: Path) -> None:
+    """The finished export into `out`: a new folder by rename; an existing one loses its earlier export's
+    files (an old pytorch_model.bin or tokenizer.json would shadow the new weights or vocabulary)."""
+    if not out.exists():
+        os.replace(staging, out)
+        return
+    for name in EXPORT_FILES:
+        if (out / name).is_file():
+            (out / name).unlink()
+    for p in staging.iterdir():
+        os.replace(p, out / p.name)
+    others = sorted(p.name for p in out.iterdir() if p.name not in EXPORT_FILES)
+    if others:
+        log.warning("%s: left alone files that are not part of an export: %s", out, ", ".join(others))
+
+
+def write_export(model: Model, folder: Path, name: str) -> None:
+    """The export's files into `folder`; `name` is how the model card calls the folder."""
+    from safetensors.torch import save
+
+    from minbert import save_hf
+
+    save_hf(model.network.encoder, folder)
+    copy_tokenizer_files(model.tokenizer_dir, folder)
+    heads = {f"{task}.{k}": v.detach().cpu().contiguous()
+             for task in model.tasks for k, v in model.network.heads[task].state_dict().items()}
+    (folder / HEADS_WEIGHTS).write_bytes(save(heads, metadata={"format": "pt"}))  # save_file would make it 0600
+    meta = heads_meta(model)
+    (folder / HEADS_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+    (folder / CARD).write_text(model_card(model, meta, name))
+
+
+def _iso(t: float) -> str:
+    return datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="seconds")
+
+
+def heads_meta(model: Model) -> dict:
+    cfg = model.config
+    source = model.source
+    if (source / HEADS_FILE).is_file():  # an export of an export keeps the original's provenance
+        earlier = json.loads((source / HEADS_FILE).read_text())
+        checkpoint, trained = earlier.get("checkpoint"), earlier.get("trained")
+        parameters = earlier.get("trained_parameters")
+    else:
+        checkpoint, trained = str(source), _iso(source.stat().st_mtime)
+        parameters = trained_parameters(model)
+    return {"format": "minbert-mt-heads", "version": 1, "tasks": list(model.tasks),
+            "pair_encoding": cfg.pair_encoding, "pooling": cfg.pooling, "max_length": cfg.max_length,
+            "predict_both_orders": model.both_orders, "precision": cfg.precision,
+            "labels": {"sst": list(SENTIMENTS), "para": ["not a paraphrase", "paraphrase"], "sts": "score in [0, 5]"},
+            "checkpoint": checkpoint, "epoch": model.epoch, "step": model.step, "trained": trained,
+            "exported": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "dev_metrics": model.metrics, "trained_parameters": parameters, "training_config": cfg.to_dict()}
+
+
+def trained_parameters(model: Model) -> dict:
+    """What the run trained of the network, as its config sets it up (at the start of a freezing schedule):
+    {"trainable", "total" (LoRA's factors counted in both), "share"}. Sets the network's requires_grad as
+    the run's were (an exported model is not trained further)."""
+    network = model.network
+    network.freeze(freeze_depth(model.config.freeze_upto, network.encoder.num_layers))
+    trainable, total = trainable_counts(network)
+    return {"trainable": trainable, "total": total, "share": share(trainable, total)}
+
+
+def model_card(model: Model, meta: dict, name: str) -> str:
+    cfg = model.config.to_dict()
+    changed = changed_options(cfg)
+    lines = [f"# {name}", "",
+             f"A multi-task BERT trained with minBERT-MT on {', '.join(TASK_NAMES[t] for t in model.tasks)} "
+             f"(the Stanford CS224N multitask-BERT tasks), from `{cfg['model']}`: "
+             f"{model.network.encoder.num_layers} layers, hidden {model.network.encoder.config.hidden_size}, "
+             f"{cfg['pair_encoding']}-encoded pairs, {cfg['pooling']} pooling.", "",
+             "## Data", "",
+             f"The course's CSV files from `{cfg['data_dir']}`"
+             + (f", at most {cfg['max_train_examples']} training examples per task"
+                if cfg["max_train_examples"] else "")
+             + (f"; files given apart: {', '.join(f'`{v}`' for v in cfg['files'].values())}" if cfg["files"] else "")
+             + ". Dev metrics are on the course's dev files.", "",
+             "## Recipe", "",
+             "The options set away from their defaults" + (" (none: the defaults)" if not changed else "")
+             + ", as the command that trains the same recipe:", "", "```bash", command_line(cfg), "```", ""]
+    lines += _trained_lines(cfg, meta.get("trained_parameters"))
+    lines += ["## Dev metrics", ""]
+    if model.metrics:
+        lines += ["| metric | value |", "|---|---:|"] + [f"| {k} | {v:.4f} |" for k, v in model.metrics.items()]
+        lines += ["", "overall: the course's score, the mean of SST accuracy, paraphrase accuracy and "
+                      "(Pearson + 1) / 2 over the trained tasks."]
+    else:
+        lines += ["Not recorded with this checkpoint (no dev evaluation at its step): score it with "
+                  "`python -m training.evaluate DIR --data-dir DATA`."]
+    step = f", step {meta['step']}" if meta.get("step") is not None else ""
+    lines += ["", "## Dates", "", f"- trained: {meta['trained']} (`{meta['checkpoint']}`{step})",
+              f"- exported: {meta['exported']}", "", "## How to load", "",
+              "With minBERT-MT (the encoder and the heads):", "", "```python",
+              "from training.api import load", "", f'model = load("{name}")']
+    examples = {"sst": 'model.sentiment(["a gripping, beautifully shot film"]).probabilities  # (1, 5)',
+                "para": 'model.paraphrase([("How old are you?", "What is your age?")]).labels',
+                "sts": 'model.similarity([("A man is cooking.", "A man cooks.")]).scores  # in [0, 5]'}
+    lines += [examples[t] for t in model.tasks] + ["```", "",
+              "The encoder alone, with `transformers` (the heads need minBERT-MT):", "", "```python",
+              "from transformers import AutoTokenizer, BertModel", "",
+              f'encoder = BertModel.from_pretrained("{name}")',
+              f'tokenizer = AutoTokenizer.from_pretrained("{name}")', "```", "",
+              f"Metric names: {', '.join(f'{METRIC[t]} ({TASK_NAMES[t]})' for t in model.tasks)}.", ""]
+    return "\n".join(lines)
+
+
+def _trained_lines(cfg: dict, parameters: dict | None) -> list[str]:
+    """The model card's sentence on how much of the model trained, and how (--peft, --freeze-upto)."""
+    if not parameters:
+        return []
+    how = {"none": "all of the encoder that --freeze-upto left trainable",
+           "bitfit": "BitFit: the encoder's bias terms alone (LayerNorm's beta included)"}.get(
+        cfg.get("peft", "none"), f"LoRA (`--peft {cfg.get('peft')}`): low-rank updates of the encoder's linear maps, "
+                                 f"merged into the exported weights, so that the folder holds a plain BERT")
+    frozen = f", above a frozen prefix (`--freeze-upto {cfg['freeze_upto']}`)" if cfg.get("freeze_upto") is not None else ""
+    pooler = ", the pooler" if cfg.get("pooling") == "cls" else ""
+    return [f"Trained: {parameters['trainable']:,} of {parameters['total']:,} parameters "
+            f"({100 * parameters['share']:.3g}%): the heads{pooler} and {how}{frozen}.", ""]

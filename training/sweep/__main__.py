@@ -1,0 +1,5 @@
+import sys
+
+from training.sweep.cli import main
+
+sys.exit(main())
