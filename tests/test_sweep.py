@@ -5,6 +5,7 @@ import csv
 import json
 import logging
 import math
+import re
 import struct
 import sys
 from collections import Counter
@@ -152,7 +153,7 @@ def test_resume_runs_exactly_the_unfinished_runs(inputs, tmp_path, monkeypatch, 
     assert sweep_cli.main(sweep_args(data, ckpt, tmp_path, "--in-process", "--lr", "0.5")) == 2 and calls == []
 
 
-def test_two_sweeps_never_share_or_delete_each_others_runs(inputs, tmp_path, monkeypatch):
+def test_two_sweeps_never_share_or_delete_each_others_runs(inputs, tmp_path, monkeypatch, capsys):
     data, ckpt = inputs
     a, b = tmp_path / "expA" / "sweep", tmp_path / "expB" / "sweep"
     assert engine.default_runs_dir(a) != engine.default_runs_dir(b)  # the same folder name, other paths
@@ -160,8 +161,9 @@ def test_two_sweeps_never_share_or_delete_each_others_runs(inputs, tmp_path, mon
     assert sweep_cli.main(sweep_args(data, ckpt, tmp_path / "expA", "--in-process")) == 0
     shared = ["--runs-dir", str(tmp_path / "expA" / "runs")]  # B pointed at A's run directories
     kept = {p: p.read_bytes() for p in (tmp_path / "expA" / "runs").rglob("*") if p.is_file()}
-    with pytest.raises(SystemExit, match="belongs to the sweep in .*expA"):
-        sweep_cli.main(sweep_args(data, ckpt, tmp_path / "expB", "--in-process", *shared))
+    assert sweep_cli.main(sweep_args(data, ckpt, tmp_path / "expB", "--in-process", *shared)) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and re.fullmatch(r"training\.sweep: error: .* belongs to the sweep in .*expA.*", err[0])
     assert {p: p.read_bytes() for p in kept} == kept
 
 

@@ -39,16 +39,20 @@ MARKER = "sweep-run.json"  # written into each run directory: the sweep may clea
 KEPT = "sweep-result.json"  # a trained run's record that results.jsonl could not take (a full disk), kept beside it
 
 
+class RunDirRefused(ValueError):
+    """A run directory this sweep must not delete (not a sweep's, or another sweep's): one line."""
+
+
 def _clean_run_dir(run_dir: Path, out: Path) -> None:
     """Remove what an interrupted run of this sweep left, and nothing else."""
     if run_dir.exists():
         marker = run_dir / MARKER
         if not marker.is_file() and any(run_dir.iterdir()):
-            raise SystemExit(f"{run_dir} exists and is not a sweep run directory; refusing to delete it "
+            raise RunDirRefused(f"{run_dir} exists and is not a sweep run directory; refusing to delete it "
                              f"(move it, or pass another --runs-dir)")
         owner = json.loads(marker.read_text()).get("out") if marker.is_file() else None
         if owner is not None and owner != str(out.resolve()):
-            raise SystemExit(f"{run_dir} belongs to the sweep in {owner}; refusing to delete it "
+            raise RunDirRefused(f"{run_dir} belongs to the sweep in {owner}; refusing to delete it "
                              f"(pass another --runs-dir)")
         log.info("%s: left over from an interrupted run; starting it again", run_dir)
         shutil.rmtree(run_dir)
@@ -94,6 +98,9 @@ def work(grid: Grid, workers: Workers, base: TrainConfig, plan_of, arms: dict[st
             try:
                 record = one_run(grid, workers, base, key, subsets, out, runs_dir, settings, arms.get(key.arm, {}),
                                  annotate)
+            except RunDirRefused as e:  # before any training: nothing of another's is touched
+                print(f"training.sweep: error: {e}", file=sys.stderr)
+                return 2
             except (RunFailed, TrainingInterrupted, KeyboardInterrupt) as e:
                 if signals.received():  # stopped by a signal (a second Ctrl-C in training: at once), not failed:
                     break               # the run starts again on the next start
