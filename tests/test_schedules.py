@@ -14,7 +14,6 @@ from test_resume import CHILD  # the CLI in a child that sends itself SIGTERM af
 from tiny_runs import make_encoder, tiny_config, write_data
 
 from training.methods.freezing import FreezeSchedule, parse_schedule, schedule_error
-from training.methods.stepper import Stepper
 from training.run.config import TrainConfig, validate
 from training.run.trainer import train
 from training.train import main as cli_main
@@ -132,25 +131,23 @@ def encoder_names(names) -> set:
     return {n for n in names if n.startswith("encoder.")}
 
 
-def spy_updates(monkeypatch):
+def spy_updates():
     """Each update: the names of parameters with a gradient, every parameter's value before it, and each
-    encoder layer's gradient norm before clipping (computed here, not by the schedule)."""
+    encoder layer's gradient norm before clipping (computed here, not by the schedule); with the hook to
+    pass as train(cfg, on_update=...)."""
     seen = []
-    update = Stepper._update
 
-    def spying(self, params, tasks, step):
-        named = dict(self.model.named_parameters())
+    def spying(stepper):
+        named = dict(stepper.model.named_parameters())
         norms = []
-        for layer in self.model.encoder.layers:
+        for layer in stepper.model.encoder.layers:
             grads = [p.grad.double().pow(2).sum() for p in layer.parameters() if p.grad is not None]
             norms.append(float(torch.stack(grads).sum().sqrt()) if grads else None)
         seen.append({"grad": {n for n, p in named.items() if p.grad is not None},
                      "values": {n: p.detach().clone() for n, p in named.items()}, "norms": norms,
-                     "lrs": [g["lr"] for g in self.optimizer.param_groups]})
-        return update(self, params, tasks, step)
+                     "lrs": [g["lr"] for g in stepper.optimizer.param_groups]})
 
-    monkeypatch.setattr(Stepper, "_update", spying)
-    return seen
+    return seen, spying
 
 
 N = None
@@ -163,10 +160,10 @@ N = None
     ("lp-ft:1epoch", [2] * 3 + [N] * 6),
 ])
 def test_what_trains_at_each_step_is_the_schedule(root, tmp_path, monkeypatch, schedule, by_step):
-    seen = spy_updates(monkeypatch)
+    seen, spy = spy_updates()
     cfg = tiny_config(root, out_dir=str(tmp_path / "r"), predictions_dir=str(tmp_path / "p"),
                       unfreeze_schedule=schedule, warmup_ratio=0.2)
-    train(cfg)
+    train(cfg, on_update=spy)
     assert len(seen) == len(by_step) == 9
     names = set(seen[0]["values"])
     first = seen[0]["values"]
@@ -180,10 +177,10 @@ def test_what_trains_at_each_step_is_the_schedule(root, tmp_path, monkeypatch, s
 
 
 def test_unfrozen_layers_get_the_warm_up_written_out(root, tmp_path, monkeypatch):
-    seen = spy_updates(monkeypatch)
+    seen, spy = spy_updates()
     cfg = tiny_config(root, out_dir=str(tmp_path / "r"), predictions_dir=str(tmp_path / "p"), lr=1e-2,
                       unfreeze_schedule="lp-ft:3steps,warmup=2", warmup_ratio=2 / 9, layer_lr_decay=0.5)
-    train(cfg)
+    train(cfg, on_update=spy)
     total, warm = 9, 2  # the run: 9 updates, int(9 * 2/9) = 2 of warm-up, then linear decay
 
     def base(t):
@@ -199,11 +196,11 @@ def test_unfrozen_layers_get_the_warm_up_written_out(root, tmp_path, monkeypatch
 
 @pytest.mark.parametrize("rule", ["threshold=0.3", "percentile=50"])
 def test_adaptive_freezing_follows_the_test_computed_by_hand(root, tmp_path, monkeypatch, rule):
-    seen = spy_updates(monkeypatch)
+    seen, spy = spy_updates()
     K = 2
     cfg = tiny_config(root, out_dir=str(tmp_path / "r"), predictions_dir=str(tmp_path / "p"), epochs=8,
                       unfreeze_schedule=f"adaptive:{K}steps,{rule}")
-    train(cfg)
+    train(cfg, on_update=spy)
     # by hand: mean norm per layer over each interval, relative change, freeze from the bottom
     depth, previous, sums, count, expected = None, None, [0.0, 0.0], 0, []
     for t, update in enumerate(seen):
@@ -330,7 +327,7 @@ def test_resume_in_any_phase_equals_an_uninterrupted_run(root, tmp_path, schedul
 def test_ema_smart_and_pcgrad_see_each_phase(root, tmp_path, monkeypatch, options):
     """LP-FT for 2 steps: the encoder gets no gradient, keeps its pretrained bits (in the weight average
     too), then trains, under each component that holds a set of parameters of its own."""
-    seen = spy_updates(monkeypatch)
+    seen, spy = spy_updates()
     averages = []
     if "ema_decay" in options:
         from training.methods.ema import WeightEMA
@@ -342,7 +339,7 @@ def test_ema_smart_and_pcgrad_see_each_phase(root, tmp_path, monkeypatch, option
         monkeypatch.setattr(WeightEMA, "update", recording)
     cfg = tiny_config(root, out_dir=str(tmp_path / "r"), predictions_dir=str(tmp_path / "p"),
                       unfreeze_schedule="lp-ft:2steps", **options)
-    train(cfg)
+    train(cfg, on_update=spy)
     first = seen[0]["values"]
     encoder = {n for n in encoder_names(first) if frozen_by_hand(n, 2)}  # all but the pooler
     for t, update in enumerate(seen):
@@ -400,10 +397,10 @@ def test_auto_caches_a_phase_only_when_it_repays_the_building(root, tmp_path, mo
 
 
 def test_schedules_combine_with_accumulation_and_evaluations_within_epochs(root, tmp_path, monkeypatch):
-    seen = spy_updates(monkeypatch)
+    seen, spy = spy_updates()
     cfg = tiny_config(root, out_dir=str(tmp_path / "r"), predictions_dir=str(tmp_path / "p"), batch_size=4,
                       grad_accum_steps=3, evals_per_epoch=3, unfreeze_schedule="gradual:2steps")
-    train(cfg)  # 9 steps an epoch, 3 updates: the depth follows the updates
+    train(cfg, on_update=spy)  # 9 steps an epoch, 3 updates: the depth follows the updates
     assert [len(encoder_names(u["grad"]) & {n for n in encoder_names(seen[0]["values"])
                                             if frozen_by_hand(n, 2)}) > 0 for u in seen[:5]] == \
         [False, False, True, True, True]

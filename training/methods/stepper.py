@@ -160,6 +160,9 @@ class Stepper:
         shared = [p for p in model.encoder.parameters() if p.requires_grad]
         self.pcgrad = PCGrad(shared, variant=cfg.pcgrad_variant, seed=cfg.seed) if cfg.pcgrad else None
         self.freezer = None  # an adaptive freezing schedule's test, shown each update's gradients
+        # on_update(stepper): called before each update's clipping, the step's gradients in place (unscaled
+        # under fp16); for instrumentation (train(cfg, on_update=...)): it must not change them
+        self.on_update = None
         self.smart_terms = None
         if cfg.smart:
             # Data-parallel: every rank its own noise (the teacher stays identical: it follows the
@@ -364,6 +367,8 @@ class Stepper:
         clipping, the adaptive freezer's norms and the update see the true gradients."""
         if self.loss_scaler is not None:
             self.loss_scaler.scaler.unscale_(self.optimizer)  # records whether any gradient overflowed
+        if self.on_update is not None:
+            self.on_update(self)
         layer_norms = self.freezer.layer_norms(self.model) if self.freezer is not None else None  # before clipping
         if self.cfg.max_grad_norm > 0:
             norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm)

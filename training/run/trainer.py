@@ -82,11 +82,12 @@ class RunState:
         self.__init__(**state)
 
 
-def train(cfg: TrainConfig, on_evaluation=None) -> dict:
+def train(cfg: TrainConfig, on_evaluation=None, on_update=None) -> dict:
     """Train, keep the best dev checkpoint, write predictions. Returns the best dev metrics.
     Launched by torchrun with WORLD_SIZE > 1, each process is one data-parallel rank (docs/distributed.md).
     on_evaluation(record): called with each dev evaluation's metrics.jsonl record once it is written (a
-    hyperparameter search reports it, and may stop the run by raising)."""
+    hyperparameter search reports it, and may stop the run by raising). on_update(stepper): called before
+    each optimiser update, the gradients in place (training.methods.stepper.Stepper.on_update)."""
     from training.methods.distributed import init_distributed
 
     check_config(cfg)
@@ -98,7 +99,7 @@ def train(cfg: TrainConfig, on_evaluation=None) -> dict:
                  _fmt(finished["best_metrics"]), cfg.predictions_folder())
         return finished["best_metrics"]
     with init_distributed(cfg.device) as dist:
-        run = Run(cfg, dist, on_evaluation)
+        run = Run(cfg, dist, on_evaluation, on_update)
         with run.logging_to_out_dir():
             run.setup()
             t0 = time.time()
@@ -127,10 +128,10 @@ class Run:
     """One training run. Rank 0 of a data-parallel run (or the only process) writes the run directory,
     evaluates and predicts; every rank trains."""
 
-    def __init__(self, cfg: TrainConfig, dist=None, on_evaluation=None):
+    def __init__(self, cfg: TrainConfig, dist=None, on_evaluation=None, on_update=None):
         check_config(cfg)  # Python callers get the command line's checks too
         self.cfg, self.dist = cfg, dist
-        self.on_evaluation = on_evaluation  # see train()
+        self.on_evaluation, self.on_update = on_evaluation, on_update  # see train()
         self.out_dir = Path(cfg.out_dir)
         self.state = RunState()
         self.started = time.time()  # temp files older than this, of dead writers, are a killed run's leftovers
@@ -235,6 +236,7 @@ class Run:
         if problem := self.schedule.check_length():
             raise ConfigError(problem)
         self.stepper = Stepper.build(self.model, cfg, total, self.device, self.amp_dtype, dist, self.schedule)
+        self.stepper.on_update = self.on_update
         self._log_model()
         if cfg.compile:  # after the Stepper: SMART's teacher is a deep copy and must stay eager
             from training.methods.compiling import compile_layers
