@@ -9,6 +9,8 @@ import re
 import shlex
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -172,3 +174,11 @@ def test_table_shorthand_is_spelt_out():
     assert shown == [("training.study", ["depth", "--out", "DIR"], True), ("training.study", ["size", "--out", "DIR"], True),
                      ("data.download", ["--dest", "DIR"], True), ("training.export", [], True),
                      ("training.analyze", [], True), ("training.submit", [], True)]
+
+
+@pytest.mark.parametrize("page", sorted(p.name for p in (REPO / "docs").glob("*.md")))
+def test_every_command_the_docs_show_exists_with_its_flags(page):
+    """The same check on each page of docs/: every `python -m training...` and run_multitask.py command it
+    shows parses with the command's real parser (placeholders in capitals, `...` for the rest)."""
+    shown = commands((REPO / "docs" / page).read_text())
+    assert [p for cmd in shown for p in problems(*cmd)] == []
