@@ -576,7 +576,12 @@ class Run:
     def write_predictions(self, best: dict) -> None:
         """The best model's dev and test prediction files with their manifest. The dev predictions are
         those of the evaluation that kept best.pt (predicted again only when that was before a resume)."""
-        dev = self.best_dev_preds if self.best_dev_preds is not None else self.predict(self.data.dev)
+        if self.best_dev_preds is not None:
+            log.info("dev prediction files: the predictions of the evaluation that kept best.pt")
+            dev = self.best_dev_preds
+        else:
+            log.info("dev prediction files: predicting dev again with best.pt (kept before this process started)")
+            dev = self.predict(self.data.dev)
         metrics = metrics_of(self.data.dev, dev)
         print("dev metrics of the best checkpoint: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
         test = self.predict(self.data.test)
