@@ -1,4 +1,5 @@
 """The benchmark scripts start as the README runs them: `python bench/X.py` from any folder."""
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -29,3 +30,25 @@ def test_zero_shot_sts_refuses_an_unlabelled_file_before_encoding(tmp_path):
                        cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert r.returncode != 0
     assert "DataError" in r.stderr and str(unlabelled) in r.stderr and "similarity" in r.stderr, r.stderr
+
+
+def test_same_bits_ignores_timings_and_names_the_first_difference(tmp_path):
+    """bench/same_bits.py's comparison: two runs differing only in their timings are the same bits; a
+    changed loss, or a changed prediction file, is named."""
+    sys.path.insert(0, str(BENCH))
+    from same_bits import first_difference
+
+    def run(name, loss, seconds, pred):
+        d = tmp_path / name
+        (d / "predictions").mkdir(parents=True)
+        rows = [{"step": 1, "loss_sst": loss}, {"epoch": 0, "train_seconds": seconds, "dev_overall": 0.5}]
+        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (d / "predictions" / "sst-dev-output.csv").write_text(pred)
+        return d
+
+    a = run("a", 1.25, 10.0, "id , Predicted_Sentiment\nx , 3\n")
+    assert first_difference(a, run("b", 1.25, 99.0, "id , Predicted_Sentiment\nx , 3\n")) is None
+    assert first_difference(a, run("c", 1.5, 10.0, "id , Predicted_Sentiment\nx , 3\n")) == \
+        "metrics.jsonl record 1: loss_sst 1.25 vs 1.5"
+    assert first_difference(a, run("d", 1.25, 10.0, "id , Predicted_Sentiment\nx , 2\n")) == \
+        "predictions/sst-dev-output.csv differs"
