@@ -18,17 +18,15 @@ from training.sweep.subsets import TUNE, Grid
 
 log = logging.getLogger(__name__)
 
-
 RESULTS = "results.jsonl"
-
 PREDICTIONS = "dev-predictions"  # beside results.jsonl: each run's per-example dev predictions, for the bootstrap
 
-# TrainConfig fields that differ between the runs of one sweep or do not change results.
 # The training options a sweep passes on to every run (the rest are per run, or TrainConfig's defaults).
 SWEEP_OPTIONS = ("epochs", "lr", "batch_size", "eval_batch_size", "max_length", "pair_encoding", "pooling",
                  "head_dropout", "ema_decay", "predict_both_orders", "warmup_ratio", "weight_decay", "task_sampling",
                  "frozen_cache", "device", "precision", "peft")
-
+# TrainConfig fields that differ between the runs of one sweep or do not change results: left out of the
+# settings every record of a results file must share.
 PER_RUN = ("out_dir", "predictions_dir", "test_predictions", "files", "freeze_upto", "seed", "max_train_examples",
            "tasks", "cache_dir", "resume", "log_every", "save_every", "keep_last", "export_hf")
 
