@@ -27,12 +27,11 @@ from pathlib import Path
 
 from data.batching import encode_task
 from data.loaders import COURSE_FILES, TASKS, DataError, load_task_file
-from heads import predict, probabilities
+from heads import predict
 from training.args import Parser, add_inference_flags, add_reading_flags, load_model
 from training.common.progress import setup_logging
-from training.inference.formats import read_text_examples, write_predictions, write_tsv_predictions
 from training.inference.metrics import METRIC, score
-from training.inference.predictions import write_all_predictions
+from training.inference.predictions import predict_file, write_all_predictions
 
 log = logging.getLogger(__name__)
 
@@ -119,21 +118,6 @@ def run_commands(args, model) -> None:
     for task, path, out, plain in inputs:
         n = predict_file(model, task, path, out, plain, args.probabilities)
         print(f"{path}: wrote {n} {task} predictions to {out}")
-
-
-def predict_file(model, task: str, path, out, plain: bool = False, with_probabilities: bool = False) -> int:
-    """`model`'s predictions for a course-format file (or, `plain`, a plain-text one) written to `out`: in
-    the course's format, or in our TSV format for plain text and with the class probabilities. Returns
-    the number of examples."""
-    examples = read_text_examples(path, task) if plain else load_task_file(path, task, labelled=None).examples
-    outputs = model.outputs(task, examples)
-    preds = predict(task, outputs).double().numpy()
-    if plain or with_probabilities:
-        probs = probabilities(task, outputs).double().numpy() if with_probabilities and task != "sts" else None
-        write_tsv_predictions(out, task, examples, preds, probs)
-    else:
-        write_predictions(out, task, [e.id for e in examples], preds)
-    return len(examples)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ import sys
 from data.loaders import TASKS, DataError
 from training.args import Parser, add_inference_flags, add_model_source, load_model
 from training.common.progress import setup_logging
-from training.evaluate import predict_file
+from training.inference.predictions import predict_file
 
 PROG = "python -m training.predict"
 

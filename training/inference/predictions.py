@@ -22,8 +22,10 @@ from pathlib import Path
 
 import numpy as np
 
+from data.loaders import load_task_file
+from heads import predict, probabilities
 from training.common.errors import ConfigError, write_error
-from training.inference.formats import write_predictions
+from training.inference.formats import read_text_examples, write_predictions, write_tsv_predictions
 from training.inference.metrics import metrics_of
 from training.inference.outputs import predict_sets
 from training.run.checkpointing import current_umask
@@ -181,3 +183,18 @@ def run_of(source: Path) -> Path:
     if source.is_dir():
         return source
     return source.parent.parent if source.parent.name == "checkpoints" else source.parent
+
+
+def predict_file(model, task: str, path, out, plain: bool = False, with_probabilities: bool = False) -> int:
+    """`model`'s predictions for a course-format file (or, `plain`, a plain-text one) written to `out`: in
+    the course's format, or in our TSV format for plain text and with the class probabilities. Returns
+    the number of examples."""
+    examples = read_text_examples(path, task) if plain else load_task_file(path, task, labelled=None).examples
+    outputs = model.outputs(task, examples)
+    preds = predict(task, outputs).double().numpy()
+    if plain or with_probabilities:
+        probs = probabilities(task, outputs).double().numpy() if with_probabilities and task != "sts" else None
+        write_tsv_predictions(out, task, examples, preds, probs)
+    else:
+        write_predictions(out, task, [e.id for e in examples], preds)
+    return len(examples)
