@@ -113,8 +113,6 @@ def add_option(group, f, default=None, help_suffix: str = "") -> None:
                            help=text)
 
 
-
-
 def config_from_args(args: argparse.Namespace, base: TrainConfig | None = None) -> TrainConfig:
     """The parsed flags over `base` (default: TrainConfig's defaults); options the parser lacks (the
     sweep's subset) keep base's values."""

@@ -1,1 +1,2 @@
-"""Finished runs and what is computed from them: a run read back from its directory, statistics over seeds and dev examples, summaries of a sweep."""
+"""Finished runs and what is computed from them: a run read back from its directory, statistics over seeds
+and dev examples, summaries of a sweep."""

@@ -78,10 +78,12 @@ def read_prediction_set(path: Path) -> FinishedRun:
     manifest = read_manifest(path)
     if not isinstance(manifest, dict) or not isinstance(manifest.get("dev_metrics"), dict):
         raise StatsError(f"{path / MANIFEST}: no dev_metrics (not a prediction set's manifest?)")
-    return FinishedRun(path, None, {k: float(v) for k, v in manifest["dev_metrics"].items()}, {"predictions_dir": str(path)})
+    dev = {k: float(v) for k, v in manifest["dev_metrics"].items()}
+    return FinishedRun(path, None, dev, {"predictions_dir": str(path)})
 
 
-def pair_runs(a: list[FinishedRun], b: list[FinishedRun], by_order: bool = False) -> list[tuple[FinishedRun, FinishedRun]]:
+def pair_runs(a: list[FinishedRun], b: list[FinishedRun],
+              by_order: bool = False) -> list[tuple[FinishedRun, FinishedRun]]:
     """Runs of the two groups with the same seed, in A's order (by_order: as given)."""
     if by_order:
         if len(a) != len(b):
@@ -210,7 +212,8 @@ def check_predictions(run: FinishedRun, task: str, preds: np.ndarray, labels: np
                          f"{recorded}: prediction files of another run?")
 
 
-def bootstrap(pairs: list[tuple[FinishedRun, FinishedRun]], data_dir: Path, tasks: list[str], reps: int, seed: int) -> dict:
+def bootstrap(pairs: list[tuple[FinishedRun, FinishedRun]], data_dir: Path, tasks: list[str], reps: int,
+              seed: int) -> dict:
     """{metric: (reps,) differences B - A} for every task's metric and overall."""
     diffs = {}
     for k, task in enumerate(tasks):
@@ -241,8 +244,8 @@ def verdict(row: dict, alpha: float) -> str:
     return "no claim"
 
 
-def compare(a: list[FinishedRun], b: list[FinishedRun], data_dir: str | Path | None = None, reps: int = 10_000, seed: int = 0,
-            alpha: float = 0.05, by_order: bool = False) -> list[dict]:
+def compare(a: list[FinishedRun], b: list[FinishedRun], data_dir: str | Path | None = None, reps: int = 10_000,
+            seed: int = 0, alpha: float = 0.05, by_order: bool = False) -> list[dict]:
     """One row per dev metric the runs share: the groups' mean +- sd, the paired tests, the bootstrap."""
     pairs = pair_runs(a, b, by_order)
     metrics = [m for m in METRICS if all(m in r.dev for r in a + b)]

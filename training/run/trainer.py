@@ -586,7 +586,8 @@ class Run:
         print("dev metrics of the best checkpoint: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
         test = self.predict(self.data.test)
         write_run_predictions(self.cfg.predictions_folder(), self.data, dev, test, self.out_dir,
-                              self.out_dir / "best.pt", self.cfg.to_dict(), metrics, best.get("epoch"), best.get("step"))
+                              self.out_dir / "best.pt", self.cfg.to_dict(), metrics, best.get("epoch"),
+                              best.get("step"))
 
 
 def check_export_dir(folder: str | None, overwrite: bool) -> None:

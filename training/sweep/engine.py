@@ -70,8 +70,8 @@ class Workers:
     keep_checkpoints: bool = False
 
 
-def work(grid: Grid, workers: Workers, base: TrainConfig, plan_of, arms: dict[str, dict], subsets: dict, out: Path, runs_dir: Path,
-         after_each=None, annotate=None) -> int:
+def work(grid: Grid, workers: Workers, base: TrainConfig, plan_of, arms: dict[str, dict], subsets: dict, out: Path,
+         runs_dir: Path, after_each=None, annotate=None) -> int:
     """Run every planned key not yet in results.jsonl, one at a time, appending each result as it finishes.
 
     plan_of(records) gives the keys to have, in order, from the results so far (the study's later
@@ -137,8 +137,8 @@ def work(grid: Grid, workers: Workers, base: TrainConfig, plan_of, arms: dict[st
     return 0
 
 
-def one_run(grid: Grid, workers: Workers, base: TrainConfig, key: RunKey, subsets: dict, out: Path, runs_dir: Path, settings: dict,
-            overrides: dict, annotate=None) -> dict | str:
+def one_run(grid: Grid, workers: Workers, base: TrainConfig, key: RunKey, subsets: dict, out: Path, runs_dir: Path,
+            settings: dict, overrides: dict, annotate=None) -> dict | str:
     """Train key's claimed run (or take the record a full disk kept beside it), record it, clean it up,
     release its claim; the record, or the one line saying why it could not be recorded. The order
     matters to a worker killed in between: a claim left on a recorded run means its clean-up is due
