@@ -387,3 +387,62 @@ def test_a_bad_schedule_in_a_sweep_is_refused_before_training(inputs, tmp_path, 
         sweep_cli.main(sweep_args(data, ckpt, tmp_path, "--in-process", "--schedules", schedule))
     assert e.value.code == 2 and says in capsys.readouterr().err
     assert not (tmp_path / "sweep" / "results.jsonl").exists()
+
+
+def test_an_interrupted_run_goes_on_from_its_checkpoint_to_the_same_numbers(inputs, tmp_path, monkeypatch, caplog):
+    """A worker killed in the middle of a run (the machine went away) leaves the run's training checkpoints:
+    the next start resumes from the newest one, and the record equals an uninterrupted sweep's; a
+    checkpoint that cannot be read is not used (the run starts again, to the same numbers)."""
+    from dataclasses import replace
+
+    from training.run import trainer
+
+    data, ckpt = inputs
+    real_train, updates = trainer.train, []
+
+    def train(cfg, on_evaluation=None, on_update=None, kill_at=None):
+        def count(stepper):
+            updates.append(cfg.out_dir)
+            if len(updates) == kill_at:
+                raise KeyboardInterrupt  # killed between two updates, after the checkpoint of update 4
+        return real_train(replace(cfg, save_every=2), on_evaluation, count)
+
+    def sweep(out, kill_at=None):
+        monkeypatch.setattr(trainer, "train", lambda cfg, **kw: train(cfg, kill_at=kill_at, **kw))
+        args = sweep_args(data, ckpt, out, "--in-process", "--depths", "none", "--sizes", "8", "--batch-size", "2",
+                          "--lr", "1e-3", "--keep-checkpoints")
+        return sweep_cli.main(args)
+
+    def record(out):
+        return json.loads((out / "sweep" / "results.jsonl").read_text())
+
+    def last_weights(out):
+        newest = max((out / "runs").glob("*/checkpoints/*.pt"), key=lambda p: p.stat().st_mtime)
+        return torch.load(newest, weights_only=False)["model"]
+
+    assert sweep(tmp_path / "whole") == 0
+    whole, n, weights = record(tmp_path / "whole"), len(updates), last_weights(tmp_path / "whole")
+    assert n == 8
+    for name, damage in (("resumed", False), ("damaged", True)):
+        out = tmp_path / name
+        updates.clear()
+        with pytest.raises(KeyboardInterrupt):
+            sweep(out, kill_at=5)
+        saved = sorted((out / "runs").glob("*/checkpoints/*.pt"))
+        assert saved, "the killed run left no checkpoint"
+        if damage:
+            for path in saved:
+                path.write_bytes(b"torn")
+        updates.clear()
+        caplog.clear()
+        with caplog.at_level(logging.INFO):
+            assert sweep(out) == 0
+        again = record(out)
+        assert again["dev"] == whole["dev"] and again["best_epoch"] == whole["best_epoch"]
+        resumed_weights = last_weights(out)
+        assert all(torch.equal(resumed_weights[k], v) for k, v in weights.items())
+        if damage:
+            assert "is not used" in caplog.text and len(updates) == n
+        else:
+            assert "going on from its last checkpoint" in caplog.text and len(updates) == n - 4
+            assert again["resumed"] is True

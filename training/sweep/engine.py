@@ -12,7 +12,7 @@ import shutil
 import signal
 import socket
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from training.common.errors import TrainingInterrupted
@@ -43,8 +43,8 @@ class RunDirRefused(ValueError):
     """A run directory this sweep must not delete (not a sweep's, or another sweep's): one line."""
 
 
-def _clean_run_dir(run_dir: Path, out: Path) -> None:
-    """Remove what an interrupted run of this sweep left, and nothing else."""
+def _check_run_dir(run_dir: Path, out: Path) -> None:
+    """Refuse a run directory this sweep did not make (one line, before anything is touched)."""
     if run_dir.exists():
         marker = run_dir / MARKER
         if not marker.is_file() and any(run_dir.iterdir()):
@@ -54,9 +54,36 @@ def _clean_run_dir(run_dir: Path, out: Path) -> None:
         if owner is not None and owner != str(out.resolve()):
             raise RunDirRefused(f"{run_dir} belongs to the sweep in {owner}; refusing to delete it "
                              f"(pass another --runs-dir)")
+
+
+def _clean_run_dir(run_dir: Path, out: Path) -> None:
+    """Remove what an interrupted run of this sweep left, and nothing else."""
+    _check_run_dir(run_dir, out)
+    if run_dir.exists():
         log.info("%s: left over from an interrupted run; starting it again", run_dir)
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True)
+
+
+def _resumable(run_dir: Path, out: Path, key: RunKey, cfg: TrainConfig) -> bool:
+    """Whether an interrupted run of this sweep left a training checkpoint that fits cfg: training then
+    goes on from it (exact resume: the same numbers as an uninterrupted run) instead of starting again.
+    One the trainer would refuse (another config, a damaged file) is not used: the run starts again."""
+    from training.common.errors import ConfigError
+    from training.run.rundir import find_resume_checkpoint
+
+    _check_run_dir(run_dir, out)
+    marker = run_dir / MARKER
+    if not marker.is_file() or not any((run_dir / "checkpoints").glob("*.pt")):
+        return False
+    try:
+        if RunKey.of(json.loads(marker.read_text())) != key:
+            return False
+        find_resume_checkpoint(replace(cfg, resume="auto"), run_dir)
+        return True
+    except (ConfigError, OSError, ValueError, KeyError, TypeError) as e:
+        log.warning("%s: its checkpoint is not used (%s); starting the run again", run_dir, e)
+        return False
 
 
 @dataclass(frozen=True)
@@ -80,7 +107,8 @@ def work(grid: Grid, workers: Workers, base: TrainConfig, plan_of, arms: dict[st
     (the study's seed role). arms: anything with .get(arm, default) giving an arm's overrides. Several workers (this
     command started again, in another shell) share the work: each run is claimed with a lock file in
     runs_dir, and a run claimed by a live process is left to it. SIGINT/SIGTERM stop the worker after
-    the current run (whose training stops after its step: the run starts again on the next start)."""
+    the current run (whose training stops after its step, with a checkpoint: the run goes on from it on the next
+    start)."""
     results_path, settings = out / RESULTS, settings_of(base)
     runs_dir.mkdir(parents=True, exist_ok=True)
     failures, spent, busy = [], [], set()
@@ -103,7 +131,7 @@ def work(grid: Grid, workers: Workers, base: TrainConfig, plan_of, arms: dict[st
                 return 2
             except (RunFailed, TrainingInterrupted, KeyboardInterrupt) as e:
                 if signals.received():  # stopped by a signal (a second Ctrl-C in training: at once), not failed:
-                    break               # the run starts again on the next start
+                    break               # the run goes on from its checkpoint on the next start
                 if isinstance(e, KeyboardInterrupt):
                     raise
                 log.error("run %s failed: %s", key.name, e)
@@ -298,24 +326,31 @@ def writable_problem(folders: dict[str, Path]) -> str | None:
 
 def sweep_run(grid: Grid, workers: Workers, base: TrainConfig, key: RunKey, subsets: dict, run_dir: Path, out: Path,
               overrides: dict | None = None) -> dict:
-    """One run of the grid in its own directory, on its training subsets, with its arm's overrides."""
-    _clean_run_dir(run_dir, out)
-    (run_dir / MARKER).write_text(json.dumps({**key.to_dict(), "out": str(out.resolve())}) + "\n")
+    """One run of the grid in its own directory, on its training subsets, with its arm's overrides; a run
+    interrupted earlier (a stopped worker, a machine that went away) goes on from its last checkpoint."""
     files, report_dev = {}, {}
     for task in grid.tasks:
-        path = run_dir / f"{task}-train-subset.csv"
-        write_course_file(path, task, subsets[task, key.seed][key.size])
-        files[f"{task}_train"] = str(path)
+        files[f"{task}_train"] = str(run_dir / f"{task}-train-subset.csv")
         if (task, TUNE) in subsets:  # the tuning split stands in for dev during training; dev only reports
             files[f"{task}_dev"] = str(run_dir / f"{task}-tune-split.csv")
-            write_course_file(files[f"{task}_dev"], task, subsets[task, TUNE])
             report_dev[task] = base.file(task, "dev")
     cfg = TrainConfig.from_dict({**base.to_dict(), **(overrides or {}), "files": files, "freeze_upto": key.depth,
                                  "seed": key.seed,
                                  "out_dir": str(run_dir), "predictions_dir": str(run_dir / "predictions"),
                                  "cache_dir": str(run_dir.parent / ".frozen-cache")})
+    if _resumable(run_dir, out, key, cfg):
+        log.info("%s: interrupted earlier; going on from its last checkpoint", run_dir)
+        cfg = replace(cfg, resume="auto")
+    else:
+        _clean_run_dir(run_dir, out)
+    (run_dir / MARKER).write_text(json.dumps({**key.to_dict(), "out": str(out.resolve())}) + "\n")
+    for task in grid.tasks:  # the same rows every time: a resumed run reads what it started on
+        write_course_file(Path(files[f"{task}_train"]), task, subsets[task, key.seed][key.size])
+        if task in report_dev:
+            write_course_file(Path(files[f"{task}_dev"]), task, subsets[task, TUNE])
     runner = measure if workers.in_process else measure_isolated
-    return runner(cfg, workers.threads, report_dev) if report_dev else runner(cfg, workers.threads)
+    m = runner(cfg, workers.threads, report_dev) if report_dev else runner(cfg, workers.threads)
+    return {**m, "resumed": True} if cfg.resume else m
 
 
 def default_runs_dir(out: str | os.PathLike) -> Path:

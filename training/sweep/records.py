@@ -207,6 +207,7 @@ def result_record(grid: Grid, base: TrainConfig, key: RunKey, subsets: dict, run
             "trainable_params": m["trainable_params"], "total_params": m["total_params"],
             "trainable_share": share(m["trainable_params"], m["total_params"]),
             "threads": m["threads"], "run_dir": str(run_dir), **provenance(),
+            **({"resumed": True} if m.get("resumed") else {}),  # its wall_seconds count the last part only
             "finished": time.strftime("%Y-%m-%dT%H:%M:%S"), "settings": settings,
             **({"overrides": overrides} if overrides else {})}
 
