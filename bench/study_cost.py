@@ -3,7 +3,8 @@ machine: the points trained one at a time, interleaved over rounds, end to end (
 frozen-prefix cache's building, the epochs, an evaluation per epoch), each in a fresh process.
 
     python bench/study_cost.py --threads 1 --examples 2000 --epochs 2 --rounds 3
-    python bench/study_cost.py --results docs/freezing-study/whole --points "full fine-tuning" "3 layers frozen"
+    python bench/study_cost.py --results docs/freezing-study/whole --points "full fine-tuning" "3 layers frozen" \
+        --json docs/freezing-study/whole/cost/cost.json
 
 Per point: seconds per training epoch (median and interquartile range over rounds), the whole run's
 seconds, the cache's building, peak resident memory of the run's process, the time to reach a share
@@ -11,7 +12,8 @@ seconds, the cache's building, peak resident memory of the run's process, the ti
 training epochs up to the first evaluation at or above it), and, for points with frozen layers, the same
 run with `--frozen-cache off`: the cache's own gain. The rates are the study's choices where --results
 holds them, else the middle of each point's grid; the order of the points rotates from round to round so
-that background load hits all alike.
+that background load hits all alike. --json writes the same figures for the study's report, which models
+each whole-file run's end-to-end cost from them (training/study/arms_cost.py).
 """
 from __future__ import annotations
 
@@ -88,6 +90,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3, help="runs of every point (default: %(default)s)")
     p.add_argument("--share", type=float, default=0.95, help="of full fine-tuning's best dev overall (default: %(default)s)")
     p.add_argument("--threads", type=int, default=None, help="torch threads per run (default: torch's choice)")
+    p.add_argument("--json", default=None, help="also write the figures there, for the study's report (default: none)")
     args = p.parse_args()
     recipe = load_recipe(args.recipe).resolve(model_layers(args.model))
     records = read_results(Path(args.results) / RESULTS) if args.results else []
@@ -103,6 +106,24 @@ def main() -> None:
                 runs[name].append(one_run(base, points[name], Path(tmp) / f"r{r}-{i}", args.threads))
                 print(f"round {r + 1}: {name:48s} {runs[name][-1]['wall']:7.1f} s", flush=True)
     report(args, names, runs)
+    if args.json:
+        write_json(Path(args.json), args, names, runs)
+
+
+def summary(runs: list[dict]) -> dict:
+    """One point's figures: seconds per epoch (median, first and third quartile), run, cache, peak MiB."""
+    return {"s_per_epoch": list(quartiles([s for run in runs for s in run["epochs"]])),
+            "run_s": statistics.median(r["wall"] for r in runs),
+            "cache_s": statistics.median(r["cache"] for r in runs),
+            "peak_rss_mib": statistics.median(r["rss"] for r in runs)}
+
+
+def write_json(path: Path, args, names: list[str], runs: dict[str, list[dict]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({
+        "machine": cpu_model(), "date": str(datetime.date.today()), "threads": args.threads,
+        "examples_per_task": args.examples, "epochs": args.epochs, "rounds": args.rounds,
+        "points": {name: summary(runs[name]) for name in names}}, indent=1) + "\n")
 
 
 def report(args, names: list[str], runs: dict[str, list[dict]]) -> None:
@@ -125,7 +146,8 @@ def report(args, names: list[str], runs: dict[str, list[dict]]) -> None:
         if name + NOCACHE in runs:
             on = quartiles([s for run in runs[name] for s in run["epochs"]])[0]
             off = quartiles([s for run in runs[name + NOCACHE] for s in run["epochs"]])[0]
-            print(f"cache gain per epoch, {name}: {off / on:.2f}x")
+            gain = f"{off / on:.2f}x" if on > 0 else "n/a (epochs under the clock's resolution)"
+            print(f"cache gain per epoch, {name}: {gain}")
 
 
 if __name__ == "__main__":

@@ -52,3 +52,32 @@ def test_same_bits_ignores_timings_and_names_the_first_difference(tmp_path):
         "metrics.jsonl record 1: loss_sst 1.25 vs 1.5"
     assert first_difference(a, run("d", 1.25, 10.0, "id , Predicted_Sentiment\nx , 2\n")) == \
         "predictions/sst-dev-output.csv differs"
+
+
+def test_the_cost_benchmark_writes_what_it_prints_and_the_study_reads_it(tmp_path):
+    """bench/study_cost.py on a tiny model: --json holds the printed medians and quartiles, per point, and
+    the study's cost model reads the file where the report looks for it."""
+    import re
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    import tiny_runs
+
+    from training.study.arms_cost import read_cost
+
+    data, enc = tiny_runs.inputs(tmp_path)
+    out = tmp_path / "study" / "cost" / "cost.json"
+    r = subprocess.run([sys.executable, str(BENCH / "study_cost.py"), "--model", str(enc), "--data-dir", str(data),
+                        "--threads", "1", "--examples", "12", "--eval-examples", "12", "--epochs", "2", "--rounds", "2",
+                        "--points", "full fine-tuning", "half the layers frozen", "--json", str(out)],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    cost = read_cost(tmp_path / "study")
+    assert set(cost["points"]) == {"full fine-tuning", "half the layers frozen", "half the layers frozen (cache off)"}
+    assert cost["epochs"] == 2 and cost["rounds"] == 2 and cost["threads"] == 1
+    for name, got in cost["points"].items():
+        row = re.search(rf"^{re.escape(name)}\s+([\d.]+) \[\s*([\d.]+)-\s*([\d.]+)\]\s+([\d.]+)\s+([\d.]+)", r.stdout, re.M)
+        assert row, r.stdout
+        med, q1, q3 = got["s_per_epoch"]
+        assert q1 <= med <= q3
+        assert [float(x) for x in row.groups()] == pytest.approx([med, q1, q3, got["run_s"], got["cache_s"]], abs=0.051)
+    assert cost["points"]["half the layers frozen"]["cache_s"] > 0 == cost["points"]["full fine-tuning"]["cache_s"]

@@ -368,3 +368,39 @@ def test_a_table_recipe_gets_its_figure(tmp_path):
     assert table_figures(recipe, records, tmp_path) == [tmp_path / "table.png"]
     assert (tmp_path / "table.png").stat().st_size > 10_000
     assert table_figures(recipe, [], tmp_path / "none") == []  # no run yet: no figure
+
+
+# ----------------------------------------------------------------------------- cost, modelled
+
+
+def _curved(depth, arm, lr, seed, curve):
+    """A reporting run that trained len(curve) epochs, its tuning-split overall after each; kept: the best."""
+    record = _reporting(depth, arm, lr, seed, max(curve))
+    return {**record, "epochs_run": len(curve), "tune_curve": [[10 * (i + 1), i, s] for i, s in enumerate(curve)]}
+
+
+def test_the_modelled_cost_by_hand(tmp_path):
+    from training.study import arms_cost as K
+
+    recipe = loaded(tmp_path)
+    records = ([tuning_record(None, "", lr, s) for lr, s in [(0.0003, 0.5), (0.001, 0.7), (0.003, 0.6)]]
+               + [tuning_record(1, "b", lr, s) for lr, s in [(0.0003, 0.5), (0.001, 0.4), (0.003, 0.35)]]
+               + [_curved(None, "", 0.001, 1, [0.60, 0.70, 0.69]), _curved(None, "", 0.001, 2, [0.65, 0.72, 0.74, 0.73]),
+                  _curved(1, "b", 0.0003, 1, [0.50, 0.60, 0.68, 0.69, 0.685]), _curved(1, "b", 0.0003, 2, [0.69, 0.67]),
+                  _curved(None, "", 0.0003, 1, [0.60, 0.70])])  # full at one's rate, 0.0003
+    cost = {"machine": "m", "date": "d", "points": {"full": {"s_per_epoch": [10.0, 9.0, 11.0], "cache_s": 0.0},
+                                                    "one": {"s_per_epoch": [4.0, 3.0, 5.0], "cache_s": 3.0}}}
+    rows = {r["label"]: r for r in K.cost_rows(recipe, records, cost, "full")}
+    # full's mean kept tuning score: (0.70 + 0.74) / 2 = 0.72; 95% of it 0.684, 99% 0.7128
+    full, one, twin = rows["full"], rows["one"], rows["full at one's"]
+    assert full["cost"] == pytest.approx(3.5) and full["cost_range"] == pytest.approx((3.0, 4.0))
+    assert full["to"][0.95] == (pytest.approx(2.0), 2) and full["to"][0.99] == (pytest.approx(2.0), 1)
+    assert one["epoch_speedup"] == pytest.approx(2.5) and one["epochs"] == pytest.approx(3.5)
+    assert one["cost"] == pytest.approx(((3 + 5 * 4) / 10 + (3 + 2 * 4) / 10) / 2)  # 2.3 and 1.1
+    assert one["speedup"] == pytest.approx(3.5 / 1.7)
+    assert one["to"][0.95] == (pytest.approx(((3 + 4 * 4) / 10 + (3 + 4) / 10) / 2), 2)  # 4th and 1st evaluation
+    assert one["to"][0.99] == (None, 0)
+    assert twin["cost"] == pytest.approx(2.0) and twin["epoch_speedup"] == pytest.approx(1.0)  # full's figures
+    lines = K.cost_lines(list(rows.values()), cost, "full")
+    assert any(line.startswith("| one | 2.50x | 3.5 | 1.70 [1.10, 2.30] | 2.06x | 1.30 (2/2) | not reached |")
+               for line in lines)

@@ -2,9 +2,10 @@
 
 - quality.png: each point's dev overall on every reporting seed (dots) and its mean with the 95% t
   interval, beside the trivial predictor's line;
-- front.png: quality against cost, each point its mean dev overall (95% interval) against the median
-  training seconds of its reporting runs (as the study measured them: runs shared the machine; the cost
-  benchmark in bench/ measures on a quiet one);
+- front.png: quality against cost, each point its mean dev overall (95% interval) against its end-to-end
+  cost modelled from the cost measured apart (arms_cost.py: in full fine-tuning epochs, the range over the
+  seeds as a horizontal bar), or, without that measurement, the median training seconds of its reporting
+  runs (as the study measured them: runs shared the machine);
 - curves.png: the learning curves, the tuning split's overall at each evaluation, mean over the
   reporting seeds, one line per point;
 - tuning.png: the rate grid, each point's tuning-split score at every rate it tried.
@@ -21,7 +22,8 @@ from training.study.protocol import Protocol, tune_score
 from training.sweep.records import RunKey
 
 
-def arms_figures(recipe, records: list[dict], rows: list[dict], baselines: dict | None, out: Path) -> list[Path]:
+def arms_figures(recipe, records: list[dict], rows: list[dict], baselines: dict | None, out: Path,
+                 costs: list[dict] | None = None) -> list[Path]:
     plt = pyplot()
     if plt is None or not records:
         return []
@@ -29,7 +31,7 @@ def arms_figures(recipe, records: list[dict], rows: list[dict], baselines: dict 
     paths = []
     if overall:
         paths += [quality_figure(plt, overall, baselines, out / "quality.png"),
-                  front_figure(plt, recipe, records, overall, out / "front.png"),
+                  front_figure(plt, recipe, records, overall, out / "front.png", costs),
                   curves_figure(plt, recipe, records, out / "curves.png")]
     paths.append(tuning_figure(plt, recipe, records, out / "tuning.png"))
     return paths
@@ -54,19 +56,28 @@ def quality_figure(plt, rows: list[dict], baselines: dict | None, path: Path) ->
     return _save(fig, plt, path)
 
 
-def front_figure(plt, recipe, records: list[dict], rows: list[dict], path: Path) -> Path:
-    protocol = Protocol(recipe, records)
+def front_figure(plt, recipe, records: list[dict], rows: list[dict], path: Path, costs: list[dict] | None = None
+                 ) -> Path:
+    protocol, modelled = Protocol(recipe, records), {c["label"]: c for c in costs or []}
     fig, ax = plt.subplots(figsize=(PANEL[0] * 1.6, PANEL[1] * 1.3), dpi=DPI)
     for j, r in enumerate(rows):
-        seconds = [run["train_seconds"] for run in protocol.reporting(r["label"]).values() if run.get("train_seconds")]
-        if not seconds:
-            continue
         lo, hi = r["ci"]
         err = [[r["mean"] - lo], [hi - r["mean"]]] if not math.isnan(lo) else None
-        ax.errorbar([float(np.median(seconds))], [r["mean"]], yerr=err, marker="o", capsize=3, color=f"C{j % 10}",
-                    label=r["label"])
+        if modelled:
+            if r["label"] not in modelled:
+                continue
+            c = modelled[r["label"]]
+            x, xerr = c["cost"], [[c["cost"] - c["cost_range"][0]], [c["cost_range"][1] - c["cost"]]]
+        else:
+            seconds = [run["train_seconds"] for run in protocol.reporting(r["label"]).values()
+                       if run.get("train_seconds")]
+            if not seconds:
+                continue
+            x, xerr = float(np.median(seconds)), None
+        ax.errorbar([x], [r["mean"]], xerr=xerr, yerr=err, marker="o", capsize=3, color=f"C{j % 10}", label=r["label"])
     ax.set_xscale("log")
-    ax.set_xlabel("training seconds of a run (median over the reporting seeds; runs shared the machine)")
+    ax.set_xlabel("end-to-end cost, in epochs of full fine-tuning (modelled from the cost measured apart)" if modelled
+                  else "training seconds of a run (median over the reporting seeds; runs shared the machine)")
     ax.set_ylabel("dev overall (mean, 95% interval)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize="x-small", loc="best")

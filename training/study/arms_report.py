@@ -10,6 +10,7 @@ import numpy as np
 
 from data.loaders import COURSE_FILES, load_task_file
 from training.study.arms import METRICS, point_rows, split_scores, versus
+from training.study.arms_cost import cost_lines, cost_rows, read_cost
 from training.study.baselines import labels_digest, read_baselines
 from training.study.protocol import Protocol, tune_score
 from training.sweep.records import RESULTS, RunKey, read_results
@@ -148,7 +149,7 @@ def unseen_lines(rows: list[dict], reference: str) -> list[str]:
     return lines
 
 
-def arms_markdown(recipe, results: Path, data_dir: str | None = None) -> tuple[str, list[dict]]:
+def arms_markdown(recipe, results: Path, data_dir: str | None = None) -> tuple[str, list[dict], list[dict]]:
     records = read_results(Path(results) / RESULTS)
     baselines = read_baselines(results)
     reference = recipe.points[0]["label"]
@@ -160,6 +161,10 @@ def arms_markdown(recipe, results: Path, data_dir: str | None = None) -> tuple[s
               "Mean over the reporting seeds with its 95% t interval; normalised: (score - trivial) / (full - "
               "trivial), per seed against the full fine-tuning run of the same seed, then averaged; Lee ratio: "
               "score / full, likewise.", ""] + results_lines(rows)
+    cost = read_cost(results)
+    costs = cost_rows(recipe, records, cost, reference) if cost else []
+    if costs:
+        lines += ["", "## Cost", ""] + cost_lines(costs, cost, reference)
     if records:
         labels = dev_labels(records, recipe.tasks, results, data_dir)
         tests = versus(recipe, records, results, labels, reference)
@@ -168,7 +173,7 @@ def arms_markdown(recipe, results: Path, data_dir: str | None = None) -> tuple[s
             lines += ["", "## Dev examples with word pieces training never saw", ""]
             lines += unseen_lines(split_scores(recipe, records, results, labels, baselines["unseen"], reference),
                                   reference)
-    return "\n".join(lines) + "\n", rows
+    return "\n".join(lines) + "\n", rows, costs
 
 
 CSV_COLUMNS = ["point", "depth", "arm", "lr", "metric", "seeds", "mean", "ci_low", "ci_high", "sd", "sd_ci_low",
@@ -178,10 +183,10 @@ CSV_COLUMNS = ["point", "depth", "arm", "lr", "metric", "seeds", "mean", "ci_low
 def write_arms_report(recipe, results: Path, report: Path, data_dir: str | None = None) -> Path:
     from training.study.arms_figures import arms_figures
 
-    text, rows = arms_markdown(recipe, results, data_dir)
+    text, rows, costs = arms_markdown(recipe, results, data_dir)
     report.mkdir(parents=True, exist_ok=True)
     (report / "report.md").write_text(text)
-    arms_figures(recipe, read_results(Path(results) / RESULTS), rows, read_baselines(results), report)
+    arms_figures(recipe, read_results(Path(results) / RESULTS), rows, read_baselines(results), report, costs)
     with open(report / "report.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=CSV_COLUMNS, lineterminator="\n")
         w.writeheader()
