@@ -446,3 +446,26 @@ def test_an_interrupted_run_goes_on_from_its_checkpoint_to_the_same_numbers(inpu
         else:
             assert "going on from its last checkpoint" in caplog.text and len(updates) == n - 4
             assert again["resumed"] is True
+
+
+def test_a_record_keeps_the_moves_of_a_freezing_schedule(inputs, tmp_path, monkeypatch):
+    """The steps at which a schedule changed the frozen depth (metrics.jsonl's frozen_depth records) go into
+    the run's record: the study models an adaptive run's cost from them."""
+    data, ckpt = inputs
+    fake = fake_training([])
+
+    def schedule_moves(cfg, threads=None):
+        m = fake(cfg, threads)
+        with open(Path(cfg.out_dir, "metrics.jsonl"), "a") as f:
+            for step, depth in ((3, 0), (7, 1), (9, None)):
+                f.write(json.dumps({"step": step, "epoch": 0, "frozen_depth": depth}) + "\n")
+        return m
+
+    monkeypatch.setattr(engine, "measure", schedule_moves)
+    assert sweep_cli.main(sweep_args(data, ckpt, tmp_path, "--in-process", "--depths", "none", "--sizes", "3")) == 0
+    (record,) = [json.loads(x) for x in (tmp_path / "sweep" / "results.jsonl").read_text().splitlines()]
+    assert record["depth_changes"] == [[3, 0], [7, 1], [9, None]]
+    monkeypatch.setattr(engine, "measure", fake)  # a fixed depth: no field
+    assert sweep_cli.main(sweep_args(data, ckpt, tmp_path / "fixed", "--in-process", "--depths", "none", "--sizes", "3")) == 0
+    (record,) = [json.loads(x) for x in (tmp_path / "fixed" / "sweep" / "results.jsonl").read_text().splitlines()]
+    assert "depth_changes" not in record

@@ -187,6 +187,7 @@ def result_record(grid: Grid, base: TrainConfig, key: RunKey, subsets: dict, run
     rows = read_metrics(run_dir / "metrics.jsonl")
     epochs, evals, kept = epoch_records(rows), evaluations(rows), kept_evaluation(rows)
     best_epoch = kept["epoch"] if kept else None
+    changes = [[r["step"], r["frozen_depth"]] for r in rows if "frozen_depth" in r]  # a freezing schedule's moves
     split = grid.tuning_split
     # With a tuning split the trainer's "dev" was that split: it chose the kept evaluation (best_epoch);
     # the dev sets scored the kept model once, afterwards.
@@ -208,6 +209,7 @@ def result_record(grid: Grid, base: TrainConfig, key: RunKey, subsets: dict, run
             "trainable_share": share(m["trainable_params"], m["total_params"]),
             "threads": m["threads"], "run_dir": str(run_dir), **provenance(),
             **({"resumed": True} if m.get("resumed") else {}),  # its wall_seconds count the last part only
+            **({"depth_changes": changes} if changes else {}),
             "finished": time.strftime("%Y-%m-%dT%H:%M:%S"), "settings": settings,
             **({"overrides": overrides} if overrides else {})}
 
