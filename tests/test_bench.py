@@ -71,7 +71,7 @@ def test_the_cost_benchmark_writes_what_it_prints_and_the_study_reads_it(tmp_pat
                         "--points", "full fine-tuning", "half the layers frozen", "--json", str(out)],
                        cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
-    cost = read_cost(tmp_path / "study")
+    (cost,) = read_cost(tmp_path / "study")
     assert set(cost["points"]) == {"full fine-tuning", "half the layers frozen", "half the layers frozen (cache off)"}
     assert cost["epochs"] == 2 and cost["rounds"] == 2 and cost["threads"] == 1
     for name, got in cost["points"].items():

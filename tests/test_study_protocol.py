@@ -390,7 +390,7 @@ def test_the_modelled_cost_by_hand(tmp_path):
                   _curved(None, "", 0.0003, 1, [0.60, 0.70])])  # full at one's rate, 0.0003
     cost = {"machine": "m", "date": "d", "points": {"full": {"s_per_epoch": [10.0, 9.0, 11.0], "cache_s": 0.0},
                                                     "one": {"s_per_epoch": [4.0, 3.0, 5.0], "cache_s": 3.0}}}
-    rows = {r["label"]: r for r in K.cost_rows(recipe, records, cost, "full")}
+    rows = {r["label"]: r for r in K.cost_rows(recipe, records, [cost], "full")}
     # full's mean kept tuning score: (0.70 + 0.74) / 2 = 0.72; 95% of it 0.684, 99% 0.7128
     full, one, twin = rows["full"], rows["one"], rows["full at one's"]
     assert full["cost"] == pytest.approx(3.5) and full["cost_range"] == pytest.approx((3.0, 4.0))
@@ -401,6 +401,26 @@ def test_the_modelled_cost_by_hand(tmp_path):
     assert one["to"][0.95] == (pytest.approx(((3 + 4 * 4) / 10 + (3 + 4) / 10) / 2), 2)  # 4th and 1st evaluation
     assert one["to"][0.99] == (None, 0)
     assert twin["cost"] == pytest.approx(2.0) and twin["epoch_speedup"] == pytest.approx(1.0)  # full's figures
-    lines = K.cost_lines(list(rows.values()), cost, "full")
+    lines = K.cost_lines(list(rows.values()), [cost], "full")
     assert any(line.startswith("| one | 2.50x | 3.5 | 1.70 [1.10, 2.30] | 2.06x | 1.30 (2/2) | not reached |")
                for line in lines)
+
+
+def test_a_schedule_is_costed_at_the_depth_each_stretch_ran_at(tmp_path):
+    from training.study import arms_cost as K
+
+    recipe = loaded(tmp_path, arms={"": {}, "s": {"unfreeze_schedule": "adaptive:2steps"}},
+                    points=[{"label": "full", "depth": "none", "arm": ""}, {"label": "half", "depth": 1, "arm": ""},
+                            {"label": "sched", "depth": "none", "arm": "s"}])
+    cost = {"points": {"full": {"s_per_epoch": [10.0, 9.0, 11.0], "cache_s": 0.0},
+                       "half": {"s_per_epoch": [4.0, 3.0, 5.0], "cache_s": 3.0}}}
+    run = {"epochs_run": 3, "tune_curve": [[10, 0, 0.6], [20, 1, 0.7], [30, 2, 0.72]], "depth_changes": [[15, 1]]}
+    sched = next(p for p in recipe.points if p["label"] == "sched")
+    plan = K.stretches(recipe, cost, sched, run)
+    full = cost["points"]["full"]
+    assert plan == [(0, full), (15, cost["points"]["half"])]
+    assert K.run_cost(run, plan, full) == pytest.approx((3 + 15 / 10 * 10 + 15 / 10 * 4) / 10)  # 2.4
+    assert K.run_cost(run, plan, full, target=0.7) == pytest.approx((3 + 15 + 5 / 10 * 4) / 10)  # 2.0
+    assert K.run_cost(run, plan, full, target=0.6) == pytest.approx(1.0)  # before the move: no cache yet
+    assert K.run_cost(run, plan, full, target=0.8) is None
+    assert K.stretches(recipe, cost, sched, {**run, "depth_changes": [[15, 2]]}) is None  # depth 2: not measured

@@ -161,10 +161,10 @@ def arms_markdown(recipe, results: Path, data_dir: str | None = None) -> tuple[s
               "Mean over the reporting seeds with its 95% t interval; normalised: (score - trivial) / (full - "
               "trivial), per seed against the full fine-tuning run of the same seed, then averaged; Lee ratio: "
               "score / full, likewise.", ""] + results_lines(rows)
-    cost = read_cost(results)
-    costs = cost_rows(recipe, records, cost, reference) if cost else []
+    measurements = read_cost(results)
+    costs = cost_rows(recipe, records, measurements, reference)
     if costs:
-        lines += ["", "## Cost", ""] + cost_lines(costs, cost, reference)
+        lines += ["", "## Cost", ""] + cost_lines(costs, measurements, reference)
     if records:
         labels = dev_labels(records, recipe.tasks, results, data_dir)
         tests = versus(recipe, records, results, labels, reference)
