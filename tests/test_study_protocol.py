@@ -424,3 +424,25 @@ def test_a_schedule_is_costed_at_the_depth_each_stretch_ran_at(tmp_path):
     assert K.run_cost(run, plan, full, target=0.6) == pytest.approx(1.0)  # before the move: no cache yet
     assert K.run_cost(run, plan, full, target=0.8) is None
     assert K.stretches(recipe, cost, sched, {**run, "depth_changes": [[15, 2]]}) is None  # depth 2: not measured
+
+
+def test_the_size_depth_map_by_hand(tmp_path):
+    from training.study.arms_figures import size_depth_figure, size_depth_grid
+    from training.study.figures import pyplot
+
+    recipe = loaded(tmp_path, sizes=["all", 4], points=[
+        {"label": "all full", "depth": "none", "arm": "", "size": "all"},
+        {"label": "all one", "depth": 1, "arm": "", "size": "all"},
+        {"label": "4 full", "depth": "none", "arm": "", "size": 4, "vs": "all full"},
+        {"label": "4 one", "depth": 1, "arm": "", "size": 4, "vs": "4 full"}])
+    rows = [{"label": "all one", "normalised": 0.8}, {"label": "4 full", "normalised": 0.5},
+            {"label": "4 one", "normalised": 0.9}, {"label": "all full", "normalised": 1.0}]
+    sizes, depths, grid = size_depth_grid(recipe, rows)
+    assert sizes == [4, "all"] and depths == [None, 1]
+    assert grid.tolist() == [[0.5, 0.9], [1.0, 0.8]]
+    plt = pyplot()
+    if plt is not None:  # matplotlib is optional
+        path = size_depth_figure(plt, sizes, depths, grid, tmp_path / "map.png")
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    sizes, depths, grid = size_depth_grid(recipe, rows[:1])
+    assert np.isnan(grid[0]).all() and grid[1, 1] == 0.8

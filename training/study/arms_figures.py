@@ -8,7 +8,10 @@
   runs (as the study measured them: runs shared the machine);
 - curves.png: the learning curves, the tuning split's overall at each evaluation, mean over the
   reporting seeds, one line per point;
-- tuning.png: the rate grid, each point's tuning-split score at every rate it tried.
+- tuning.png: the rate grid, each point's tuning-split score at every rate it tried;
+- size_depth.png (a recipe whose points train on several sizes): the gap as a map, each size x depth
+  cell the normalised quality against the point it is measured against (its "vs": the same size's full
+  fine-tuning), full fine-tuning's own row against the whole files'.
 """
 from __future__ import annotations
 
@@ -34,7 +37,38 @@ def arms_figures(recipe, records: list[dict], rows: list[dict], baselines: dict 
                   front_figure(plt, recipe, records, overall, out / "front.png", costs),
                   curves_figure(plt, recipe, records, out / "curves.png")]
     paths.append(tuning_figure(plt, recipe, records, out / "tuning.png"))
+    sizes, depths, grid = size_depth_grid(recipe, overall)
+    if len(sizes) > 1 and not np.isnan(grid).all():
+        paths.append(size_depth_figure(plt, sizes, depths, grid, out / "size_depth.png"))
     return paths
+
+
+def size_depth_grid(recipe, rows: list[dict]) -> tuple[list, list, np.ndarray]:
+    """(sizes, depths, normalised quality[size, depth]) of the overall rows of a recipe whose points name
+    their size: sizes ascending with the whole files last, depths in the recipe's order; nan where a
+    point has no reporting runs yet."""
+    sized = [p for p in recipe.points if "size" in p]
+    sizes = sorted({p["size"] for p in sized}, key=lambda n: (n == "all", 0 if n == "all" else n))
+    depths = list(dict.fromkeys(recipe.depth(p["depth"]) for p in sized))
+    grid = np.full((len(sizes), len(depths)), np.nan)
+    by_label = {r["label"]: r for r in rows}
+    for p in sized:
+        if p["label"] in by_label:
+            grid[sizes.index(p["size"]), depths.index(recipe.depth(p["depth"]))] = by_label[p["label"]]["normalised"]
+    return sizes, depths, grid
+
+
+def size_depth_figure(plt, sizes: list, depths: list, grid: np.ndarray, path: Path) -> Path:
+    fig, ax = plt.subplots(figsize=(PANEL[0] * 1.3, PANEL[1]), dpi=DPI)
+    ax.imshow(grid, cmap="viridis", vmin=0, vmax=1, aspect="auto")
+    for i, j in np.ndindex(grid.shape):
+        ax.text(j, i, "-" if np.isnan(grid[i, j]) else f"{grid[i, j]:.2f}", ha="center", va="center",
+                color="white" if not np.isnan(grid[i, j]) and grid[i, j] < 0.6 else "black")
+    ax.set_xticks(range(len(depths)), ["full" if d is None else f"{d} frozen" for d in depths])
+    ax.set_yticks(range(len(sizes)), [f"{n} per task" if n != "all" else "whole files" for n in sizes])
+    ax.set_title("Normalised quality against the same size's full fine-tuning")
+    fig.tight_layout()
+    return _save(fig, plt, path)
 
 
 def quality_figure(plt, rows: list[dict], baselines: dict | None, path: Path) -> Path:
