@@ -182,3 +182,54 @@ def test_every_command_the_docs_show_exists_with_its_flags(page):
     shows parses with the command's real parser (placeholders in capitals, `...` for the rest)."""
     shown = commands((REPO / "docs" / page).read_text())
     assert [p for cmd in shown for p in problems(*cmd)] == []
+
+
+# ----------------------------------------------------------------------------- links between pages
+
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def heading_anchors(page: Path) -> set[str]:
+    """GitHub's anchors of a page's headings: lower case, punctuation dropped, spaces to hyphens, a
+    repeated one numbered."""
+    anchors, seen, fenced = set(), {}, False
+    for line in page.read_text().splitlines():
+        fenced ^= line.startswith("```")
+        if fenced or not line.startswith("#"):
+            continue
+        text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", line.lstrip("#").strip().replace("`", ""))
+        slug = re.sub(r"[^\w\- ]", "", text.lower()).replace(" ", "-")
+        anchors.add(f"{slug}-{seen[slug]}" if slug in seen else slug)
+        seen[slug] = seen.get(slug, 0) + 1
+    return anchors
+
+
+def broken_links(pages: list[Path]) -> list[str]:
+    """page:line: target for each relative link whose file, or whose heading in a .md file, does not exist."""
+    bad = []
+    for page in pages:
+        fenced = False
+        for i, line in enumerate(page.read_text().splitlines(), 1):
+            fenced ^= line.startswith("```")
+            for target in [] if fenced else LINK.findall(line):
+                if re.match(r"[a-z]+:", target):
+                    continue  # https:, mailto:
+                path, _, anchor = target.partition("#")
+                dest = page.parent / path if path else page
+                if not dest.exists() or anchor and dest.suffix == ".md" and anchor not in heading_anchors(dest):
+                    bad.append(f"{page}:{i}: {target}")
+    return bad
+
+
+def test_every_link_between_the_pages_finds_its_file_and_heading():
+    pages = [REPO / "README.md", *sorted((REPO / "docs").glob("**/*.md"))]
+    assert broken_links(pages) == []
+
+
+def test_the_link_check_finds_a_missing_file_and_a_missing_heading(tmp_path):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "a.md").write_text("# Title\n\n## Two words, and `code`\n\n## Two words, and code\n")
+    page = tmp_path / "docs" / "b.md"
+    page.write_text("[ok](a.md#two-words-and-code) [ok](a.md#two-words-and-code-1) [ok](#here)\n# Here\n"
+                    "[no](a.md#nowhere) [no](c.md) [web](https://example.com/x.md#y)\n```\n[fenced](gone.md)\n```\n")
+    assert [b.split(": ", 1)[1] for b in broken_links([page])] == ["a.md#nowhere", "c.md"]
