@@ -402,6 +402,9 @@ def test_the_modelled_cost_by_hand(tmp_path):
     assert one["to"][0.99] == (None, 0)
     assert twin["cost"] == pytest.approx(2.0) and twin["epoch_speedup"] == pytest.approx(1.0)  # full's figures
     lines = K.cost_lines(list(rows.values()), [cost], "full")
+    assert K.scale_line(recipe, [cost], "full", {"sst": 30, "para": 60}) == ""  # the scale not said
+    line = K.scale_line(recipe, [cost, {**cost, "examples_per_task": 15}], "full", {"sst": 30, "para": 60})
+    assert "about 30 s there" in line  # 10 s per epoch on 2 x 15 examples, scaled to 90
     assert any(line.startswith("| one | 2.50x | 3.5 | 1.70 [1.10, 2.30] | 2.06x | 1.30 (2/2) | not reached |")
                for line in lines)
 

@@ -117,13 +117,28 @@ def _row(label: str, runs: list[dict], plans: list, full: dict, base: float) -> 
     return row
 
 
-def cost_lines(rows: list[dict], measurements: list[dict], reference: str) -> list[str]:
+def scale_line(recipe, measurements: list[dict], reference: str, n_train: dict[str, int]) -> str:
+    """What one epoch of the reference costs in seconds on n_train examples ({task: n}), on the first
+    measurement's machine that holds it and says its scale: its measured epoch scaled by the examples (an
+    epoch's steps grow with them); "" where none does."""
+    point = next(p for p in recipe.points if p["label"] == reference)
+    for m in measurements:
+        full = measured(recipe, m, point)
+        if full is not None and m.get("examples_per_task"):
+            seconds = full["s_per_epoch"][0] * sum(n_train.values()) / (m["examples_per_task"] * len(n_train))
+            return (f" One epoch of {reference} on these training files ({sum(n_train.values())} examples) is about "
+                    f"{seconds:.0f} s there: the measured {full['s_per_epoch'][0]:g} s on {m['examples_per_task']} "
+                    "examples per task, scaled by the examples.")
+    return ""
+
+
+def cost_lines(rows: list[dict], measurements: list[dict], reference: str, scale: str = "") -> list[str]:
     shares = " | ".join(f"to {s:.0%} of {reference}" for s in SHARES)
     where = "; ".join(f"{m['machine']}, {m['date']}, {m.get('threads')} thread(s)" for m in measurements)
     lines = [f"Modelled from the cost measured apart ({where}; [cost/](cost/)): in epochs of {reference}, the "
              f"cache's building included; a freezing schedule's steps costed at the depth they ran at; to a share: "
              f"up to the first evaluation at that share of {reference}'s mean kept tuning-split score (median over "
-             "the seeds that reached it, and how many did).", "",
+             f"the seeds that reached it, and how many did).{scale}", "",
              f"| point | per-epoch speed-up | epochs trained (mean) | end-to-end cost [min, max] | end-to-end "
              f"speed-up | {shares} |", "|---|---:|---:|---:|---:|" + "---:|" * len(SHARES)]
     for r in rows:

@@ -10,7 +10,7 @@ import numpy as np
 
 from data.loaders import COURSE_FILES, load_task_file
 from training.study.arms import METRICS, point_rows, split_scores, versus
-from training.study.arms_cost import cost_lines, cost_rows, read_cost
+from training.study.arms_cost import cost_lines, cost_rows, read_cost, scale_line
 from training.study.baselines import labels_digest, read_baselines
 from training.study.protocol import Protocol, tune_score
 from training.sweep.records import RESULTS, RunKey, read_results
@@ -164,7 +164,9 @@ def arms_markdown(recipe, results: Path, data_dir: str | None = None) -> tuple[s
     measurements = read_cost(results)
     costs = cost_rows(recipe, records, measurements, reference)
     if costs:
-        lines += ["", "## Cost", ""] + cost_lines(costs, measurements, reference)
+        n_train = next(iter(Protocol(recipe, records).reporting(reference).values()))["n_train"]
+        scale = scale_line(recipe, measurements, reference, n_train)
+        lines += ["", "## Cost", ""] + cost_lines(costs, measurements, reference, scale)
     if records:
         labels = dev_labels(records, recipe.tasks, results, data_dir)
         tests = versus(recipe, records, results, labels, reference)
