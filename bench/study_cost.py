@@ -17,6 +17,7 @@ each whole-file run's end-to-end cost from them (training/study/arms_cost.py).
 """
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import statistics
@@ -35,7 +36,7 @@ from training.sweep.records import RESULTS, read_results
 NOCACHE = " (cache off)"
 
 
-def arms(recipe, records: list[dict], labels: list[str] | None) -> dict[str, dict]:
+def arms(recipe, records: list[dict], labels: list[str] | None, cache_off: bool = True) -> dict[str, dict]:
     """label -> the point's options (its arm, depth and rate), and a cache-off twin for frozen depths."""
     protocol = Protocol(recipe, records)
     out = {}
@@ -46,7 +47,7 @@ def arms(recipe, records: list[dict], labels: list[str] | None) -> dict[str, dic
         lr = protocol.chosen(point["label"]) or grid[len(grid) // 2]
         depth = recipe.depth(point["depth"])
         out[point["label"]] = {**recipe.arms[point["arm"]], "freeze_upto": depth, "lr": lr}
-        if depth is not None and depth >= 1:
+        if cache_off and depth is not None and depth >= 1:
             out[point["label"] + NOCACHE] = {**out[point["label"]], "frozen_cache": "off"}
     return out
 
@@ -90,11 +91,13 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3, help="runs of every point (default: %(default)s)")
     p.add_argument("--share", type=float, default=0.95, help="of full fine-tuning's best dev overall (default: %(default)s)")
     p.add_argument("--threads", type=int, default=None, help="torch threads per run (default: torch's choice)")
+    p.add_argument("--cache-off", action=argparse.BooleanOptionalAction, default=True,
+                   help="also run each frozen depth with --frozen-cache off: the cache's own gain (default: yes)")
     p.add_argument("--json", default=None, help="also write the figures there, for the study's report (default: none)")
     args = p.parse_args()
     recipe = load_recipe(args.recipe).resolve(model_layers(args.model))
     records = read_results(Path(args.results) / RESULTS) if args.results else []
-    points = arms(recipe, records, args.points)
+    points = arms(recipe, records, args.points, args.cache_off)
     base = {**recipe.train, "model": args.model, "data_dir": args.data_dir, "max_train_examples": args.examples,
             "max_eval_examples": args.eval_examples, "epochs": args.epochs, "early_stop_patience": None,
             "test_predictions": False, "save_every": 0, "keep_last": 1, "log_every": 1000, "frozen_cache":
