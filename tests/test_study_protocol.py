@@ -449,3 +449,10 @@ def test_the_size_depth_map_by_hand(tmp_path):
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     sizes, depths, grid = size_depth_grid(recipe, rows[:1])
     assert np.isnan(grid[0]).all() and grid[1, 1] == 0.8
+
+
+def test_the_front_keeps_the_points_no_cheaper_one_matches():
+    from training.study.arms_figures import pareto_front
+
+    points = [(5.0, 0.74), (0.5, 0.63), (2.0, 0.70), (3.0, 0.69), (2.0, 0.72), (6.0, 0.74), (1.0, 0.63)]
+    assert pareto_front(points) == [(0.5, 0.63), (2.0, 0.72), (5.0, 0.74)]

@@ -5,7 +5,8 @@
 - front.png: quality against cost, each point its mean dev overall (95% interval) against its end-to-end
   cost modelled from the cost measured apart (arms_cost.py: in full fine-tuning epochs, the range over the
   seeds as a horizontal bar), or, without that measurement, the median training seconds of its reporting
-  runs (as the study measured them: runs shared the machine);
+  runs (as the study measured them: runs shared the machine); a dashed line joins the front (the points no
+  cheaper point matches);
 - curves.png: the learning curves, the tuning split's overall at each evaluation, mean over the
   reporting seeds, one line per point;
 - tuning.png: the rate grid, each point's tuning-split score at every rate it tried;
@@ -92,7 +93,7 @@ def quality_figure(plt, rows: list[dict], baselines: dict | None, path: Path) ->
 
 def front_figure(plt, recipe, records: list[dict], rows: list[dict], path: Path, costs: list[dict] | None = None
                  ) -> Path:
-    protocol, modelled = Protocol(recipe, records), {c["label"]: c for c in costs or []}
+    protocol, modelled, placed = Protocol(recipe, records), {c["label"]: c for c in costs or []}, []
     fig, ax = plt.subplots(figsize=(PANEL[0] * 1.6, PANEL[1] * 1.3), dpi=DPI)
     for j, r in enumerate(rows):
         lo, hi = r["ci"]
@@ -109,7 +110,13 @@ def front_figure(plt, recipe, records: list[dict], rows: list[dict], path: Path,
                 continue
             x, xerr = float(np.median(seconds)), None
         ax.errorbar([x], [r["mean"]], xerr=xerr, yerr=err, marker="o", capsize=3, color=f"C{j % 10}", label=r["label"])
+        placed.append((x, r["mean"]))
+    front = pareto_front(placed)
+    if len(front) > 1:
+        ax.plot(*zip(*front), linestyle="--", color="grey", linewidth=1, zorder=1)
     ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(plt.FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.xaxis.set_minor_formatter(plt.FuncFormatter(lambda v, _: f"{v:g}" if f"{v:.0e}"[0] in "25" else ""))
     ax.set_xlabel("end-to-end cost, in epochs of full fine-tuning (modelled from the cost measured apart)" if modelled
                   else "training seconds of a run (median over the reporting seeds; runs shared the machine)")
     ax.set_ylabel("dev overall (mean, 95% interval)")
@@ -118,6 +125,16 @@ def front_figure(plt, recipe, records: list[dict], rows: list[dict], path: Path,
     ax.set_title("Quality against cost")
     fig.tight_layout()
     return _save(fig, plt, path)
+
+
+def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The (cost, quality) points that no cheaper-or-equal point matches or beats, cheapest first: the front
+    the dashed line joins."""
+    front = []
+    for x, y in sorted(points, key=lambda p: (p[0], -p[1])):
+        if not front or y > front[-1][1]:
+            front.append((x, y))
+    return front
 
 
 def curves_figure(plt, recipe, records: list[dict], path: Path) -> Path:
