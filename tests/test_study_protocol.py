@@ -456,3 +456,23 @@ def test_the_front_keeps_the_points_no_cheaper_one_matches():
 
     points = [(5.0, 0.74), (0.5, 0.63), (2.0, 0.70), (3.0, 0.69), (2.0, 0.72), (6.0, 0.74), (1.0, 0.63)]
     assert pareto_front(points) == [(0.5, 0.63), (2.0, 0.72), (5.0, 0.74)]
+
+
+def test_the_mean_curve_follows_the_runs_still_training():
+    from training.study.arms_figures import mean_curve
+
+    curves = [[[1, 0, 0.5], [2, 1, 0.7]], [[1, 0, 0.6], [2, 1, 0.8], [3, 2, 0.9]]]
+    assert mean_curve(curves) == [(1, pytest.approx(0.55)), (2, pytest.approx(0.75)), (3, pytest.approx(0.9))]
+
+
+def test_a_point_takes_the_cost_of_one_whose_epochs_cost_the_same(tmp_path):
+    from training.study import arms_cost as K
+
+    recipe = loaded(tmp_path, arms={"": {}, "b": {"head_dropout": 0.2}, "long": {"epochs": 9, "early_stop_patience": 3}},
+                    points=[{"label": "full", "depth": "none", "arm": ""}, {"label": "long", "depth": "none", "arm": "long"},
+                            {"label": "other", "depth": "none", "arm": "b"}, {"label": "one", "depth": 1, "arm": "long"}])
+    cost = {"points": {"full": {"s_per_epoch": [10.0, 9.0, 11.0], "cache_s": 0.0}}}
+    points = {p["label"]: p for p in recipe.points}
+    assert K.measured(recipe, cost, points["long"]) is cost["points"]["full"]  # more epochs: the same epoch
+    assert K.measured(recipe, cost, points["other"]) is None  # another option: not measured
+    assert K.measured(recipe, cost, points["one"]) is None  # another depth

@@ -469,3 +469,23 @@ def test_a_record_keeps_the_moves_of_a_freezing_schedule(inputs, tmp_path, monke
     assert sweep_cli.main(sweep_args(data, ckpt, tmp_path / "fixed", "--in-process", "--depths", "none", "--sizes", "3")) == 0
     (record,) = [json.loads(x) for x in (tmp_path / "fixed" / "sweep" / "results.jsonl").read_text().splitlines()]
     assert "depth_changes" not in record
+
+
+def test_a_record_names_the_epochs_its_arm_trained_for(tmp_path):
+    """An arm that overrides --epochs (the study's longer heads-only arm, the size study's equal-update arms)
+    is recorded with its own epochs, not the sweep's."""
+    from training.sweep.subsets import Grid
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    rows = [{"epoch": e, "step": e + 1, "train_seconds": 0.5, "dev_sst_acc": 0.1, "dev_overall": 0.1} for e in range(3)]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    m = {"metrics": {"overall": 0.1}, "wall_seconds": 1.0, "peak_rss_mib": 0.0, "base_rss_mib": 0.0,
+         "cuda_peak_mib": None, "trainable_params": 1, "total_params": 2, "threads": 1}
+    key = sweep_records.RunKey("sst", None, 3, 1, "long")
+    base = TrainConfig(epochs=2)
+    record = sweep_records.result_record(Grid(["sst"], [3], [1]), base, key, {("sst", 1): {3: [0, 1, 2]}}, run_dir, m,
+                                         {}, {"epochs": 9}, in_process=True)
+    assert record["epochs"] == 9 and record["epochs_run"] == 3
+    assert sweep_records.result_record(Grid(["sst"], [3], [1]), base, key, {("sst", 1): {3: [0, 1, 2]}}, run_dir, m,
+                                       {}, None, in_process=True)["epochs"] == 2

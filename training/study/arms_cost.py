@@ -15,7 +15,8 @@ A run whose freezing schedule moved the frozen depth (its record's depth_changes
 steps at that depth's seconds per epoch (the plain point measured at that depth), plus the building of
 each deeper prefix it reached (as the fixed depth builds it: an upper bound, the schedule's cache may be
 deepened from the last). A point the benchmark did not measure takes the figures of a measured point
-with the same depth and arm (the rate does not change an epoch's cost); else it has none. Evaluations
+whose epochs cost the same (the same depth and arm options, the rate, the epochs and early stopping
+aside); else it has none. Evaluations
 are left out (the same tuning split for every point).
 """
 from __future__ import annotations
@@ -35,13 +36,23 @@ def read_cost(results: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted((Path(results) / COST).glob("*.json"))]
 
 
+COST_FREE = ("lr", "epochs", "early_stop_patience")  # options that do not change what an epoch costs
+
+
+def _epoch_kind(recipe, point: dict) -> tuple:
+    """What an epoch of the point costs depends on: its depth and its arm's options but the COST_FREE ones."""
+    options = recipe.arms.get(point["arm"], {})
+    return recipe.depth(point["depth"]), sorted((k, str(v)) for k, v in options.items() if k not in COST_FREE)
+
+
 def measured(recipe, measurement: dict, point: dict) -> dict | None:
-    """A point's figures in one measurement: its own, else a measured point's with the same depth and arm."""
+    """A point's figures in one measurement: its own, else a measured point's whose epochs cost the same
+    (the same depth and arm options, but for the rate, the epochs and early stopping)."""
     figures = measurement["points"]
     if point["label"] in figures:
         return figures[point["label"]]
     twins = [p["label"] for p in recipe.points if p["label"] in figures
-             and (p["depth"], p["arm"]) == (point["depth"], point["arm"])]
+             and _epoch_kind(recipe, p) == _epoch_kind(recipe, point)]
     return figures[twins[0]] if twins else None
 
 

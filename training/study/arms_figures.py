@@ -7,8 +7,8 @@
   seeds as a horizontal bar), or, without that measurement, the median training seconds of its reporting
   runs (as the study measured them: runs shared the machine); a dashed line joins the front (the points no
   cheaper point matches);
-- curves.png: the learning curves, the tuning split's overall at each evaluation, mean over the
-  reporting seeds, one line per point;
+- curves.png: the learning curves, the tuning split's overall at each evaluation, each reporting seed
+  (thin) and the mean of the seeds still training, one colour per point;
 - tuning.png: the rate grid, each point's tuning-split score at every rate it tried;
 - size_depth.png (a recipe whose points train on several sizes): the gap as a map, each size x depth
   cell the normalised quality against the point it is measured against (its "vs": the same size's full
@@ -137,6 +137,12 @@ def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]
     return front
 
 
+def mean_curve(curves: list[list]) -> list[tuple[int, float]]:
+    """(evaluation, mean score) over the runs that reached each evaluation ([step, epoch, score] each)."""
+    longest = max(len(c) for c in curves)
+    return [(i + 1, float(np.mean([c[i][2] for c in curves if len(c) > i]))) for i in range(longest)]
+
+
 def curves_figure(plt, recipe, records: list[dict], path: Path) -> Path:
     protocol = Protocol(recipe, records)
     fig, ax = plt.subplots(figsize=(PANEL[0] * 1.6, PANEL[1] * 1.3), dpi=DPI)
@@ -144,11 +150,11 @@ def curves_figure(plt, recipe, records: list[dict], path: Path) -> Path:
         curves = [run["tune_curve"] for run in protocol.reporting(point["label"]).values() if run.get("tune_curve")]
         if not curves:
             continue
-        n = min(len(c) for c in curves)  # early stopping ends runs at different evaluations
-        ax.plot(range(1, n + 1), [np.mean([c[i][2] for c in curves]) for i in range(n)], marker="o",
-                color=f"C{j % 10}", label=point["label"])
+        for c in curves:  # each seed, thin: early stopping ends them at different evaluations
+            ax.plot(range(1, len(c) + 1), [e[2] for e in c], color=f"C{j % 10}", alpha=0.3, linewidth=0.8)
+        ax.plot(*zip(*mean_curve(curves)), marker="o", color=f"C{j % 10}", label=point["label"])
     ax.set_xlabel("evaluation (epoch)")
-    ax.set_ylabel("tuning-split overall (mean over reporting seeds)")
+    ax.set_ylabel("tuning-split overall (seeds thin; mean of the seeds still training)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize="x-small")
     ax.set_title("Learning curves")

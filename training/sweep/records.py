@@ -196,7 +196,7 @@ def result_record(grid: Grid, base: TrainConfig, key: RunKey, subsets: dict, run
                  "tune_curve": [[r["step"], r["epoch"], round(r["dev_overall"], 6)] for r in evals],
                  "lr": (overrides or {}).get("lr", base.lr)} if split else {"dev": m["metrics"]}
     return {**key.to_dict(), **selection,
-            "best_epoch": best_epoch, "epochs": base.epochs, "epochs_run": len(epochs),
+            "best_epoch": best_epoch, "epochs": (overrides or {}).get("epochs", base.epochs), "epochs_run": len(epochs),
             "n_train": {t: len(subsets[t, key.seed][key.size]) for t in grid.tasks},
             "wall_seconds": round(m["wall_seconds"], 2),
             "train_seconds": training_seconds(rows),
