@@ -16,8 +16,7 @@ steps at that depth's seconds per epoch (the plain point measured at that depth)
 each deeper prefix it reached (as the fixed depth builds it: an upper bound, the schedule's cache may be
 deepened from the last). A point the benchmark did not measure takes the figures of a measured point
 whose epochs cost the same (the same depth and arm options, the rate, the epochs and early stopping
-aside); else it has none. Evaluations
-are left out (the same tuning split for every point).
+aside); else it has none. Evaluations are left out (the same tuning split for every point).
 """
 from __future__ import annotations
 
@@ -29,14 +28,12 @@ from training.study.protocol import Protocol, tune_score
 
 COST = Path("cost")
 SHARES = (0.95, 0.99)
+COST_FREE = ("lr", "epochs", "early_stop_patience")  # options that do not change what an epoch costs
 
 
 def read_cost(results: Path) -> list[dict]:
     """The benchmark's measurements kept beside the study's results (cost/*.json, in name order)."""
     return [json.loads(p.read_text()) for p in sorted((Path(results) / COST).glob("*.json"))]
-
-
-COST_FREE = ("lr", "epochs", "early_stop_patience")  # options that do not change what an epoch costs
 
 
 def _epoch_kind(recipe, point: dict) -> tuple:
