@@ -107,8 +107,8 @@ def work(grid: Grid, workers: Workers, base: TrainConfig, plan_of, arms: dict[st
     (the study's seed role). arms: anything with .get(arm, default) giving an arm's overrides. Several workers (this
     command started again, in another shell) share the work: each run is claimed with a lock file in
     runs_dir, and a run claimed by a live process is left to it. SIGINT/SIGTERM stop the worker after
-    the current run (whose training stops after its step, with a checkpoint: the run goes on from it on the next
-    start)."""
+    the current run (whose training stops after its step, with a checkpoint: the run goes on from it on
+    the next start)."""
     results_path, settings = out / RESULTS, settings_of(base)
     runs_dir.mkdir(parents=True, exist_ok=True)
     failures, spent, busy = [], [], set()
