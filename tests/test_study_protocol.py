@@ -476,3 +476,30 @@ def test_a_point_takes_the_cost_of_one_whose_epochs_cost_the_same(tmp_path):
     assert K.measured(recipe, cost, points["long"]) is cost["points"]["full"]  # more epochs: the same epoch
     assert K.measured(recipe, cost, points["other"]) is None  # another option: not measured
     assert K.measured(recipe, cost, points["one"]) is None  # another depth
+
+
+def test_the_work_left_by_hand(tmp_path):
+    from training.study import arms_cost as K
+
+    recipe = loaded(tmp_path)  # seeds 1, 2; tuning seed 7; grid 0.001, 0.003
+    records = [{**tuning_record(None, "", lr, s), "epochs_run": e, "n_train": {"sst": 30, "para": 60}}
+               for lr, s, e in [(0.0003, 0.5, 2), (0.001, 0.7, 4), (0.003, 0.6, 3)]]  # full: 0.001, chosen
+    cost = {"examples_per_task": 15, "points": {"full": {"s_per_epoch": [10.0, 9.0, 11.0], "cache_s": 0.0},
+                                                "one": {"s_per_epoch": [4.0, 3.0, 5.0], "cache_s": 3.0}}}
+    rows = {r["label"]: r for r in K.remaining_work(recipe, records, [cost])}
+    # the files hold 90 examples, the measurement 2 x 15: x3. full: its 2 reporting runs, 3 epochs (mean) each
+    assert rows["full"] == {"label": "full", "todo": 2, "waiting": 0, "seconds": pytest.approx(2 * 3 * 10.0 * 3)}
+    # one: 2 tuning runs planned, 2 reporting runs waiting; no run yet, so the recipe's 2 epochs each
+    assert rows["one"] == {"label": "one", "todo": 2, "waiting": 2, "seconds": pytest.approx(4 * (3 + 2 * 4.0) * 3)}
+    # full at one's rate: waits for one's rate; full's figures (its epochs cost the same)
+    assert rows["full at one's"]["waiting"] == 2 and rows["full at one's"]["todo"] == 0
+
+
+def test_a_dry_run_says_what_is_left(tmp_path, capsys):
+    data, enc = tiny_runs.inputs(tmp_path)
+    path = arms_recipe(tmp_path)
+    args = [str(path), "--model", str(enc), "--data-dir", str(data), "--out", str(tmp_path / "out"), "--dry-run"]
+    assert C.main(args) == 0
+    out = capsys.readouterr().out
+    assert out.count("todo  ") == 4  # two rates for each of the two tuned points, on the tuning seed
+    assert "  full: 2 + 2 runs, no estimate" in out and "  full at one's: 0 + 2 runs" in out

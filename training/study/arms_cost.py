@@ -25,6 +25,7 @@ import statistics
 from pathlib import Path
 
 from training.study.protocol import Protocol, tune_score
+from training.sweep.records import RunKey
 
 COST = Path("cost")
 SHARES = (0.95, 0.99)
@@ -157,3 +158,43 @@ def cost_lines(rows: list[dict], measurements: list[dict], reference: str, scale
         lines.append(f"| {r['label']} | {per_epoch} | {r['epochs']:.1f} | {r['cost']:.2f} [{lo:.2f}, {hi:.2f}] | "
                      f"{r['speedup']:.2f}x | {reach} |")
     return lines
+
+
+def remaining_work(recipe, records: list[dict], measurements: list[dict]) -> list[dict]:
+    """Per point with work left: its runs planned and not done, its reporting runs still waiting for its
+    rate, and what they should cost in seconds of one idle core of the first measurement that says its
+    scale (None where nothing measured the point's epochs): each run the point's mean epochs so far (else
+    its most) at its measured seconds per epoch, plus its cache's building, scaled to the training files.
+    A planning figure, not a result: a rate grid's extensions are not foreseen."""
+    protocol, done = Protocol(recipe, records), {RunKey.of(r) for r in records}
+    owner = _owners(recipe, protocol)
+    planned = [k for k in protocol.plan() if k not in done]
+    n_train = next((r["n_train"] for r in records if r.get("n_train")), None)
+    out = []
+    for point in recipe.points:
+        todo = sum(owner.get(k) == point["label"] for k in planned)
+        waiting = 0 if protocol.chosen(point["label"]) is not None else len(recipe.seeds)
+        if not todo and not waiting:
+            continue
+        found = [(m, f) for m in measurements if m.get("examples_per_task") for f in [measured(recipe, m, point)] if f]
+        seconds = None
+        if found and n_train:
+            (m, figures), runs = found[0], [r for k, r in protocol.runs.items() if owner.get(k) == point["label"]]
+            epochs = (statistics.mean(r["epochs_run"] for r in runs) if runs
+                      else recipe.arms.get(point["arm"], {}).get("epochs", recipe.train.get("epochs", 1)))
+            scale = sum(n_train.values()) / (m["examples_per_task"] * len(n_train))
+            seconds = (todo + waiting) * (figures["cache_s"] + epochs * figures["s_per_epoch"][0]) * scale
+        out.append({"label": point["label"], "todo": todo, "waiting": waiting, "seconds": seconds})
+    return out
+
+
+def _owners(recipe, protocol) -> dict:
+    """run key -> the label of the first point whose run it is: a point's own rates (its tuning's), or for a
+    point that takes another's rate, that rate (a run both points would train is trained once)."""
+    owners = {}
+    for point in recipe.points:
+        lrs = ([protocol.chosen(point["lr_of"])] if "lr_of" in point else protocol.tried(point)[0])
+        for lr in lrs if lrs != [None] else []:
+            for seed in set(recipe.seeds) | set(recipe.lr_grid["tuning_seeds"]):
+                owners.setdefault(protocol.key(point, seed, lr), point["label"])
+    return owners

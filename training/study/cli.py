@@ -24,6 +24,7 @@ from training.common.errors import ConfigError
 from training.common.progress import setup_logging
 from training.run.config import TrainConfig, validate
 from training.run.signals import exit_on_sigterm
+from training.study.arms_cost import read_cost, remaining_work
 from training.study.figures import FIGURES
 from training.study.protocol import ArmOverrides, role_of
 from training.study.recipe import Recipe, available, load_recipe
@@ -116,6 +117,8 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         finished = {RunKey.of(r) for r in records}
         for k in recipe.plan(records):
             print(f"{'done' if k in finished else 'todo'}  {k.name}")
+        if recipe.kind == "arms":
+            print_remaining(recipe, records, read_cost(results))
         return 0
     rc = 0
     if not args.report_only:
@@ -129,6 +132,19 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         return 2
     log.info("report: %s", path)
     return rc
+
+
+def print_remaining(recipe: Recipe, records: list[dict], measurements: list[dict]) -> None:
+    """What is left of an arms study, point by point, with its cost where the cost benchmark measured it."""
+    rows, known = remaining_work(recipe, records, measurements), 0.0
+    print("\nleft to do (planned so far + reporting runs waiting for their point's rate):")
+    for r in rows:
+        hours = ("no estimate (not measured, or no run yet gives the files' size)" if r["seconds"] is None
+                 else f"about {r['seconds'] / 3600:.1f} h of one idle core")
+        print(f"  {r['label']}: {r['todo']} + {r['waiting']} runs, {hours}")
+        known += r["seconds"] or 0
+    print(f"  in all: about {known / 3600:.1f} h of one idle core for the measured points (cost/*.json beside the "
+          "results; a planning figure: grid extensions not foreseen)")
 
 
 def train(recipe: Recipe, base: TrainConfig, args, results: Path, report: Path, prog: str = PROG) -> int:
