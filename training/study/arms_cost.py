@@ -143,7 +143,7 @@ def scale_line(recipe, measurements: list[dict], reference: str, n_train: dict[s
 
 def cost_lines(rows: list[dict], measurements: list[dict], reference: str, scale: str = "") -> list[str]:
     shares = " | ".join(f"to {s:.0%} of {reference}" for s in SHARES)
-    where = "; ".join(f"{m['machine']}, {m['date']}, {m.get('threads')} thread(s)" for m in measurements)
+    where = "; ".join(dict.fromkeys(f"{m['machine']}, {m['date']}, {m.get('threads')} thread(s)" for m in measurements))
     lines = [f"Modelled from the cost measured apart ({where}; [cost/](cost/)): in epochs of {reference}, the "
              f"cache's building included; a freezing schedule's steps costed at the depth they ran at; to a share: "
              f"up to the first evaluation at that share of {reference}'s mean kept tuning-split score (median over "
