@@ -482,17 +482,20 @@ def test_the_work_left_by_hand(tmp_path):
     from training.study import arms_cost as K
 
     recipe = loaded(tmp_path)  # seeds 1, 2; tuning seed 7; grid 0.001, 0.003
-    records = [{**tuning_record(None, "", lr, s), "epochs_run": e, "n_train": {"sst": 30, "para": 60}}
+    records = [{**tuning_record(None, "", lr, s), "epochs_run": e, "n_train": {"sst": 30, "para": 60, "sts": 45}}
                for lr, s, e in [(0.0003, 0.5, 2), (0.001, 0.7, 4), (0.003, 0.6, 3)]]  # full: 0.001, chosen
     cost = {"examples_per_task": 15, "points": {"full": {"s_per_epoch": [10.0, 9.0, 11.0], "cache_s": 0.0},
                                                 "one": {"s_per_epoch": [4.0, 3.0, 5.0], "cache_s": 3.0}}}
     rows = {r["label"]: r for r in K.remaining_work(recipe, records, [cost])}
-    # the files hold 90 examples, the measurement 2 x 15: x3. full: its 2 reporting runs, 3 epochs (mean) each
+    # the files hold 135 examples, the measurement 3 x 15: x3. full: its 2 reporting runs, 3 epochs (mean) each
     assert rows["full"] == {"label": "full", "todo": 2, "waiting": 0, "seconds": pytest.approx(2 * 3 * 10.0 * 3)}
     # one: 2 tuning runs planned, 2 reporting runs waiting; no run yet, so the recipe's 2 epochs each
     assert rows["one"] == {"label": "one", "todo": 2, "waiting": 2, "seconds": pytest.approx(4 * (3 + 2 * 4.0) * 3)}
     # full at one's rate: waits for one's rate; full's figures (its epochs cost the same)
     assert rows["full at one's"]["waiting"] == 2 and rows["full at one's"]["todo"] == 0
+    # a size study's point: its size per task, or its own runs' count; the whole files only once a run says
+    assert K._examples(recipe, records, {"size": 4}) == 12 and K._examples(recipe, records, {"size": "all"}) == 135
+    assert K._examples(recipe, [], {"size": "all"}) is None
 
 
 def test_a_dry_run_says_what_is_left(tmp_path, capsys):

@@ -169,10 +169,10 @@ def remaining_work(recipe, records: list[dict], measurements: list[dict]) -> lis
     protocol, done = Protocol(recipe, records), {RunKey.of(r) for r in records}
     owner = _owners(recipe, protocol)
     planned = [k for k in protocol.plan() if k not in done]
-    n_train = next((r["n_train"] for r in records if r.get("n_train")), None)
     out = []
     for point in recipe.points:
         todo = sum(owner.get(k) == point["label"] for k in planned)
+        n_train = _examples(recipe, records, point)
         waiting = 0 if protocol.chosen(point["label"]) is not None else len(recipe.seeds)
         if not todo and not waiting:
             continue
@@ -182,10 +182,20 @@ def remaining_work(recipe, records: list[dict], measurements: list[dict]) -> lis
             (m, figures), runs = found[0], [r for k, r in protocol.runs.items() if owner.get(k) == point["label"]]
             epochs = (statistics.mean(r["epochs_run"] for r in runs) if runs
                       else recipe.arms.get(point["arm"], {}).get("epochs", recipe.train.get("epochs", 1)))
-            scale = sum(n_train.values()) / (m["examples_per_task"] * len(n_train))
+            scale = n_train / (m["examples_per_task"] * len(recipe.tasks))
             seconds = (todo + waiting) * (figures["cache_s"] + epochs * figures["s_per_epoch"][0]) * scale
         out.append({"label": point["label"], "todo": todo, "waiting": waiting, "seconds": seconds})
     return out
+
+
+def _examples(recipe, records: list[dict], point: dict) -> int | None:
+    """How many training examples a run of the point trains on: a finished run of its size says it, else a
+    size in examples per task; None for the whole files before any of their runs."""
+    size = point.get("size", recipe.sizes[0])
+    done = [r["n_train"] for r in records if r.get("n_train") and r["size"] == size]
+    if done:
+        return sum(done[0].values())
+    return None if size == "all" else size * len(recipe.tasks)
 
 
 def _owners(recipe, protocol) -> dict:
