@@ -402,6 +402,10 @@ def test_the_modelled_cost_by_hand(tmp_path):
     assert one["to"][0.99] == (None, 0)
     assert twin["cost"] == pytest.approx(2.0) and twin["epoch_speedup"] == pytest.approx(1.0)  # full's figures
     lines = K.cost_lines(list(rows.values()), [cost], "full")
+    quality = {"one": {"diff": -0.05, "ci": (-0.1, 0.0), "t_p_holm": 0.04}}
+    with_quality = K.cost_lines(list(rows.values()), [cost], "full", quality=quality)
+    assert [x for x in with_quality if x.startswith("| one |")][0].endswith("| -0.0500 [-0.1000, +0.0000] (0.04) |")
+    assert [x for x in with_quality if x.startswith("| full |")][0].endswith("| - |")
     assert K.scale_line(recipe, [cost], "full", {"sst": 30, "para": 60}) == ""  # the scale not said
     line = K.scale_line(recipe, [cost, {**cost, "examples_per_task": 15}], "full", {"sst": 30, "para": 60})
     assert "about 30 s there" in line  # 10 s per epoch on 2 x 15 examples, scaled to 90

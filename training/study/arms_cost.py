@@ -141,7 +141,10 @@ def scale_line(recipe, measurements: list[dict], reference: str, n_train: dict[s
     return ""
 
 
-def cost_lines(rows: list[dict], measurements: list[dict], reference: str, scale: str = "") -> list[str]:
+def cost_lines(rows: list[dict], measurements: list[dict], reference: str, scale: str = "",
+               quality: dict[str, dict] | None = None) -> list[str]:
+    """The cost table; quality ({label: its paired test against the reference, overall}) adds the dev
+    overall difference beside each cost, so that a speed-up is read with what it gives up."""
     shares = " | ".join(f"to {s:.0%} of {reference}" for s in SHARES)
     where = "; ".join(dict.fromkeys(f"{m['machine']}, {m['date']}, {m.get('threads')} thread(s)" for m in measurements))
     lines = [f"Modelled from the cost measured apart ({where}; [cost/](cost/)): in epochs of {reference}, the "
@@ -149,14 +152,17 @@ def cost_lines(rows: list[dict], measurements: list[dict], reference: str, scale
              f"up to the first evaluation at that share of {reference}'s mean kept tuning-split score (median over "
              f"the seeds that reached it, and how many did).{scale}", "",
              f"| point | per-epoch speed-up | epochs trained (mean) | end-to-end cost [min, max] | end-to-end "
-             f"speed-up | {shares} |", "|---|---:|---:|---:|---:|" + "---:|" * len(SHARES)]
+             f"speed-up | {shares} | dev overall against {reference} [95% t CI] (Holm p) |",
+             "|---|---:|---:|---:|---:|" + "---:|" * len(SHARES) + "---:|"]
     for r in rows:
         reach = " | ".join("not reached" if c is None else f"{c:.2f} ({n}/{r['seeds']})"
                            for c, n in (r["to"][s] for s in SHARES))
         lo, hi = r["cost_range"]
         per_epoch = "(scheduled)" if r["epoch_speedup"] is None else f"{r['epoch_speedup']:.2f}x"
+        t = (quality or {}).get(r["label"])
+        diff = (f"{t['diff']:+.4f} [{t['ci'][0]:+.4f}, {t['ci'][1]:+.4f}] ({t['t_p_holm']:.2g})" if t else "-")
         lines.append(f"| {r['label']} | {per_epoch} | {r['epochs']:.1f} | {r['cost']:.2f} [{lo:.2f}, {hi:.2f}] | "
-                     f"{r['speedup']:.2f}x | {reach} |")
+                     f"{r['speedup']:.2f}x | {reach} | {diff} |")
     return lines
 
 

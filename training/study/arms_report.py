@@ -161,15 +161,18 @@ def arms_markdown(recipe, results: Path, data_dir: str | None = None) -> tuple[s
               "Mean over the reporting seeds with its 95% t interval; normalised: (score - trivial) / (full - "
               "trivial), per seed against the full fine-tuning run of the same seed, then averaged; Lee ratio: "
               "score / full, likewise.", ""] + results_lines(rows)
+    tests, labels = [], None
+    if records:
+        labels = dev_labels(records, recipe.tasks, results, data_dir)
+        tests = versus(recipe, records, results, labels, reference)
     measurements = read_cost(results)
     costs = cost_rows(recipe, records, measurements, reference)
     if costs:
         n_train = next(iter(Protocol(recipe, records).reporting(reference).values()))["n_train"]
         scale = scale_line(recipe, measurements, reference, n_train)
-        lines += ["", "## Cost", ""] + cost_lines(costs, measurements, reference, scale)
+        quality = {t["label"]: t for t in tests if t["metric"] == "overall" and t["vs"] == reference}
+        lines += ["", "## Cost", ""] + cost_lines(costs, measurements, reference, scale, quality)
     if records:
-        labels = dev_labels(records, recipe.tasks, results, data_dir)
-        tests = versus(recipe, records, results, labels, reference)
         lines += ["", f"## Against {reference}", ""] + versus_lines(tests, reference)
         if baselines and baselines.get("unseen"):
             lines += ["", "## Dev examples with word pieces training never saw", ""]
