@@ -27,6 +27,7 @@ from pathlib import Path
 from common import cpu_model, data_parser  # noqa: E402  (puts the repository on sys.path)
 
 from training.run.config import TrainConfig  # noqa: E402
+from training.study.arms_cost import epoch_kind  # noqa: E402
 from training.study.protocol import Protocol  # noqa: E402
 from training.study.recipe import load_recipe  # noqa: E402
 from training.sweep.engine import model_layers  # noqa: E402
@@ -110,23 +111,25 @@ def main() -> None:
                 print(f"round {r + 1}: {name:48s} {runs[name][-1]['wall']:7.1f} s", flush=True)
     report(args, names, runs)
     if args.json:
-        write_json(Path(args.json), args, names, runs)
+        write_json(Path(args.json), args, names, runs, points)
 
 
-def summary(runs: list[dict]) -> dict:
-    """One point's figures: seconds per epoch (median, first and third quartile), run, cache, peak MiB."""
-    return {"s_per_epoch": list(quartiles([s for run in runs for s in run["epochs"]])),
+def summary(runs: list[dict], options: dict) -> dict:
+    """One point's figures: seconds per epoch (median, first and third quartile), run, cache, peak MiB, and
+    what its epochs' cost depends on (its kind: a study's point of the same kind takes these figures)."""
+    return {"kind": epoch_kind(options.get("freeze_upto"), options),
+            "s_per_epoch": list(quartiles([s for run in runs for s in run["epochs"]])),
             "run_s": statistics.median(r["wall"] for r in runs),
             "cache_s": statistics.median(r["cache"] for r in runs),
             "peak_rss_mib": statistics.median(r["rss"] for r in runs)}
 
 
-def write_json(path: Path, args, names: list[str], runs: dict[str, list[dict]]) -> None:
+def write_json(path: Path, args, names: list[str], runs: dict[str, list[dict]], points: dict[str, dict]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({
         "machine": cpu_model(), "date": str(datetime.date.today()), "threads": args.threads,
         "examples_per_task": args.examples, "epochs": args.epochs, "rounds": args.rounds,
-        "points": {name: summary(runs[name]) for name in names}}, indent=1) + "\n")
+        "points": {name: summary(runs[name], points[name]) for name in names}}, indent=1) + "\n")
 
 
 def report(args, names: list[str], runs: dict[str, list[dict]]) -> None:

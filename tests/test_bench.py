@@ -81,3 +81,7 @@ def test_the_cost_benchmark_writes_what_it_prints_and_the_study_reads_it(tmp_pat
         assert q1 <= med <= q3
         assert [float(x) for x in row.groups()] == pytest.approx([med, q1, q3, got["run_s"], got["cache_s"]], abs=0.051)
     assert cost["points"]["half the layers frozen"]["cache_s"] > 0 == cost["points"]["full fine-tuning"]["cache_s"]
+    # what each point's epochs cost depends on, for a study's point of the same kind (2 layers: half is 1)
+    assert cost["points"]["full fine-tuning"]["kind"] == [None, []]
+    assert cost["points"]["half the layers frozen"]["kind"] == [1, []]
+    assert cost["points"]["half the layers frozen (cache off)"]["kind"] == [1, [["frozen_cache", "off"]]]

@@ -480,6 +480,10 @@ def test_a_point_takes_the_cost_of_one_whose_epochs_cost_the_same(tmp_path):
     assert K.measured(recipe, cost, points["long"]) is cost["points"]["full"]  # more epochs: the same epoch
     assert K.measured(recipe, cost, points["other"]) is None  # another option: not measured
     assert K.measured(recipe, cost, points["one"]) is None  # another depth
+    # another recipe's point: found by the kind the measurement recorded (its label is not this recipe's)
+    kinded = {"points": {"plain, one frozen": {"kind": [1, []], "s_per_epoch": [4.0, 3.0, 5.0], "cache_s": 3.0}}}
+    assert K.measured(recipe, kinded, points["one"]) is kinded["points"]["plain, one frozen"]  # "long": epochs only
+    assert K.measured(recipe, kinded, points["full"]) is None
 
 
 def test_the_work_left_by_hand(tmp_path):

@@ -37,21 +37,28 @@ def read_cost(results: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted((Path(results) / COST).glob("*.json"))]
 
 
-def _epoch_kind(recipe, point: dict) -> tuple:
-    """What an epoch of the point costs depends on: its depth and its arm's options but the COST_FREE ones."""
-    options = recipe.arms.get(point["arm"], {})
-    return recipe.depth(point["depth"]), sorted((k, str(v)) for k, v in options.items() if k not in COST_FREE)
+def epoch_kind(depth, options: dict) -> list:
+    """What an epoch costs depends on: the frozen depth and the training options but the COST_FREE ones
+    ([depth, [[option, value as text], ...]], as a measurement's JSON keeps it)."""
+    return [depth, sorted([k, str(v)] for k, v in options.items() if k not in COST_FREE + ("freeze_upto",))]
+
+
+def _point_kind(recipe, point: dict) -> list:
+    return epoch_kind(recipe.depth(point["depth"]), recipe.arms.get(point["arm"], {}))
 
 
 def measured(recipe, measurement: dict, point: dict) -> dict | None:
-    """A point's figures in one measurement: its own, else a measured point's whose epochs cost the same
-    (the same depth and arm options, but for the rate, the epochs and early stopping)."""
+    """A point's figures in one measurement: its own, else those of a measured point whose epochs cost the
+    same (the same depth and options, but for the rate, the epochs and early stopping), found by the kind
+    the measurement recorded for it or, for a point of this recipe, by that point's."""
     figures = measurement["points"]
     if point["label"] in figures:
         return figures[point["label"]]
-    twins = [p["label"] for p in recipe.points if p["label"] in figures
-             and _epoch_kind(recipe, p) == _epoch_kind(recipe, point)]
-    return figures[twins[0]] if twins else None
+    kind, points = _point_kind(recipe, point), {p["label"]: p for p in recipe.points}
+    for label, got in figures.items():
+        if got.get("kind", _point_kind(recipe, points[label]) if label in points else None) == kind:
+            return got
+    return None
 
 
 def at_depth(recipe, measurement: dict, depth) -> dict | None:
