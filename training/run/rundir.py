@@ -25,16 +25,18 @@ from training.run.config import TrainConfig, resume_may_differ
 log = logging.getLogger(__name__)
 
 
-def find_resume_checkpoint(cfg: TrainConfig, out_dir: Path) -> dict | None:
+def find_resume_checkpoint(cfg: TrainConfig, out_dir: Path, quiet: bool = False) -> dict | None:
     """--resume auto|PATH -> the checkpoint to continue from, after checking it fits this config. auto
     takes the newest checkpoint that can be read: one damaged by a crash or a power loss is skipped,
-    with a warning that names it and says why."""
+    with a warning that names it and says why. quiet: a first look (the sweep's), which leaves the log
+    lines to the resume itself."""
     if not cfg.resume:
         return None
     if cfg.resume == "auto":
-        found = _newest_readable_checkpoint(out_dir)
+        found = _newest_readable_checkpoint(out_dir, quiet)
         if found is None:
-            log.info("--resume auto: no checkpoint in %s, starting a new run", out_dir / "checkpoints")
+            if not quiet:
+                log.info("--resume auto: no checkpoint in %s, starting a new run", out_dir / "checkpoints")
             return None
         path, ckpt = found
     else:
@@ -52,7 +54,8 @@ def find_resume_checkpoint(cfg: TrainConfig, out_dir: Path) -> dict | None:
         hint = f". {more_epochs_hint(cfg, out_dir)}" if old.get("epochs") != cfg.epochs else ""
         raise ConfigError(f"--resume {path}: the checkpoint comes from an incompatible config: {'; '.join(diff)}{hint}")
     _check_best_for_resume(ckpt, path, out_dir)
-    log.info("resuming from %s", path)
+    if not quiet:
+        log.info("resuming from %s", path)
     return ckpt
 
 

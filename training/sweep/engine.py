@@ -79,7 +79,8 @@ def _resumable(run_dir: Path, out: Path, key: RunKey, cfg: TrainConfig) -> bool:
     try:
         if RunKey.of(json.loads(marker.read_text())) != key:
             return False
-        find_resume_checkpoint(replace(cfg, resume="auto"), run_dir)
+        if find_resume_checkpoint(replace(cfg, resume="auto"), run_dir, quiet=True) is None:
+            raise ValueError("none can be read")
         return True
     except (ConfigError, OSError, ValueError, KeyError, TypeError) as e:
         log.warning("%s: its checkpoint is not used (%s); starting the run again", run_dir, e)
