@@ -514,3 +514,10 @@ def test_a_dry_run_says_what_is_left(tmp_path, capsys):
     out = capsys.readouterr().out
     assert out.count("todo  ") == 4  # two rates for each of the two tuned points, on the tuning seed
     assert "  full: 2 + 2 runs, no estimate" in out and "  full at one's: 0 + 2 runs" in out
+    # results made with other settings (here another spelling of the data folder): training refuses to mix
+    # them in, but a dry run only reads them
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "results.jsonl").write_text(json.dumps({**tuning_record(None, "", 0.001, 0.7), "settings":
+                                                                 {"data_dir": "elsewhere"}}) + "\n")
+    assert C.main(args) == 0 and "done  " in capsys.readouterr().out
+    assert C.main(args[:-1]) == 2 and "other settings" in capsys.readouterr().err

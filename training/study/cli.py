@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     results = Path(args.out or recipe.results or "runs/study")
     report = results / (recipe.report or recipe.path.stem)
     records = read_results(results / RESULTS, repair=not (args.dry_run or args.report_only))
-    if not args.report_only:  # a report reads the records as they are; only training must not mix settings
+    if not (args.report_only or args.dry_run):  # reading the records is safe; only training must not mix settings
         errors += [e for e in [settings_clash(records, settings_of(base), results / RESULTS)] if e]
     if errors:
         print(f"{prog}: error: {errors[0]}" + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""),
