@@ -109,9 +109,10 @@ def main() -> None:
             for i, name in enumerate(names[r % len(names):] + names[:r % len(names)]):
                 runs[name].append(one_run(base, points[name], Path(tmp) / f"r{r}-{i}", args.threads))
                 print(f"round {r + 1}: {name:48s} {runs[name][-1]['wall']:7.1f} s", flush=True)
-    report(args, names, runs)
+    figures = {name: summary(runs[name], points[name]) for name in names}
+    report(args, names, runs, figures)
     if args.json:
-        write_json(Path(args.json), args, names, runs, points)
+        write_json(Path(args.json), args, figures)
 
 
 def summary(runs: list[dict], options: dict) -> dict:
@@ -124,34 +125,32 @@ def summary(runs: list[dict], options: dict) -> dict:
             "peak_rss_mib": statistics.median(r["rss"] for r in runs)}
 
 
-def write_json(path: Path, args, names: list[str], runs: dict[str, list[dict]], points: dict[str, dict]) -> None:
+def write_json(path: Path, args, figures: dict[str, dict]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({
         "machine": cpu_model(), "date": str(datetime.date.today()), "threads": args.threads,
         "examples_per_task": args.examples, "epochs": args.epochs, "rounds": args.rounds,
-        "points": {name: summary(runs[name], points[name]) for name in names}}, indent=1) + "\n")
+        "points": figures}, indent=1) + "\n")
 
 
-def report(args, names: list[str], runs: dict[str, list[dict]]) -> None:
+def report(args, names: list[str], runs: dict[str, list[dict]], figures: dict[str, dict]) -> None:
     full = runs[names[0]]  # the recipe's first point: full fine-tuning
     print(f"\n# {cpu_model()}, {args.threads or 'default'} thread(s), {datetime.date.today()}; {args.examples} "
           f"training and {args.eval_examples} dev examples per task, {args.epochs} epochs, {args.rounds} rounds")
     print(f"{'point':48s} {'s/epoch median [IQR]':>24s} {'run s':>7s} {'cache s':>7s} {'peak MiB':>8s} "
           f"{f'to {args.share:.0%} of full':>14s}")
     for name in names:
-        per_epoch = [s for run in runs[name] for s in run["epochs"]]
-        med, q1, q3 = quartiles(per_epoch)
+        fig = figures[name]
+        med, q1, q3 = fig["s_per_epoch"]
         reach = [time_to(run, args.share * max(s for _, s in f["curve"])) for run, f in zip(runs[name], full)]
         got = [x for x in reach if x is not None]
-        print(f"{name:48s} {med:8.1f} [{q1:6.1f}-{q3:6.1f}] {statistics.median(r['wall'] for r in runs[name]):7.1f} "
-              f"{statistics.median(r['cache'] for r in runs[name]):7.1f} "
-              f"{statistics.median(r['rss'] for r in runs[name]):8.0f} "
+        print(f"{name:48s} {med:8.1f} [{q1:6.1f}-{q3:6.1f}] {fig['run_s']:7.1f} {fig['cache_s']:7.1f} "
+              f"{fig['peak_rss_mib']:8.0f} "
               f"{(f'{statistics.median(got):10.1f} s' if got else 'not reached'):>14s}"
               + (f" ({len(got)}/{len(reach)} rounds)" if got and len(got) < len(reach) else ""))
     for name in names:
         if name + NOCACHE in runs:
-            on = quartiles([s for run in runs[name] for s in run["epochs"]])[0]
-            off = quartiles([s for run in runs[name + NOCACHE] for s in run["epochs"]])[0]
+            on, off = figures[name]["s_per_epoch"][0], figures[name + NOCACHE]["s_per_epoch"][0]
             gain = f"{off / on:.2f}x" if on > 0 else "n/a (epochs under the clock's resolution)"
             print(f"cache gain per epoch, {name}: {gain}")
 

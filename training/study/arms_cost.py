@@ -133,6 +133,12 @@ def _row(label: str, runs: list[dict], plans: list, full: dict, base: float) -> 
     return row
 
 
+def _scale(measurement: dict, examples: int, tasks: int) -> float:
+    """From the measurement's data to `examples` training examples of `tasks` tasks: an epoch's steps (and
+    the cache's building) grow with the examples."""
+    return examples / (measurement["examples_per_task"] * tasks)
+
+
 def scale_line(recipe, measurements: list[dict], reference: str, n_train: dict[str, int]) -> str:
     """What one epoch of the reference costs in seconds on n_train examples ({task: n}), on the first
     measurement's machine that holds it and says its scale: its measured epoch scaled by the examples (an
@@ -141,7 +147,7 @@ def scale_line(recipe, measurements: list[dict], reference: str, n_train: dict[s
     for m in measurements:
         full = measured(recipe, m, point)
         if full is not None and m.get("examples_per_task"):
-            seconds = full["s_per_epoch"][0] * sum(n_train.values()) / (m["examples_per_task"] * len(n_train))
+            seconds = full["s_per_epoch"][0] * _scale(m, sum(n_train.values()), len(n_train))
             return (f" One epoch of {reference} on these training files ({sum(n_train.values())} examples) is about "
                     f"{seconds:.0f} s there: the measured {full['s_per_epoch'][0]:g} s on {m['examples_per_task']} "
                     "examples per task, scaled by the examples.")
@@ -195,8 +201,8 @@ def remaining_work(recipe, records: list[dict], measurements: list[dict]) -> lis
             (m, figures), runs = found[0], [r for k, r in protocol.runs.items() if owner.get(k) == point["label"]]
             epochs = (statistics.mean(r["epochs_run"] for r in runs) if runs
                       else recipe.arms.get(point["arm"], {}).get("epochs", recipe.train.get("epochs", 1)))
-            scale = n_train / (m["examples_per_task"] * len(recipe.tasks))
-            seconds = (todo + waiting) * (figures["cache_s"] + epochs * figures["s_per_epoch"][0]) * scale
+            seconds = ((todo + waiting) * (figures["cache_s"] + epochs * figures["s_per_epoch"][0])
+                       * _scale(m, n_train, len(recipe.tasks)))
         out.append({"label": point["label"], "todo": todo, "waiting": waiting, "seconds": seconds})
     return out
 

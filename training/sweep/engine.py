@@ -56,23 +56,21 @@ def _check_run_dir(run_dir: Path, out: Path) -> None:
                              f"(pass another --runs-dir)")
 
 
-def _clean_run_dir(run_dir: Path, out: Path) -> None:
-    """Remove what an interrupted run of this sweep left, and nothing else."""
-    _check_run_dir(run_dir, out)
+def _clean_run_dir(run_dir: Path) -> None:
+    """Remove what an interrupted run of this sweep left (_check_run_dir found it this sweep's)."""
     if run_dir.exists():
         log.info("%s: left over from an interrupted run; starting it again", run_dir)
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True)
 
 
-def _resumable(run_dir: Path, out: Path, key: RunKey, cfg: TrainConfig) -> bool:
+def _resumable(run_dir: Path, key: RunKey, cfg: TrainConfig) -> bool:
     """Whether an interrupted run of this sweep left a training checkpoint that fits cfg: training then
     goes on from it (exact resume: the same numbers as an uninterrupted run) instead of starting again.
     One the trainer would refuse (another config, a damaged file) is not used: the run starts again."""
     from training.common.errors import ConfigError
     from training.run.rundir import find_resume_checkpoint
 
-    _check_run_dir(run_dir, out)
     marker = run_dir / MARKER
     if not marker.is_file() or not any((run_dir / "checkpoints").glob("*.pt")):
         return False
@@ -339,11 +337,12 @@ def sweep_run(grid: Grid, workers: Workers, base: TrainConfig, key: RunKey, subs
                                  "seed": key.seed,
                                  "out_dir": str(run_dir), "predictions_dir": str(run_dir / "predictions"),
                                  "cache_dir": str(run_dir.parent / ".frozen-cache")})
-    if _resumable(run_dir, out, key, cfg):
+    _check_run_dir(run_dir, out)
+    if _resumable(run_dir, key, cfg):
         log.info("%s: interrupted earlier; going on from its last checkpoint", run_dir)
         cfg = replace(cfg, resume="auto")
     else:
-        _clean_run_dir(run_dir, out)
+        _clean_run_dir(run_dir)
     (run_dir / MARKER).write_text(json.dumps({**key.to_dict(), "out": str(out.resolve())}) + "\n")
     for task in grid.tasks:  # the same rows every time: a resumed run reads what it started on
         write_course_file(Path(files[f"{task}_train"]), task, subsets[task, key.seed][key.size])
