@@ -131,22 +131,18 @@ def _read_lines(path: Path) -> tuple[list[str], set[int]]:
     return lines, undecodable
 
 
-def load_task_file(path: str | os.PathLike[str], task: str, *, labelled: bool | None = None,
-                   strict: bool = False, max_report: int = 5, log: bool = True) -> LoadResult:
-    """Load one course file of `task`.
+@dataclass(frozen=True)
+class _Columns:
+    """Where a file keeps what `task` needs, found by name in its header."""
+    names: list[str]
+    n_fields: int
+    id_idx: int
+    text_idx: list[int]
+    label_idx: int | None  # None: labels not read
 
-    labelled: None reads labels when the header has the task's label column; True demands it;
-    False ignores labels. Bad rows are skipped and returned in `bad_rows` (strict: the first one
-    raises DataError). Any problem with the file itself raises DataError naming the path. log=False leaves the reporting to the caller.
-    """
-    _check_task(task)
-    path = Path(path)
-    lines, undecodable = _read_lines(path)
 
-    # strict: a stray character after a closing quote is an error, not glued onto the field
-    # (which would return text that appears nowhere in the file). The course files parse the
-    # same either way.
-    reader = csv.reader(lines, delimiter="\t", strict=True)
+def _read_header(reader, path: Path, undecodable: set[int], task: str, labelled: bool | None) -> _Columns:
+    """Consume the header row (blank lines before it skipped) and locate the task's columns."""
     header: list[str] = []
     try:
         while not header:
@@ -155,15 +151,13 @@ def load_task_file(path: str | os.PathLike[str], task: str, *, labelled: bool | 
         raise DataError(f"{path}: empty file (no header row); {FETCH_HINT}") from None
     except csv.Error as e:
         raise DataError(f"{path}:{reader.line_num}: unreadable header: {e}") from None
-    header_line = reader.line_num
-    if any(i in undecodable for i in range(1, header_line + 1)):
-        raise DataError(f"{path}:{header_line}: header is not valid UTF-8")
+    if any(i in undecodable for i in range(1, reader.line_num + 1)):
+        raise DataError(f"{path}:{reader.line_num}: header is not valid UTF-8")
 
     names = [c.strip() for c in header]
     label_col = LABEL_COLUMN[task]
-    has_label = label_col in names
     if labelled is None:
-        labelled = has_label
+        labelled = label_col in names
     required = (ID_COLUMN, *TEXT_COLUMNS[task]) + ((label_col,) if labelled else ())
     missing = [c for c in required if c not in names]
     if missing:
@@ -173,10 +167,57 @@ def load_task_file(path: str | os.PathLike[str], task: str, *, labelled: bool | 
     twice = [c for c in required if names.count(c) > 1]
     if twice:
         raise DataError(f"{path}: column(s) {twice} appear more than once in the header")
-    id_idx = names.index(ID_COLUMN)
-    text_idx = [names.index(c) for c in TEXT_COLUMNS[task]]
-    label_idx = names.index(label_col) if labelled else None
-    n_fields = len(header)
+    return _Columns(names, len(header), names.index(ID_COLUMN), [names.index(c) for c in TEXT_COLUMNS[task]],
+                    names.index(label_col) if labelled else None)
+
+
+def _parse_row(row: list[str], start: int, end: int, cols: _Columns, task: str,
+               undecodable: set[int]) -> Example | str:
+    """The Example in one record (physical lines start..end), or why the record is bad."""
+    bad_line = next((i for i in range(start, end + 1) if i in undecodable), None) if undecodable else None
+    if bad_line is not None:
+        return f"invalid UTF-8 on line {bad_line}"
+    if len(row) != cols.n_fields:
+        span = (f"; a stray quote may have joined lines {start}-{end}" if end > start else "")
+        return f"expected {cols.n_fields} tab-separated fields, got {len(row)}{span}"
+    joined = next((cols.names[i] for i, f in enumerate(row) if "\t" in f and ("\n" in f or "\r" in f)), None)
+    if joined is not None:  # the right field count by chance: the swallowed record would be lost quietly
+        return f"{joined or 'a field'} holds a tab and a line break: a stray quote may have joined lines {start}-{end}"
+    ex_id = row[cols.id_idx].strip()
+    if not ex_id:
+        return "empty id"
+    if "," in ex_id or len(ex_id.splitlines()) > 1:  # str.splitlines: every line end read_predictions knows
+        return (f"id {ex_id!r} holds a comma or a line break: a prediction file ('id , prediction' per line) "
+                "cannot hold it")
+    texts = [row[i].strip() for i in cols.text_idx]
+    empty = [c for c, t in zip(TEXT_COLUMNS[task], texts) if not t]
+    if empty:
+        return "empty " + " and ".join(empty)
+    label = None
+    if cols.label_idx is not None:
+        label, why = _parse_label(task, row[cols.label_idx])
+        if why is not None:
+            return why
+    return Example(ex_id, texts[0], texts[1] if len(texts) > 1 else None, label)
+
+
+def load_task_file(path: str | os.PathLike[str], task: str, *, labelled: bool | None = None,
+                   strict: bool = False, max_report: int = 5, log: bool = True) -> LoadResult:
+    """Load one course file of `task`.
+
+    labelled: None reads labels when the header has the task's label column; True demands it;
+    False ignores labels. Bad rows are skipped and returned in `bad_rows` (strict: the first one
+    raises DataError). Any problem with the file itself raises DataError naming the path.
+    log=False leaves the reporting to the caller.
+    """
+    _check_task(task)
+    path = Path(path)
+    lines, undecodable = _read_lines(path)
+    # strict: a stray character after a closing quote is an error, not glued onto the field
+    # (which would return text that appears nowhere in the file). The course files parse the
+    # same either way.
+    reader = csv.reader(lines, delimiter="\t", strict=True)
+    cols = _read_header(reader, path, undecodable, task, labelled)
 
     examples: list[Example] = []
     bad_rows: list[BadRow] = []
@@ -188,7 +229,7 @@ def load_task_file(path: str | os.PathLike[str], task: str, *, labelled: bool | 
             raise DataError(str(bad))
         bad_rows.append(bad)
 
-    end = header_line  # last physical line consumed so far
+    end = reader.line_num  # last physical line consumed so far
     while True:
         start = end + 1  # the csv module may read several physical lines for one record
         try:
@@ -205,56 +246,32 @@ def load_task_file(path: str | os.PathLike[str], task: str, *, labelled: bool | 
         end = reader.line_num
         if not row:  # a blank line holds no record
             continue
-        bad_line = next((i for i in range(start, end + 1) if i in undecodable), None) if undecodable else None
-        if bad_line is not None:
-            reject(start, f"invalid UTF-8 on line {bad_line}")
-            continue
-        if len(row) != n_fields:
-            span = (f"; a stray quote may have joined lines {start}-{end}" if end > start else "")
-            reject(start, f"expected {n_fields} tab-separated fields, got {len(row)}{span}")
-            continue
-        joined = next((names[i] for i, f in enumerate(row) if "\t" in f and ("\n" in f or "\r" in f)), None)
-        if joined is not None:  # the right field count by chance: the swallowed record would be lost quietly
-            reject(start, f"{joined or 'a field'} holds a tab and a line break: a stray quote may have joined "
-                          f"lines {start}-{end}")
-            continue
-        ex_id = row[id_idx].strip()
-        if not ex_id:
-            reject(start, "empty id")
-            continue
-        if "," in ex_id or len(ex_id.splitlines()) > 1:  # str.splitlines: every line end read_predictions knows
-            reject(start, f"id {ex_id!r} holds a comma or a line break: a prediction file ('id , prediction' "
-                          f"per line) cannot hold it")
-            continue
-        texts = [row[i].strip() for i in text_idx]
-        empty = [c for c, t in zip(TEXT_COLUMNS[task], texts) if not t]
-        if empty:
-            reject(start, "empty " + " and ".join(empty))
-            continue
-        label = None
-        if label_idx is not None:
-            label, why = _parse_label(task, row[label_idx])
-            if why is not None:
-                reject(start, why)
-                continue
-        if ex_id in first_line_of:
-            reject(start, f"duplicate id {ex_id!r} (first on line {first_line_of[ex_id]}; kept that one)")
-            continue
-        first_line_of[ex_id] = start
-        examples.append(Example(ex_id, texts[0], texts[1] if len(texts) > 1 else None, label))
+        example = _parse_row(row, start, end, cols, task, undecodable)
+        if isinstance(example, str):
+            reject(start, example)
+        elif example.id in first_line_of:
+            reject(start, f"duplicate id {example.id!r} (first on line {first_line_of[example.id]}; kept that one)")
+        else:
+            first_line_of[example.id] = start
+            examples.append(example)
 
     if not examples:
         first = f", the first: {bad_rows[0]}" if bad_rows else ""
         raise DataError(f"{path}: no usable rows after the header ({len(bad_rows)} bad row(s) skipped{first})")
-    if bad_rows and log:
+    if log:
+        _log_load(path, task, cols.label_idx is not None, examples, bad_rows, max_report)
+    return LoadResult(examples, bad_rows, str(path))
+
+
+def _log_load(path: Path, task: str, labelled: bool, examples: list[Example], bad_rows: list[BadRow],
+              max_report: int) -> None:
+    """One warning naming the first `max_report` bad rows, then the count kept."""
+    if bad_rows:
         shown = "; ".join(str(b) for b in bad_rows[:max(max_report, 0)])
         more = f" (and {len(bad_rows) - max_report} more)" if len(bad_rows) > max_report else ""
         logger.warning("%s: skipped %d bad row(s), kept %d: %s%s", path, len(bad_rows), len(examples),
                        shown, more)
-    if log:
-        logger.info("%s: %d %s examples (%s)", path, len(examples), task,
-                    "labelled" if labelled else "unlabelled")
-    return LoadResult(examples, bad_rows, str(path))
+    logger.info("%s: %d %s examples (%s)", path, len(examples), task, "labelled" if labelled else "unlabelled")
 
 
 def load_task_split(data_dir: str | os.PathLike[str], task: str, split: str,
