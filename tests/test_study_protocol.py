@@ -299,6 +299,60 @@ def test_split_scores_by_hand(tmp_path):
     assert rows["emb"]["unseen_diff"] == pytest.approx(emb_unseen - full_unseen)
     assert rows["emb"]["n_unseen"] == 2 and rows["emb"]["n_seen"] == 4
 
+    assert rows["emb"]["gap_diff"] == pytest.approx((emb_unseen - full_unseen) - (emb_seen - full_seen))
+    assert rows["full"].get("gap_p") is None  # the reference is not compared with itself
+
+
+def _split_study(tmp_path, preds_of: dict):
+    """Two seeds of full, emb and deep on sst; preds_of[(label, seed)] gives each run's predictions."""
+    depth_of = {"full": None, "emb": -1, "deep": 1}
+    recipe = loaded(tmp_path, points=[{"label": label, "depth": "none" if d is None else d, "arm": ""}
+                                      for label, d in depth_of.items()])
+    records = []
+    for (label, seed), preds in preds_of.items():
+        r = _reporting(depth_of[label], "", 0.001, seed, 0.5)
+        r["dev_predictions"] = _write_predictions(tmp_path, f"{label}-{seed}", {"sst": preds})
+        records.append(r)
+    for d in depth_of.values():
+        records += [tuning_record(d, "", lr, s) for lr, s in [(0.0003, 0.4), (0.001, 0.5), (0.003, 0.45)]]
+    return recipe, records
+
+
+def test_the_unseen_gap_is_certain_when_a_point_differs_on_unseen_examples_alone(tmp_path):
+    labels = np.array([0, 1, 2, 3, 4, 0, 1, 2])
+    unseen = {"sst": [0, 1, 2]}
+    wrong_on_unseen = [4, 4, 4, 3, 4, 0, 1, 2]  # every seen example right, every unseen one wrong
+    preds_of = {("full", s): wrong_on_unseen for s in (1, 2)}
+    preds_of |= {("emb", s): labels.tolist() for s in (1, 2)}  # right everywhere: +1 on unseen, 0 on seen
+    preds_of |= {("deep", s): wrong_on_unseen for s in (1, 2)}  # the reference's very predictions
+    recipe, records = _split_study(tmp_path, preds_of)
+    rows = {r["label"]: r for r in A.split_scores(recipe, records, tmp_path, {"sst": labels}, unseen, reps=200)}
+    emb, deep = rows["emb"], rows["deep"]
+    # every resample of the unseen part has emb right and full wrong on each example: +1 exactly; seen: 0
+    assert emb["unseen_ci"] == (1.0, 1.0) and emb["seen_ci"] == (0.0, 0.0)
+    assert emb["gap_diff"] == 1.0 and emb["gap_ci"] == (1.0, 1.0) and emb["gap_p"] == 0.0
+    # the same predictions as the reference: no difference on any resample, so no evidence at all
+    assert deep["gap_ci"] == (0.0, 0.0) and deep["gap_p"] == 1.0
+    # Holm over the two points of the task: 2 * 0 and max(0, 1 * 1)
+    assert emb["gap_p_holm"] == 0.0 and deep["gap_p_holm"] == 1.0
+
+
+def test_the_unseen_gap_bootstrap_resamples_each_part_on_its_own(tmp_path):
+    """emb is right on one unseen example of two where full is wrong on both: its unseen difference is the
+    share of that example in the resample (0, 1/2 or 1 with chances 1/4, 1/2, 1/4), its seen one 0, so the
+    gap's bootstrap p is twice P(gap <= 0) = 2 * 1/4."""
+    labels = np.array([0, 1, 2, 3, 4, 0])
+    unseen = {"sst": [0, 5]}
+    full = [4, 1, 2, 3, 4, 4]
+    emb = [0, 1, 2, 3, 4, 4]
+    preds_of = {("full", s): full for s in (1, 2)} | {("emb", s): emb for s in (1, 2)}
+    preds_of |= {("deep", s): full for s in (1, 2)}
+    recipe, records = _split_study(tmp_path, preds_of)
+    rows = {r["label"]: r for r in A.split_scores(recipe, records, tmp_path, {"sst": labels}, unseen, reps=4000)}
+    assert rows["emb"]["gap_diff"] == pytest.approx(0.5)
+    assert rows["emb"]["gap_p"] == pytest.approx(0.5, abs=0.05)
+    assert rows["emb"]["gap_ci"] == (0.0, 1.0)
+
 
 def test_a_study_with_out_writes_there_and_leaves_the_projects_record_alone(tmp_path):
     data, enc = tiny_runs.inputs(tmp_path)

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 from scipy import stats as sps
 
-from training.inference.metrics import METRIC
+from training.inference.metrics import METRIC, score
 from training.results.statistics import bootstrap_diffs, interval, mean_sd, overall_diffs, paired_tests
 from training.study.protocol import Protocol
 
@@ -149,42 +149,65 @@ def versus(recipe, records: list[dict], results: Path, dev_labels: dict[str, np.
 
 
 def split_scores(recipe, records: list[dict], results: Path, dev_labels: dict[str, np.ndarray],
-                 unseen: dict[str, list[int]], reference: str | None = None) -> list[dict]:
+                 unseen: dict[str, list[int]], reference: str | None = None, reps: int = 2000,
+                 seed: int = 0) -> list[dict]:
     """Per point and task: its dev metric on the examples holding a word piece no training example holds
-    ("unseen") and on the others ("seen"), mean over the reporting seeds, and its paired difference from
-    the reference on each part (mean over the seeds both have)."""
+    ("unseen") and on the others ("seen"), mean over the reporting seeds; its paired difference from the
+    reference on each part (mean over the seeds both have) with a bootstrap interval over that part's
+    examples; and the gap (unseen difference - seen difference), the question itself: does the point
+    differ from the reference more where training left embedding rows untouched? The gap's bootstrap
+    resamples each part on its own (stratified), its p is Holm-adjusted over the points, per task."""
     protocol = Protocol(recipe, records)
     reference = reference or recipe.points[0]["label"]
-    ref_runs = protocol.reporting(reference)
-    ref_scores = {s: _part_scores(read_predictions(results, r), dev_labels, unseen) for s, r in ref_runs.items()
-                  if r.get("dev_predictions")}
+    masks = {task: _unseen_mask(len(labels), unseen.get(task, [])) for task, labels in dev_labels.items()}
+    ref_preds = _predictions(results, protocol.reporting(reference))
     rows = []
     for point in recipe.points:
-        runs = {s: r for s, r in protocol.reporting(point["label"]).items() if r.get("dev_predictions")}
-        if not runs:
+        preds = _predictions(results, protocol.reporting(point["label"]))
+        if not preds:
             continue
-        scores = {s: _part_scores(read_predictions(results, r), dev_labels, unseen) for s, r in runs.items()}
-        for task in dev_labels:
-            n_unseen = len(unseen.get(task, []))
-            row = {"label": point["label"], "task": task, "n_unseen": n_unseen, "n_seen": len(dev_labels[task]) - n_unseen}
-            for part in ("unseen", "seen"):
-                row[part] = float(np.mean([sc[task][part] for sc in scores.values()]))
-                paired = [scores[s][task][part] - ref_scores[s][task][part] for s in scores if s in ref_scores]
+        seeds = sorted(s for s in preds if s in ref_preds)
+        compare = point["label"] != reference and bool(seeds)
+        for k, (task, labels) in enumerate(dev_labels.items()):
+            mask = masks[task]
+            row = {"label": point["label"], "task": task, "n_unseen": int(mask.sum()), "n_seen": int((~mask).sum())}
+            boot = {}
+            for part, where in (("unseen", mask), ("seen", ~mask)):
+                row[part] = float(np.mean([_score(task, p[task], labels, where) for p in preds.values()]))
+                paired = [_score(task, preds[s][task], labels, where) - _score(task, ref_preds[s][task], labels, where)
+                          for s in seeds]
                 row[f"{part}_diff"] = float(np.mean(paired)) if paired else math.nan
+                if compare and where.any():
+                    boot[part] = bootstrap_diffs(task, [ref_preds[s][task][where] for s in seeds],
+                                                 [preds[s][task][where] for s in seeds], labels[where], reps,
+                                                 np.random.default_rng([seed, k, part == "seen"]))
+                    row[f"{part}_ci"] = interval(boot[part], LEVEL)
+            row["gap_diff"] = row["unseen_diff"] - row["seen_diff"]
+            if len(boot) == 2:
+                gap = boot["unseen"] - boot["seen"]
+                row |= {"gap_ci": interval(gap, LEVEL), "gap_p": bootstrap_p(gap)}
             rows.append(row)
+    for task in dev_labels:
+        mine = [r for r in rows if r["task"] == task and "gap_p" in r]
+        for r, p in zip(mine, holm([r["gap_p"] for r in mine])):
+            r["gap_p_holm"] = p
     return rows
 
 
-def _part_scores(preds: dict[str, np.ndarray], dev_labels: dict[str, np.ndarray], unseen: dict[str, list[int]]) -> dict:
-    from training.inference.metrics import score
+def _predictions(results: Path, runs: dict[int, dict]) -> dict[int, dict[str, np.ndarray]]:
+    """Each seed's dev predictions, for the runs that stored them."""
+    return {s: read_predictions(results, r) for s, r in runs.items() if r.get("dev_predictions")}
 
-    out = {}
-    for task, labels in dev_labels.items():
-        mask = np.zeros(len(labels), dtype=bool)
-        mask[unseen.get(task, [])] = True
-        out[task] = {"unseen": score(task, preds[task][mask], labels[mask]) if mask.any() else math.nan,
-                     "seen": score(task, preds[task][~mask], labels[~mask]) if (~mask).any() else math.nan}
-    return out
+
+def _unseen_mask(n: int, unseen: list[int]) -> np.ndarray:
+    mask = np.zeros(n, dtype=bool)
+    mask[unseen] = True
+    return mask
+
+
+def _score(task: str, preds: np.ndarray, labels: np.ndarray, where: np.ndarray) -> float:
+    """The task's metric on the examples `where` selects (nan when it selects none)."""
+    return score(task, preds[where], labels[where]) if where.any() else math.nan
 
 
 def _bootstrap(results: Path, a_runs: list[dict], b_runs: list[dict], dev_labels: dict[str, np.ndarray],

@@ -139,13 +139,22 @@ def versus_lines(tests: list[dict], reference: str) -> list[str]:
 def unseen_lines(rows: list[dict], reference: str) -> list[str]:
     lines = ["The embeddings of word pieces that no training example holds are never updated by fine-tuning; "
              "freezing the embeddings keeps every row as pretrained instead. Each task's dev set split by whether "
-             f"an example holds such a piece; each point's metric on either part (mean over the reporting seeds) "
-             f"and its difference from {reference} (paired by seed).", "",
-             "| point | task | unseen: n | unseen: score | unseen: difference | seen: n | seen: score | seen: difference |",
-             "|---|---|---:|---:|---:|---:|---:|---:|"]
+             "an example holds such a piece; each point's metric on either part (mean over the reporting seeds), "
+             f"its difference from {reference} (paired by seed; 95% bootstrap interval over the part's examples) "
+             "and the gap between the two differences: if the unseen pieces explained what a point changes, its "
+             "gap would be far from 0 (bootstrap resampling each part on its own; p Holm-adjusted over the "
+             "points, per task).", "",
+             "| point | task | unseen: n | unseen: score | unseen: difference [95% CI] | seen: n | seen: score "
+             "| seen: difference [95% CI] | gap [95% CI] | p (Holm) |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        lines.append(f"| {r['label']} | {r['task']} | {r['n_unseen']} | {_f(r['unseen'])} | {_f(r['unseen_diff'], sign=True)} "
-                     f"| {r['n_seen']} | {_f(r['seen'])} | {_f(r['seen_diff'], sign=True)} |")
+        if r["label"] == reference:
+            cells = ["-"] * 4
+        else:
+            cells = [f"{_f(r[f'{part}_diff'], sign=True)} {_ci(r.get(f'{part}_ci', (math.nan, math.nan)), sign=True)}"
+                     for part in ("unseen", "seen", "gap")] + [_p(r.get("gap_p_holm", math.nan))]
+        lines.append(f"| {r['label']} | {r['task']} | {r['n_unseen']} | {_f(r['unseen'])} | {cells[0]} "
+                     f"| {r['n_seen']} | {_f(r['seen'])} | {cells[1]} | {cells[2]} | {cells[3]} |")
     return lines
 
 
