@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 import numpy as np
+from scipy import stats as sps
 import pytest
 import tiny_runs
 
@@ -162,6 +163,30 @@ def test_the_sd_interval_is_the_chi_square_one():
     assert A.sd_interval(xs) == pytest.approx((sd * math.sqrt(4 / 11.143287), sd * math.sqrt(4 / 0.484419)), rel=1e-5)
 
 
+
+def _pitman_morgan_p(a, b) -> float:
+    """The textbook test, written out: equal variances of paired a, b iff corr(a + b, b - a) = 0."""
+    a, b = np.asarray(a), np.asarray(b)
+    return float(sps.pearsonr(a + b, b - a).pvalue)
+
+
+def test_the_spread_ratio_is_pitman_morgans_with_the_interval_its_test_inverts():
+    full = [0.740, 0.745, 0.738, 0.747, 0.742]
+    deep = [0.700, 0.720, 0.690, 0.735, 0.705]  # more spread, partly following full's seeds
+    got = A.spread_ratio(full, deep)
+    assert got["ratio"] == pytest.approx(np.std(deep, ddof=1) / np.std(full, ddof=1))
+    assert got["p"] == pytest.approx(_pitman_morgan_p(full, deep))
+    lo, hi = got["ratio_ci"]
+    assert lo < got["ratio"] < hi
+    # the interval's ends are the sd ratios at which the scaled runs sit exactly on the 5% line
+    for bound in (lo, hi):
+        assert _pitman_morgan_p(full, np.asarray(deep) / bound) == pytest.approx(0.05, abs=1e-9)
+    # the same runs: ratio 1, no evidence; two seeds: nothing to say
+    same = A.spread_ratio(full, full)
+    assert same["ratio"] == 1.0 and math.isnan(same["p"])
+    two = A.spread_ratio(full[:2], deep[:2])
+    assert math.isnan(two["p"]) and math.isnan(two["ratio"])
+
 def test_normalised_quality_puts_trivial_at_zero_and_full_at_one():
     assert A.normalised(0.459, 0.459, 0.745) == 0 and A.normalised(0.745, 0.459, 0.745) == 1
     assert A.normalised(0.432, 0.459, 0.745) == pytest.approx((0.432 - 0.459) / (0.745 - 0.459))  # below trivial: < 0
@@ -241,6 +266,7 @@ def test_a_tiny_arms_study_reports_the_kept_models_dev_scores(tmp_path):
     assert (out / "baselines.json").is_file() and (out / "arms" / "report.md").is_file()
     report = (out / "arms" / "report.md").read_text()
     assert "## Against full" in report and "| one | full | overall | 2 |" in report
+    assert "## Spread over seeds" in report and "| one | full | 2 |" in report  # two seeds: no spread test
     # a report from dev files other than those the runs were scored on is refused, not computed
     import shutil
     other = tmp_path / "other-data"

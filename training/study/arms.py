@@ -46,6 +46,32 @@ def sd_interval(values, level: float = LEVEL) -> tuple[float, float]:
     return float(lo), float(hi)
 
 
+def spread_ratio(a, b, level: float = LEVEL) -> dict:
+    """Does B's spread over seeds differ from A's, the runs paired by seed? The Pitman-Morgan test: with
+    s = a + b and d = b - a, cov(s, d) = var(b) - var(a), so the variances are equal exactly when s and d
+    are uncorrelated, which Pearson's t test with n - 2 degrees of freedom asks (pairing matters: two arms
+    trained from one seed share its data order and head initialisation). Its interval for the variance
+    ratio lambda = var(b) / var(a) holds the lambdas for which b / sqrt(lambda) passes the same test:
+    F * (K -+ sqrt(K^2 - 1)), F the sample ratio, K = 1 + 2 (1 - r^2) t^2 / (n - 2), r = corr(a, b).
+    Returns the sd ratio sd(b) / sd(a) with that interval's square roots, and the test's two-sided p."""
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    n = len(a)
+    out = {"ratio": math.nan, "ratio_ci": (math.nan, math.nan), "p": math.nan}
+    if n < 3 or a.std() == 0 or b.std() == 0:  # no degrees of freedom left, or nothing to divide
+        return out
+    f = b.var(ddof=1) / a.var(ddof=1)
+    if np.ptp(b - a) == 0:  # b is a shifted by a constant: the same spread, and no test to run
+        return out | {"ratio": math.sqrt(f)}
+    r_ab = float(np.corrcoef(a, b)[0, 1])
+    r = float(np.corrcoef(a + b, b - a)[0, 1])
+    t = r * math.sqrt((n - 2) / max(1 - r * r, np.finfo(float).tiny))
+    t_crit = sps.t.ppf((1 + level) / 2, n - 2)
+    k = 1 + 2 * (1 - r_ab * r_ab) * t_crit ** 2 / (n - 2)
+    root = math.sqrt(k * k - 1)
+    return {"ratio": math.sqrt(f), "ratio_ci": (math.sqrt(f * (k - root)), math.sqrt(f * (k + root))),
+            "p": float(2 * sps.t.sf(abs(t), n - 2))}
+
+
 def holm(pvalues: list[float]) -> list[float]:
     """Holm's step-down adjusted p-values, in the input's order (nan stays nan, and is not counted)."""
     real = [(p, i) for i, p in enumerate(pvalues) if not math.isnan(p)]
@@ -116,7 +142,8 @@ def versus(recipe, records: list[dict], results: Path, dev_labels: dict[str, np.
     """Every point against the reference (or the point its "vs" names), per metric: the paired difference
     over the seeds both have (mean, t interval, paired t p), the bootstrap over dev examples (each resample
     scores every run of both on the same examples; the difference of their means over seeds: its 95%
-    interval and p), and Holm's adjustment of each p over the points (one family per metric and test)."""
+    interval and p), the ratio of their spreads over the seeds (`spread_ratio`), and Holm's adjustment of
+    each p over the points (one family per metric and test)."""
     protocol = Protocol(recipe, records)
     reference = reference or recipe.points[0]["label"]
     out = []
@@ -136,10 +163,12 @@ def versus(recipe, records: list[dict], results: Path, dev_labels: dict[str, np.
                    "ci": t_interval(diffs)}
             if metric in boot:
                 row |= {"boot_ci": interval(boot[metric], LEVEL), "boot_p": bootstrap_p(boot[metric])}
+            spread = spread_ratio(a, b)
+            row |= {"sd_ratio": spread["ratio"], "sd_ratio_ci": spread["ratio_ci"], "spread_p": spread["p"]}
             out.append(row)
     for metric in METRICS:
         mine = [r for r in out if r["metric"] == metric]
-        for test in ("t_p", "boot_p"):
+        for test in ("t_p", "boot_p", "spread_p"):
             for r, p in zip(mine, holm([r.get(test, math.nan) for r in mine])):
                 r[f"{test}_holm"] = p
     return out

@@ -121,7 +121,8 @@ def front_figure(plt, recipe, records: list[dict], rows: list[dict], path: Path,
                   else "training seconds of a run (median over the reporting seeds; runs shared the machine)")
     ax.set_ylabel("dev overall (mean, 95% interval)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize="x-small", loc="best")
+    if placed:  # a study with no run timed yet has nothing to name
+        ax.legend(fontsize="x-small", loc="best")
     ax.set_title("Quality against cost")
     fig.tight_layout()
     return _save(fig, plt, path)

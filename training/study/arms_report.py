@@ -136,6 +136,22 @@ def versus_lines(tests: list[dict], reference: str) -> list[str]:
     return lines
 
 
+def spread_lines(tests: list[dict], rows: list[dict], reference: str) -> list[str]:
+    """Each point's spread of the overall score over seeds against its reference's."""
+    sd = {r["label"]: r for r in rows if r["metric"] == "overall"}
+    lines = ["Does a point change how much the score depends on the seed? Its sd of dev overall over the reporting "
+             f"seeds against {reference}'s (or the point it names): the ratio of the two with its 95% interval and "
+             "the Pitman-Morgan test of equal variances, which pairs the runs by seed (the same seed gives both the "
+             "same data order); Holm over the points. Five seeds measure a spread loosely: read the intervals.", "",
+             "| point | against | seeds | sd | sd of the other | sd ratio [95% CI] | p | Holm |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for t in (t for t in tests if t["metric"] == "overall"):
+        lines.append(f"| {t['label']} | {t['vs']} | {len(t['seeds'])} | {_f(sd[t['label']]['sd'])} "
+                     f"| {_f(sd[t['vs']]['sd'])} | {_f(t['sd_ratio'], 2)} {_ci(t['sd_ratio_ci'], 2)} "
+                     f"| {_p(t['spread_p'])} | {_p(t['spread_p_holm'])} |")
+    return lines
+
+
 def unseen_lines(rows: list[dict], reference: str) -> list[str]:
     lines = ["The embeddings of word pieces that no training example holds are never updated by fine-tuning; "
              "freezing the embeddings keeps every row as pretrained instead. Each task's dev set split by whether "
@@ -183,6 +199,7 @@ def arms_markdown(recipe, results: Path, data_dir: str | None = None) -> tuple[s
         lines += ["", "## Cost", ""] + cost_lines(costs, measurements, reference, scale, quality)
     if records:
         lines += ["", f"## Against {reference}", ""] + versus_lines(tests, reference)
+        lines += ["", "## Spread over seeds", ""] + spread_lines(tests, rows, reference)
         if baselines and baselines.get("unseen"):
             lines += ["", "## Dev examples with word pieces training never saw", ""]
             lines += unseen_lines(split_scores(recipe, records, results, labels, baselines["unseen"], reference),
