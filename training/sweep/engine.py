@@ -152,13 +152,18 @@ def work(grid: Grid, workers: Workers, base: TrainConfig, plan_of, arms: dict[st
             print(f"training.sweep: stopped by {signal.Signals(signals.received()).name} ({len(spent)} run(s) "
                   f"finished and recorded); rerun the same command to go on", file=sys.stderr)
             return signals.exit_status()
+    return _final_status(failures, busy, results_path, out)
+
+
+def _final_status(failures: list[RunKey], busy: set[RunKey], results_path: Path, out: Path) -> int:
+    """A worker with nothing left to claim: 1 if a run of its failed, else 0, saying what others still train."""
     if failures:
         print(f"training.sweep: {len(failures)} run(s) failed: {', '.join(k.name for k in failures)}; rerun the "
               f"same command to retry them", file=sys.stderr)
         return 1
-    busy = [k for k in busy if k not in {RunKey.of(r) for r in read_results(results_path)}]
-    if busy:
-        log.info("%d run(s) are being trained by another worker: %s", len(busy), ", ".join(k.name for k in busy))
+    still = [k for k in busy if k not in {RunKey.of(r) for r in read_results(results_path)}]
+    if still:
+        log.info("%d run(s) are being trained by another worker: %s", len(still), ", ".join(k.name for k in still))
     else:
         log.info("sweep complete: %s; summarise with `python -m training.report %s`", results_path, out)
     return 0
