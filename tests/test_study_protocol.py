@@ -187,6 +187,7 @@ def test_the_spread_ratio_is_pitman_morgans_with_the_interval_its_test_inverts()
     two = A.spread_ratio(full[:2], deep[:2])
     assert math.isnan(two["p"]) and math.isnan(two["ratio"])
 
+
 def test_normalised_quality_puts_trivial_at_zero_and_full_at_one():
     assert A.normalised(0.459, 0.459, 0.745) == 0 and A.normalised(0.745, 0.459, 0.745) == 1
     assert A.normalised(0.432, 0.459, 0.745) == pytest.approx((0.432 - 0.459) / (0.745 - 0.459))  # below trivial: < 0
@@ -202,6 +203,17 @@ def _reporting(depth, arm, lr, seed, overall):
     return {"tasks": TASKS, "depth": depth, "size": "all", "seed": seed, "arm": run_arm(arm, lr), "dev": dev,
             "tune": {"overall": overall}, "best_epoch": 1, "trainable_params": 10, "total_params": 20}
 
+
+
+def test_a_point_counts_the_runs_that_kept_their_last_evaluation(tmp_path):
+    recipe = loaded(tmp_path, seeds=[1, 2, 3, 4])
+    records = [tuning_record(None, "", lr, s) for lr, s in [(0.0003, 0.5), (0.001, 0.7), (0.003, 0.6)]]
+    for seed, best, ran in [(1, 5, 6), (2, 3, 6), (3, 2, 3), (4, 1, 4)]:  # seeds 1 and 3 kept their last
+        r = _reporting(None, "", 0.001, seed, 0.7)
+        records.append(r | {"best_epoch": best, "epochs_run": ran})
+    rows = {(r["label"], r["metric"]): r for r in A.point_rows(recipe, records, None)}
+    full = next(v for (label, metric), v in rows.items() if metric == "overall")
+    assert full["at_last"] == 2 and full["best_epochs"] == [5, 3, 2, 1]
 
 def test_reported_scores_leave_out_the_tuning_runs(tmp_path):
     recipe = loaded(tmp_path)

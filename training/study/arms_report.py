@@ -107,8 +107,8 @@ def _lr(lr) -> str:
 
 def results_lines(rows: list[dict]) -> list[str]:
     lines = ["| point | trainable | lr | seeds | sst_acc | para_acc | sts_pearson | overall [95% CI] | normalised "
-             "| Lee ratio | sd of overall [95% CI] | kept epochs |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "| Lee ratio | sd of overall [95% CI] | kept epochs | kept the last |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
     for label in dict.fromkeys(r["label"] for r in rows):
         mine = {r["metric"]: r for r in rows if r["label"] == label}
         o = mine.get("overall")
@@ -118,8 +118,9 @@ def results_lines(rows: list[dict]) -> list[str]:
         cells = [_f(mine[m]["mean"]) if m in mine else "-" for m in METRICS[:3]]
         lines.append(f"| {label} | {share} | {_lr(any_row['lr'])} | {len(any_row['values'])} | " + " | ".join(cells)
                      + (f" | {_f(o['mean'])} {_ci(o['ci'])} | {_f(o['normalised'], 3)} | {_f(o['lee'], 3)} "
-                        f"| {_f(o['sd'])} {_ci(o['sd_ci'])} | {', '.join(str(e) for e in o['best_epochs'])} |"
-                        if o else " | - | - | - | - | - |"))
+                        f"| {_f(o['sd'])} {_ci(o['sd_ci'])} | {', '.join(str(e) for e in o['best_epochs'])} "
+                        f"| {o['at_last']} of {len(o['best_epochs'])} |"
+                        if o else " | - | - | - | - | - | - |"))
     return lines
 
 
@@ -185,7 +186,8 @@ def arms_markdown(recipe, results: Path, data_dir: str | None = None) -> tuple[s
     lines += ["", "## Dev scores of the reporting seeds", "",
               "Mean over the reporting seeds with its 95% t interval; normalised: (score - trivial) / (full - "
               "trivial), per seed against the full fine-tuning run of the same seed, then averaged; Lee ratio: "
-              "score / full, likewise.", ""] + results_lines(rows)
+              "score / full, likewise; kept epochs: each seed's kept evaluation (0-based), and how many runs kept "
+              "their last one (those may have stopped still learning).", ""] + results_lines(rows)
     tests, labels = [], None
     if records:
         labels = dev_labels(records, recipe.tasks, results, data_dir)
