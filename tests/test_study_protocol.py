@@ -588,15 +588,36 @@ def test_the_work_left_by_hand(tmp_path):
                                                 "one": {"s_per_epoch": [4.0, 3.0, 5.0], "cache_s": 3.0}}}
     rows = {r["label"]: r for r in K.remaining_work(recipe, records, [cost])}
     # the files hold 135 examples, the measurement 3 x 15: x3. full: its 2 reporting runs, 3 epochs (mean) each
-    assert rows["full"] == {"label": "full", "todo": 2, "waiting": 0, "seconds": pytest.approx(2 * 3 * 10.0 * 3)}
+    assert rows["full"] == {"label": "full", "todo": 2, "waiting": 0, "seconds": pytest.approx(2 * 3 * 10.0 * 3),
+                            "at_most": False}
     # one: 2 tuning runs planned, 2 reporting runs waiting; no run yet, so the recipe's 2 epochs each
-    assert rows["one"] == {"label": "one", "todo": 2, "waiting": 2, "seconds": pytest.approx(4 * (3 + 2 * 4.0) * 3)}
+    assert rows["one"] == {"label": "one", "todo": 2, "waiting": 2, "seconds": pytest.approx(4 * (3 + 2 * 4.0) * 3),
+                           "at_most": False}
     # full at one's rate: waits for one's rate; full's figures (its epochs cost the same)
     assert rows["full at one's"]["waiting"] == 2 and rows["full at one's"]["todo"] == 0
     # a size study's point: its size per task, or its own runs' count; the whole files only once a run says
     assert K._examples(recipe, records, {"size": 4}) == 12 and K._examples(recipe, records, {"size": "all"}) == 135
     assert K._examples(recipe, [], {"size": "all"}) is None
 
+
+
+def test_a_schedules_work_left_is_bounded_by_training_every_layer(tmp_path):
+    from training.study import arms_cost as K
+
+    recipe = loaded(tmp_path, arms={"": {}, "b": {"head_dropout": 0.2},
+                                    "sched": {"unfreeze_schedule": "adaptive:2steps", "head_dropout": 0.2}},
+                    points=[{"label": "full", "depth": "none", "arm": ""}, {"label": "plain b", "depth": "none", "arm": "b"},
+                            {"label": "adaptive", "depth": "none", "arm": "sched"}])
+    cost = {"examples_per_task": 15, "points": {"full": {"s_per_epoch": [10.0], "cache_s": 0.0},
+                                                "plain b": {"s_per_epoch": [12.0], "cache_s": 0.0}}}
+    rows = {r["label"]: r for r in K.remaining_work(recipe, [], [cost])}
+    assert rows["adaptive"]["seconds"] is None  # no run yet says how large the whole files are
+    # nothing measured the schedule; its bound is the point training every layer with its other options
+    # (head dropout 0.2: "plain b", not "full"): 2 tuning + 2 reporting runs of the recipe's 2 epochs, x1 scale
+    records = [{**tuning_record(None, "", 0.001, 0.7), "epochs_run": 2, "n_train": {"sst": 15, "para": 15, "sts": 15}}]
+    rows = {r["label"]: r for r in K.remaining_work(recipe, records, [cost])}
+    assert rows["adaptive"]["seconds"] == pytest.approx(4 * 2 * 12.0) and rows["adaptive"]["at_most"]
+    assert not rows["full"]["at_most"]
 
 def test_a_dry_run_says_what_is_left(tmp_path, capsys):
     data, enc = tiny_runs.inputs(tmp_path)

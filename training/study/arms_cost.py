@@ -51,14 +51,26 @@ def measured(recipe, measurement: dict, point: dict) -> dict | None:
     """A point's figures in one measurement: its own, else those of a measured point whose epochs cost the
     same (the same depth and options, but for the rate, the epochs and early stopping), found by the kind
     the measurement recorded for it or, for a point of this recipe, by that point's."""
-    figures = measurement["points"]
-    if point["label"] in figures:
-        return figures[point["label"]]
-    kind, points = _point_kind(recipe, point), {p["label"]: p for p in recipe.points}
-    for label, got in figures.items():
+    if point["label"] in measurement["points"]:
+        return measurement["points"][point["label"]]
+    return _of_kind(recipe, measurement, _point_kind(recipe, point))
+
+
+def _of_kind(recipe, measurement: dict, kind: list) -> dict | None:
+    points = {p["label"]: p for p in recipe.points}
+    for label, got in measurement["points"].items():
         if got.get("kind", _point_kind(recipe, points[label]) if label in points else None) == kind:
             return got
     return None
+
+
+def bound_for_schedule(recipe, measurement: dict, point: dict) -> dict | None:
+    """For a freezing schedule's point, whose epochs no measurement can name: the figures of training every
+    layer with its other options, which no stretch of a schedule costs more than (a planning bound)."""
+    options = dict(recipe.arms.get(point["arm"], {}))
+    if options.pop("unfreeze_schedule", None) is None:
+        return None
+    return _of_kind(recipe, measurement, epoch_kind(None, options))
 
 
 def at_depth(recipe, measurement: dict, depth) -> dict | None:
@@ -183,8 +195,9 @@ def remaining_work(recipe, records: list[dict], measurements: list[dict]) -> lis
     """Per point with work left: its runs planned and not done, its reporting runs still waiting for its
     rate, and what they should cost in seconds of one idle core of the first measurement that says its
     scale (None where nothing measured the point's epochs): each run the point's mean epochs so far (else
-    its most) at its measured seconds per epoch, plus its cache's building, scaled to the training files.
-    A planning figure, not a result: a rate grid's extensions are not foreseen."""
+    its most) at its measured seconds per epoch, plus its cache's building, scaled to the training files;
+    a freezing schedule at full fine-tuning's figures, a bound ("at_most"). A planning figure, not a result:
+    a rate grid's extensions are not foreseen."""
     protocol, done = Protocol(recipe, records), {RunKey.of(r) for r in records}
     owner = _owners(recipe, protocol)
     planned = [k for k in protocol.plan() if k not in done]
@@ -196,6 +209,10 @@ def remaining_work(recipe, records: list[dict], measurements: list[dict]) -> lis
         if not todo and not waiting:
             continue
         found = [(m, f) for m in measurements if m.get("examples_per_task") for f in [measured(recipe, m, point)] if f]
+        bound = not found
+        if bound:
+            found = [(m, f) for m in measurements if m.get("examples_per_task")
+                     for f in [bound_for_schedule(recipe, m, point)] if f]
         seconds = None
         if found and n_train:
             (m, figures), runs = found[0], [r for k, r in protocol.runs.items() if owner.get(k) == point["label"]]
@@ -203,7 +220,8 @@ def remaining_work(recipe, records: list[dict], measurements: list[dict]) -> lis
                       else recipe.arms.get(point["arm"], {}).get("epochs", recipe.train.get("epochs", 1)))
             seconds = ((todo + waiting) * (figures["cache_s"] + epochs * figures["s_per_epoch"][0])
                        * _scale(m, n_train, len(recipe.tasks)))
-        out.append({"label": point["label"], "todo": todo, "waiting": waiting, "seconds": seconds})
+        out.append({"label": point["label"], "todo": todo, "waiting": waiting, "seconds": seconds,
+                    "at_most": bound and seconds is not None})
     return out
 
 

@@ -140,7 +140,8 @@ def print_remaining(recipe: Recipe, records: list[dict], measurements: list[dict
     print("\nleft to do (planned so far + reporting runs waiting for their point's rate):")
     for r in rows:
         hours = ("no estimate (not measured, or no run yet gives the files' size)" if r["seconds"] is None
-                 else f"about {r['seconds'] / 3600:.1f} h of one idle core")
+                 else f"{'at most' if r['at_most'] else 'about'} {r['seconds'] / 3600:.1f} h of one idle core"
+                 + (" (a schedule: costed as if it froze nothing)" if r["at_most"] else ""))
         print(f"  {r['label']}: {r['todo']} + {r['waiting']} runs, {hours}")
         known += r["seconds"] or 0
     print(f"  in all: about {known / 3600:.1f} h of one idle core for the measured points (cost/*.json beside the "
