@@ -215,6 +215,26 @@ def test_a_point_counts_the_runs_that_kept_their_last_evaluation(tmp_path):
     full = next(v for (label, metric), v in rows.items() if metric == "overall")
     assert full["at_last"] == 2 and full["best_epochs"] == [5, 3, 2, 1]
 
+
+def test_the_convergence_rule_names_the_points_due_a_longer_twin(tmp_path):
+    def row(label, at_last, seeds=5):
+        return {"label": label, "metric": "overall", "at_last": at_last, "best_epochs": [1] * seeds}
+
+    points = [{"label": "full", "depth": "none", "arm": ""}, {"label": "one", "depth": 1, "arm": "b"},
+              {"label": "full at one's", "depth": "none", "arm": "", "lr_of": "one"}]
+    recipe = loaded(tmp_path, points=points)  # epochs 2 in train
+    rows = [row("full", 2), row("one", 3), row("full at one's", 5)]
+    # one: 3 of 5 kept their last, no longer twin; full: 2 of 5 is not most; lr_of points are outside the rule
+    assert A.twins_due(recipe, rows) == ["one"]
+    # a twin of the same depth and options but epochs and early stopping settles it; a shorter one does not
+    twin = {"label": "one, longer", "depth": 1, "arm": "b4"}
+    arms = {"": {}, "b": {"head_dropout": 0.2}, "b4": {"head_dropout": 0.2, "epochs": 4, "early_stop_patience": 3}}
+    assert A.twins_due(loaded(tmp_path, points=points + [twin], arms=arms), rows) == []
+    arms["b4"] = {"head_dropout": 0.3, "epochs": 4}  # other options: not its twin
+    assert A.twins_due(loaded(tmp_path, points=points + [twin], arms=arms), rows) == ["one"]
+    arms["b4"] = {"head_dropout": 0.2, "epochs": 1}  # fewer epochs: not a longer twin
+    assert A.twins_due(loaded(tmp_path, points=points + [twin], arms=arms), rows) == ["one"]
+
 def test_reported_scores_leave_out_the_tuning_runs(tmp_path):
     recipe = loaded(tmp_path)
     records = ([tuning_record(None, "", lr, s) for lr, s in [(0.0003, 0.5), (0.001, 0.7), (0.003, 0.6)]]

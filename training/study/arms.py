@@ -132,6 +132,27 @@ def point_rows(recipe, records: list[dict], baselines: dict | None, reference: s
     return rows
 
 
+def twins_due(recipe, rows: list[dict]) -> list[str]:
+    """The points the convergence rule gives a longer twin that the recipe lacks: most of their reporting
+    runs kept their last evaluation (still learning when the epoch limit stopped them), and no point of the
+    same depth and options (epochs and early stopping aside) trains for more epochs. Points that take
+    another's rate (lr_of) are confound arms at a fixed rate, outside the rule."""
+    def epochs_and_rest(point: dict) -> tuple[int, list]:
+        options = {**recipe.train, **recipe.arms.get(point["arm"], {})}
+        rest = sorted((k, str(v)) for k, v in options.items() if k not in ("epochs", "early_stop_patience"))
+        return options.get("epochs", 1), [recipe.depth(point["depth"]), point.get("size"), rest]
+
+    due = []
+    for row in (r for r in rows if r["metric"] == "overall" and 2 * r["at_last"] > len(r["best_epochs"])):
+        point = next(p for p in recipe.points if p["label"] == row["label"])
+        if "lr_of" in point:
+            continue
+        epochs, kind = epochs_and_rest(point)
+        if not any(epochs_and_rest(p)[1] == kind and epochs_and_rest(p)[0] > epochs for p in recipe.points):
+            due.append(row["label"])
+    return due
+
+
 # --------------------------------------------------------------------------- against full fine-tuning
 
 

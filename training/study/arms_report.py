@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from data.loaders import COURSE_FILES, load_task_file
-from training.study.arms import METRICS, point_rows, split_scores, versus
+from training.study.arms import METRICS, point_rows, split_scores, twins_due, versus
 from training.study.arms_cost import cost_lines, cost_rows, read_cost, scale_line
 from training.study.baselines import labels_digest, read_baselines
 from training.study.protocol import Protocol, tune_score
@@ -188,6 +188,10 @@ def arms_markdown(recipe, results: Path, data_dir: str | None = None) -> tuple[s
               "trivial), per seed against the full fine-tuning run of the same seed, then averaged; Lee ratio: "
               "score / full, likewise; kept epochs: each seed's kept evaluation (0-based), and how many runs kept "
               "their last one (those may have stopped still learning).", ""] + results_lines(rows)
+    due = twins_due(recipe, rows)
+    lines += ["", "Convergence rule (a point most of whose reporting runs kept their last evaluation gets a twin "
+              "trained for longer, tuned the same way): " + (f"due and not yet in the recipe for {'; '.join(due)}."
+                                                             if due else "no twin is due.")]
     tests, labels = [], None
     if records:
         labels = dev_labels(records, recipe.tasks, results, data_dir)
