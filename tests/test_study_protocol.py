@@ -235,6 +235,17 @@ def test_the_convergence_rule_names_the_points_due_a_longer_twin(tmp_path):
     arms["b4"] = {"head_dropout": 0.2, "epochs": 1}  # fewer epochs: not a longer twin
     assert A.twins_due(loaded(tmp_path, points=points + [twin], arms=arms), rows) == ["one"]
 
+
+def test_a_dry_run_names_a_twin_that_is_due(tmp_path, capsys):
+    recipe = loaded(tmp_path)  # seeds 1, 2; epochs 2
+    records = [tuning_record(d, a, lr, s) for d, a in [(None, ""), (1, "b")]
+               for lr, s in [(0.001, 0.7), (0.003, 0.6), (0.0003, 0.5)]]
+    for seed in (1, 2):
+        records.append(_reporting(None, "", 0.001, seed, 0.7) | {"best_epoch": 0, "epochs_run": 2})
+        records.append(_reporting(1, "b", 0.001, seed, 0.6) | {"best_epoch": 1, "epochs_run": 2})  # its last
+    C.print_remaining(recipe, records, [])
+    assert "a longer twin is due (most reporting runs kept their last evaluation) for: one:" in capsys.readouterr().out
+
 def test_reported_scores_leave_out_the_tuning_runs(tmp_path):
     recipe = loaded(tmp_path)
     records = ([tuning_record(None, "", lr, s) for lr, s in [(0.0003, 0.5), (0.001, 0.7), (0.003, 0.6)]]
@@ -299,6 +310,7 @@ def test_a_tiny_arms_study_reports_the_kept_models_dev_scores(tmp_path):
     report = (out / "arms" / "report.md").read_text()
     assert "## Against full" in report and "| one | full | overall | 2 |" in report
     assert "## Spread over seeds" in report and "| one | full | 2 |" in report  # two seeds: no spread test
+    assert "Convergence rule" in report
     # a report from dev files other than those the runs were scored on is refused, not computed
     import shutil
     other = tmp_path / "other-data"

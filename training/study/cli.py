@@ -24,6 +24,7 @@ from training.common.errors import ConfigError
 from training.common.progress import setup_logging
 from training.run.config import TrainConfig, validate
 from training.run.signals import exit_on_sigterm
+from training.study.arms import point_rows, twins_due
 from training.study.arms_cost import read_cost, remaining_work
 from training.study.figures import FIGURES
 from training.study.protocol import ArmOverrides, role_of
@@ -146,6 +147,10 @@ def print_remaining(recipe: Recipe, records: list[dict], measurements: list[dict
         known += r["seconds"] or 0
     print(f"  in all: about {known / 3600:.1f} h of one idle core for the measured points (cost/*.json beside the "
           "results; a planning figure: grid extensions not foreseen)")
+    due = twins_due(recipe, point_rows(recipe, records, None))
+    if due:
+        print(f"  and a longer twin is due (most reporting runs kept their last evaluation) for: {'; '.join(due)}: "
+              "add it to the recipe")
 
 
 def train(recipe: Recipe, base: TrainConfig, args, results: Path, report: Path, prog: str = PROG) -> int:
