@@ -638,7 +638,8 @@ def test_a_schedules_work_left_is_bounded_by_training_every_layer(tmp_path):
 
     recipe = loaded(tmp_path, arms={"": {}, "b": {"head_dropout": 0.2},
                                     "sched": {"unfreeze_schedule": "adaptive:2steps", "head_dropout": 0.2}},
-                    points=[{"label": "full", "depth": "none", "arm": ""}, {"label": "plain b", "depth": "none", "arm": "b"},
+                    points=[{"label": "full", "depth": "none", "arm": ""},
+                            {"label": "plain b", "depth": "none", "arm": "b"},
                             {"label": "adaptive", "depth": "none", "arm": "sched"}])
     cost = {"examples_per_task": 15, "points": {"full": {"s_per_epoch": [10.0], "cache_s": 0.0},
                                                 "plain b": {"s_per_epoch": [12.0], "cache_s": 0.0}}}

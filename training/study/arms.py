@@ -124,12 +124,15 @@ def point_rows(recipe, records: list[dict], baselines: dict | None, reference: s
                          "lee": float(np.mean(ratio)) if ratio else math.nan,
                          "normalised": float(np.mean(norm)) if norm else math.nan,
                          "best_epochs": [r.get("best_epoch") for r in runs.values()],
-                         # kept its last evaluation: the run may still have been learning when it stopped
-                         "at_last": sum(r.get("best_epoch") is not None and r.get("best_epoch") == r.get("epochs_run", 0) - 1
-                                        for r in runs.values()),
+                         "at_last": sum(map(_kept_last, runs.values())),
                          "trainable_params": next(iter(runs.values())).get("trainable_params"),
                          "total_params": next(iter(runs.values())).get("total_params")})
     return rows
+
+
+def _kept_last(record: dict) -> bool:
+    """The run kept its last evaluation: it may still have been learning when it stopped."""
+    return record.get("best_epoch") is not None and record["best_epoch"] == record.get("epochs_run", 0) - 1
 
 
 def twins_due(recipe, rows: list[dict]) -> list[str]:
