@@ -16,6 +16,7 @@ from scipy import stats as sps
 
 from training.inference.metrics import METRIC, score
 from training.results.statistics import bootstrap_diffs, interval, mean_sd, overall_diffs, paired_tests
+from training.study.arms_cost import epoch_kind
 from training.study.protocol import Protocol
 
 LEVEL = 0.95
@@ -140,18 +141,17 @@ def twins_due(recipe, rows: list[dict]) -> list[str]:
     runs kept their last evaluation (still learning when the epoch limit stopped them), and no point of the
     same depth and options (epochs and early stopping aside) trains for more epochs. Points that take
     another's rate (lr_of) are confound arms at a fixed rate, outside the rule."""
-    def epochs_and_rest(point: dict) -> tuple[int, list]:
+    def epochs_and_kind(point: dict) -> tuple[int, list]:
         options = {**recipe.train, **recipe.arms.get(point["arm"], {})}
-        rest = sorted((k, str(v)) for k, v in options.items() if k not in ("epochs", "early_stop_patience"))
-        return options.get("epochs", 1), [recipe.depth(point["depth"]), point.get("size"), rest]
+        return options.get("epochs", 1), [epoch_kind(recipe.depth(point["depth"]), options), point.get("size")]
 
+    shape = {p["label"]: epochs_and_kind(p) for p in recipe.points}
     due = []
     for row in (r for r in rows if r["metric"] == "overall" and 2 * r["at_last"] > len(r["best_epochs"])):
-        point = next(p for p in recipe.points if p["label"] == row["label"])
-        if "lr_of" in point:
+        if "lr_of" in next(p for p in recipe.points if p["label"] == row["label"]):
             continue
-        epochs, kind = epochs_and_rest(point)
-        if not any(epochs_and_rest(p)[1] == kind and epochs_and_rest(p)[0] > epochs for p in recipe.points):
+        epochs, kind = shape[row["label"]]
+        if not any(k == kind and e > epochs for e, k in shape.values()):
             due.append(row["label"])
     return due
 
