@@ -311,6 +311,11 @@ def test_a_tiny_arms_study_reports_the_kept_models_dev_scores(tmp_path):
     assert "## Against full" in report and "| one | full | overall | 2 |" in report
     assert "## Spread over seeds" in report and "| one | full | 2 |" in report  # two seeds: no spread test
     assert "Convergence rule" in report
+    from training.study.figures import pyplot
+    if pyplot() is not None:  # matplotlib is optional; with it, the report shows the figures it wrote
+        embedded = [line[line.index("](") + 2:-1] for line in report.splitlines() if line.startswith("![")]
+        assert "depth.png" in embedded and "tuning.png" in embedded
+        assert all((out / "arms" / name).is_file() for name in embedded)
     # a report from dev files other than those the runs were scored on is refused, not computed
     import shutil
     other = tmp_path / "other-data"
@@ -577,6 +582,59 @@ def test_the_size_depth_map_by_hand(tmp_path):
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     sizes, depths, grid = size_depth_grid(recipe, rows[:1])
     assert np.isnan(grid[0]).all() and grid[1, 1] == 0.8
+
+
+def test_the_tuning_map_by_hand(tmp_path):
+    from training.study.arms_figures import tuning_figure, tuning_grid
+    from training.study.figures import pyplot
+
+    recipe = loaded(tmp_path)  # grid 0.001, 0.003; one extension each way; "full at one's" borrows a rate
+    records = [tuning_record(None, "", 0.001, 0.6), tuning_record(None, "", 0.003, 0.7),
+               tuning_record(None, "", 0.01, 0.65),  # full: 0.003 wins, inside after one extension up
+               tuning_record(1, "b", 0.001, 0.5)]  # one: 0.003 still missing, nothing chosen yet
+    labels, rates, grid, chosen = tuning_grid(recipe, records)
+    assert labels == ["full", "one"] and rates == [0.001, 0.003, 0.01]
+    assert grid[0].tolist() == [0.6, 0.7, 0.65]
+    assert grid[1, 0] == 0.5 and np.isnan(grid[1, 1:]).all()
+    assert chosen == [0.003, None]
+    labels, rates, grid, chosen = tuning_grid(recipe, [])  # nothing tuned yet: an empty map
+    assert labels == rates == chosen == [] and grid.shape == (0, 0)
+    plt = pyplot()
+    if plt is not None:  # matplotlib is optional
+        assert tuning_figure(plt, recipe, records, tmp_path / "t.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_depth_figure_places_the_plain_depth_points_by_layers_frozen(tmp_path):
+    from training.study.arms_figures import depth_figure, depth_position, depth_rows
+    from training.study.figures import pyplot
+
+    recipe = loaded(tmp_path, points=[
+        {"label": "full", "depth": "none", "arm": ""}, {"label": "heads", "depth": "100%", "arm": ""},
+        {"label": "emb", "depth": -1, "arm": ""}, {"label": "one", "depth": 1, "arm": ""},
+        {"label": "one b", "depth": 1, "arm": "b"},  # an arm: a point of its own, not on the depth axis
+        {"label": "full at one's", "depth": "none", "arm": "", "lr_of": "one"}])
+    assert [depth_position(d) for d in (None, -1, 1, 2)] == [-1, 0, 1, 2]
+
+    def row(label, depth, metric="overall"):
+        return {"label": label, "depth": recipe.depth(depth), "metric": metric, "values": {1: 0.5, 2: 0.7},
+                "mean": 0.6, "ci": (0.4, 0.8)}
+    rows = [row("heads", "100%"), row("one b", 1), row("full at one's", "none"), row("one", 1), row("full", "none"),
+            row("emb", -1), row("one", 1, "sst_acc")]
+    placed = depth_rows(recipe, rows, "overall")
+    assert [(x, r["label"]) for x, r in placed] == [(-1, "full"), (0, "emb"), (1, "one"), (2, "heads")]
+    assert [r["label"] for _, r in depth_rows(recipe, rows, "sst_acc")] == ["one"]
+    plt = pyplot()
+    if plt is not None:
+        baselines = {"trivial": {"overall": 0.4, "sst_acc": 0.25}, "zero_shot": {"sts_pearson": 0.8}}
+        assert depth_figure(plt, recipe, rows, baselines, tmp_path / "d.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_report_embeds_the_figures_written_in_a_fixed_order():
+    from training.study.arms_figures import figure_lines
+
+    lines = figure_lines([Path("x/tuning.png"), Path("x/depth.png")]).splitlines()
+    assert lines[1] == "## Figures" and lines[3].endswith("(depth.png)") and lines[5].endswith("(tuning.png)")
+    assert figure_lines([]) == ""  # no matplotlib, no figure: no section
 
 
 def test_the_front_keeps_the_points_no_cheaper_one_matches():

@@ -2,6 +2,10 @@
 
 - quality.png: each point's dev overall on every reporting seed (dots) and its mean with the 95% t
   interval, beside the trivial predictor's line;
+- depth.png: the plain depth points (no arm, no borrowed rate) against the number of encoder layers
+  frozen, one panel per task and one for the overall, every reporting seed a dot and the mean with its
+  interval, beside the lines a reader needs: the trivial predictor, the untrained model's zero-shot
+  score where a task has one, full fine-tuning's mean;
 - front.png: quality against cost, each point its mean dev overall (95% interval) against its end-to-end
   cost modelled from the cost measured apart (arms_cost.py: in full fine-tuning epochs, the range over the
   seeds as a horizontal bar), or, without that measurement, the median training seconds of its reporting
@@ -9,7 +13,8 @@
   cheaper point matches);
 - curves.png: the learning curves, the tuning split's overall at each evaluation, each reporting seed
   (thin) and the mean of the seeds still training, one colour per point;
-- tuning.png: the rate grid, each point's tuning-split score at every rate it tried;
+- tuning.png: the tuning as a rate x point map, each cell the tuning-split score of a rate the point tried,
+  coloured by its distance below the point's best, the chosen rate boxed;
 - size_depth.png (a recipe whose points train on several sizes): the gap as a map, each size x depth
   cell the normalised quality against the point it is measured against (its "vs": the same size's full
   fine-tuning), full fine-tuning's own row against the whole files'.
@@ -35,6 +40,7 @@ def arms_figures(recipe, records: list[dict], rows: list[dict], baselines: dict 
     paths = []
     if overall:
         paths += [quality_figure(plt, overall, baselines, out / "quality.png"),
+                  depth_figure(plt, recipe, rows, baselines, out / "depth.png"),
                   front_figure(plt, recipe, records, overall, out / "front.png", costs),
                   curves_figure(plt, recipe, records, out / "curves.png")]
     paths.append(tuning_figure(plt, recipe, records, out / "tuning.png"))
@@ -42,6 +48,23 @@ def arms_figures(recipe, records: list[dict], rows: list[dict], baselines: dict 
     if len(sizes) > 1 and not np.isnan(grid).all():
         paths.append(size_depth_figure(plt, sizes, depths, grid, out / "size_depth.png"))
     return paths
+
+
+#: each figure's caption in report.md's "Figures" section, in the order they appear there
+CAPTIONS = {"depth.png": "Quality against frozen depth, per task, beside the trivial predictor and the zero-shot cosine",
+            "quality.png": "Dev overall of every point: each reporting seed and the mean with its 95% interval",
+            "front.png": "Quality against end-to-end cost (the dashed line joins the front)",
+            "size_depth.png": "Normalised quality per training-set size and depth",
+            "curves.png": "Learning curves on the tuning split",
+            "tuning.png": "The tuning: the tuning-split score of every rate each point tried"}
+
+
+def figure_lines(paths: list[Path]) -> str:
+    """report.md's closing section embedding the figures written (none without matplotlib: no section)."""
+    names = [name for name in CAPTIONS if name in {p.name for p in paths}]
+    if not names:
+        return ""
+    return "\n## Figures\n\n" + "\n\n".join(f"![{CAPTIONS[n]}]({n})" for n in names) + "\n"
 
 
 def size_depth_grid(recipe, rows: list[dict]) -> tuple[list, list, np.ndarray]:
@@ -87,6 +110,53 @@ def quality_figure(plt, rows: list[dict], baselines: dict | None, path: Path) ->
     ax.set_ylabel("dev overall (course score)")
     ax.set_title("Dev overall per point: each reporting seed (grey) and the mean with its 95% interval")
     ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return _save(fig, plt, path)
+
+
+#: the panels of depth.png: the metric, its title, and the zero-shot baseline's key where it has one
+DEPTH_PANELS = [("overall", "dev overall", None), ("sst_acc", "SST accuracy", None),
+                ("para_acc", "Quora accuracy", "para_acc"), ("sts_pearson", "STS Pearson", "sts_pearson")]
+
+
+def depth_position(depth: int | None) -> int:
+    """Where a depth sits on depth.png's axis, in encoder layers frozen: full fine-tuning -1, the
+    embeddings alone 0 (recipe depth -1), N layers N (the embeddings frozen with them)."""
+    return -1 if depth is None else max(depth, 0)
+
+
+def depth_rows(recipe, rows: list[dict], metric: str) -> list[tuple[int, dict]]:
+    """(axis position, row) of the plain depth points for one metric, by depth: no arm (the confounds, the
+    twins and the parameter-efficient methods are points of their own) and no rate borrowed."""
+    plain = {p["label"] for p in recipe.points if p.get("arm", "") == "" and "lr_of" not in p}
+    return sorted((depth_position(r["depth"]), r) for r in rows if r["metric"] == metric and r["label"] in plain)
+
+
+def depth_figure(plt, recipe, rows: list[dict], baselines: dict | None, path: Path) -> Path:
+    fig, axes = plt.subplots(1, len(DEPTH_PANELS), figsize=(PANEL[0] * 2.6, PANEL[1] * 1.1), dpi=DPI)
+    trivial, zero_shot = (baselines or {}).get("trivial", {}), (baselines or {}).get("zero_shot", {})
+    for ax, (metric, title, zero_key) in zip(axes, DEPTH_PANELS):
+        placed = depth_rows(recipe, rows, metric)
+        for x, r in placed:
+            ax.scatter([x - 0.12] * len(r["values"]), list(r["values"].values()), color="grey", s=10, zorder=2)
+            lo, hi = r["ci"]
+            err = [[r["mean"] - lo], [hi - r["mean"]]] if not math.isnan(lo) else None
+            ax.errorbar([x + 0.12], [r["mean"]], yerr=err, marker="o", color="C0", capsize=3, zorder=3)
+        if placed and placed[0][0] == -1:
+            ax.axhline(placed[0][1]["mean"], color="C0", linestyle=":", linewidth=1, label="full fine-tuning")
+        if metric in trivial:
+            ax.axhline(trivial[metric], color="C3", linestyle="--", linewidth=1, label="trivial predictor")
+        if zero_key and zero_key in zero_shot:
+            ax.axhline(zero_shot[zero_key], color="C2", linestyle="-.", linewidth=1, label="untrained, zero-shot cosine")
+        ticks = sorted({x for x, _ in placed} | {-1, recipe.layers})
+        ax.set_xticks(ticks, ["none" if x == -1 else "emb." if x == 0 else "all" if x == recipe.layers else str(x)
+                              for x in ticks], rotation=45, fontsize="small")
+        ax.set_xlabel("encoder layers frozen")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize="xx-small", loc="lower left")
+    fig.suptitle("Quality against frozen depth: each reporting seed (grey), the mean with its 95% interval")
     fig.tight_layout()
     return _save(fig, plt, path)
 
@@ -163,25 +233,48 @@ def curves_figure(plt, recipe, records: list[dict], path: Path) -> Path:
     return _save(fig, plt, path)
 
 
-def tuning_figure(plt, recipe, records: list[dict], path: Path) -> Path:
+def tuning_grid(recipe, records: list[dict]) -> tuple[list[str], list[float], np.ndarray, list]:
+    """(point labels, every rate any point tried ascending, tuning-split score[point, rate], each point's
+    chosen rate or None): the points that tune (not those that borrow a rate), with at least one rate's
+    tuning runs all in; nan where a point did not try a rate or its runs are missing."""
     protocol, runs = Protocol(recipe, records), {RunKey.of(r): r for r in records}
-    fig, ax = plt.subplots(figsize=(PANEL[0] * 1.6, PANEL[1] * 1.3), dpi=DPI)
-    for j, point in enumerate(p for p in recipe.points if "lr_of" not in p):
+    scored = {}
+    for point in (p for p in recipe.points if "lr_of" not in p):
         lrs, best = protocol.tried(point)
-        pts = []
+        cells = {}
         for lr in lrs:
             got = [runs.get(protocol.key(point, s, lr)) for s in recipe.lr_grid["tuning_seeds"]]
             if all(got):
-                pts.append((lr, float(np.mean([tune_score(r) for r in got]))))
-        if pts:
-            ax.plot(*zip(*pts), marker="o", color=f"C{j % 10}", label=point["label"])
-        if best is not None:
-            ax.scatter([best], [dict(pts)[best]], s=120, facecolors="none", edgecolors=f"C{j % 10}")
-    ax.set_xscale("log")
+                cells[lr] = float(np.mean([tune_score(r) for r in got]))
+        if cells:
+            scored[point["label"]] = (cells, best)
+    rates = sorted({lr for cells, _ in scored.values() for lr in cells})
+    grid = np.full((len(scored), len(rates)), np.nan)
+    for i, (cells, _) in enumerate(scored.values()):
+        for lr, score in cells.items():
+            grid[i, rates.index(lr)] = score
+    return list(scored), rates, grid, [best for _, best in scored.values()]
+
+
+def tuning_figure(plt, recipe, records: list[dict], path: Path) -> Path:
+    labels, rates, grid, chosen = tuning_grid(recipe, records)
+    fig, ax = plt.subplots(figsize=(PANEL[0] * 1.8, 1.2 + 0.38 * max(len(labels), 2)), dpi=DPI)
+    if labels:
+        # colour: how far below the row's best (rows differ by 0.1 overall, so absolute colour would hide them)
+        below = grid - np.nanmax(grid, axis=1, keepdims=True)
+        ax.imshow(np.clip(below, -0.05, 0), cmap="viridis", vmin=-0.05, vmax=0, aspect="auto")
+        for i, j in np.ndindex(grid.shape):
+            if not np.isnan(grid[i, j]):
+                ax.text(j, i, f"{grid[i, j]:.4f}", ha="center", va="center", fontsize="x-small",
+                        color="white" if below[i, j] < -0.03 else "black")
+        for i, best in enumerate(chosen):
+            if best is not None:
+                ax.add_patch(plt.Rectangle((rates.index(best) - 0.5, i - 0.5), 1, 1, fill=False,
+                                           edgecolor="C3", linewidth=2))
+        ax.set_xticks(range(len(rates)), [f"{lr:g}" for lr in rates])
+        ax.set_yticks(range(len(labels)), labels, fontsize="small")
     ax.set_xlabel("peak learning rate")
-    ax.set_ylabel("tuning-split overall (tuning seeds)")
-    ax.set_title("The rate grid (circled: each point's choice)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize="x-small")
+    ax.set_title("The tuning: tuning-split overall per rate tried\n(boxed: the choice; colour: distance below "
+                 "the point's best, 0 to -0.05)", fontsize="small")
     fig.tight_layout()
     return _save(fig, plt, path)

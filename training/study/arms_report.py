@@ -218,12 +218,12 @@ CSV_COLUMNS = ["point", "depth", "arm", "lr", "metric", "seeds", "mean", "ci_low
 
 
 def write_arms_report(recipe, results: Path, report: Path, data_dir: str | None = None) -> Path:
-    from training.study.arms_figures import arms_figures
+    from training.study.arms_figures import arms_figures, figure_lines
 
     text, rows, costs = arms_markdown(recipe, results, data_dir)
     report.mkdir(parents=True, exist_ok=True)
-    (report / "report.md").write_text(text)
-    arms_figures(recipe, read_results(Path(results) / RESULTS), rows, read_baselines(results), report, costs)
+    figures = arms_figures(recipe, read_results(Path(results) / RESULTS), rows, read_baselines(results), report, costs)
+    (report / "report.md").write_text(text + figure_lines(figures))
     with open(report / "report.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=CSV_COLUMNS, lineterminator="\n")
         w.writeheader()
