@@ -130,6 +130,9 @@ def test_lr_of_trains_at_the_other_points_rate(tmp_path):
     ({"points": [{"label": "a", "depth": "none", "arm": "x"}]}, "points"),
     ({"points": [{"label": "a", "depth": "none", "arm": "", "lr_of": "a"},
                  {"label": "b", "depth": "none", "arm": "", "lr_of": "a"}]}, "lr_of"),
+    ({"compare": [["one", "nobody", "why?"]]}, "compare"),  # not a point
+    ({"compare": [["one", "full"]]}, "compare"),  # no question
+    ({"compare": [["one", "one", "why?"]]}, "compare"),  # a point against itself
 ])
 def test_a_bad_arms_recipe_is_one_line_naming_its_key(tmp_path, over, says, capsys):
     path = arms_recipe(tmp_path, **over)
@@ -482,6 +485,33 @@ def test_a_point_is_measured_against_its_vs_point(tmp_path):
     rows = {r["label"]: r for r in A.point_rows(recipe, records, None) if r["metric"] == "overall"}
     assert rows["one"]["lee"] == pytest.approx((0.63 / 0.70 + 0.69 / 0.74) / 2)  # against full, the first
     assert rows["one again"]["lee"] == pytest.approx((0.66 / 0.63 + 0.66 / 0.69) / 2)  # against "one"
+
+
+def test_the_recipes_pairs_are_a_family_of_their_own(tmp_path):
+    from training.study.arms_report import compare_lines
+
+    recipe = loaded(tmp_path, seeds=[1, 2, 3], points=[
+        {"label": "full", "depth": "none", "arm": ""}, {"label": "one", "depth": 1, "arm": "b"},
+        {"label": "two", "depth": 2, "arm": ""}],
+        compare=[["two", "one", "deeper?"], ["one", "two", "the other way"]])
+    records = []
+    for depth, arm in ((None, ""), (1, "b"), (2, "")):
+        records += [tuning_record(depth, arm, lr, s) for lr, s in [(0.0003, 0.4), (0.001, 0.5), (0.003, 0.45)]]
+    for depth, arm, scores in ((None, "", (0.70, 0.74, 0.72)), (1, "b", (0.63, 0.69, 0.66)), (2, "", (0.60, 0.70, 0.62))):
+        records += [_reporting(depth, arm, 0.001, seed, x) for seed, x in zip((1, 2, 3), scores)]
+    pairs = [(a, b) for a, b, _ in recipe.compare]
+    tests = [t for t in A.versus(recipe, records, tmp_path, {}, pairs=pairs) if t["metric"] == "overall"]
+    assert [(t["label"], t["vs"]) for t in tests] == pairs
+    diffs = [0.60 - 0.63, 0.70 - 0.69, 0.62 - 0.66]  # two minus one, seed by seed
+    assert tests[0]["diff"] == pytest.approx(np.mean(diffs)) and tests[1]["diff"] == pytest.approx(-np.mean(diffs))
+    p = sps.ttest_1samp(diffs, 0).pvalue
+    assert tests[0]["t_p"] == pytest.approx(p) and tests[0]["t_p_holm"] == pytest.approx(min(1, 2 * p))  # two pairs
+    default = [t for t in A.versus(recipe, records, tmp_path, {}) if t["metric"] == "overall"]
+    assert [(t["label"], t["vs"]) for t in default] == [("one", "full"), ("two", "full")]  # without pairs: vs full
+    lines = compare_lines(recipe.compare, [t for t in A.versus(recipe, records, tmp_path, {}, pairs=pairs)])
+    assert "1. deeper? (two against one)" in lines and "2. the other way (one against two)" in lines
+    assert [line.split(" | ")[1] for line in lines if line.startswith("| 2 |")] == ["sst_acc", "para_acc",
+                                                                                   "sts_pearson", "overall"]
 
 
 def test_a_table_recipe_gets_its_figure(tmp_path):

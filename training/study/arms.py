@@ -165,18 +165,20 @@ def read_predictions(results: Path, record: dict) -> dict[str, np.ndarray]:
 
 
 def versus(recipe, records: list[dict], results: Path, dev_labels: dict[str, np.ndarray], reference: str | None = None,
-           reps: int = 2000, seed: int = 0) -> list[dict]:
-    """Every point against the reference (or the point its "vs" names), per metric: the paired difference
-    over the seeds both have (mean, t interval, paired t p), the bootstrap over dev examples (each resample
-    scores every run of both on the same examples; the difference of their means over seeds: its 95%
-    interval and p), the ratio of their spreads over the seeds (`spread_ratio`), and Holm's adjustment of
-    each p over the points (one family per metric and test)."""
+           reps: int = 2000, seed: int = 0, pairs: list[tuple[str, str]] | None = None) -> list[dict]:
+    """Each pair (point, against) per metric, by default every point against the reference (or the point
+    its "vs" names): the paired difference over the seeds both have (mean, t interval, paired t p), the
+    bootstrap over dev examples (each resample scores every run of both on the same examples; the
+    difference of their means over seeds: its 95% interval and p), the ratio of their spreads over the
+    seeds (`spread_ratio`), and Holm's adjustment of each p over the pairs (the pairs are one family, per
+    metric and test)."""
     protocol = Protocol(recipe, records)
     reference = reference or recipe.points[0]["label"]
+    if pairs is None:
+        pairs = [(p["label"], p.get("vs", reference)) for p in recipe.points]
     out = []
-    for point in recipe.points:
-        ref_runs = protocol.reporting(point.get("vs", reference))
-        runs = protocol.reporting(point["label"])
+    for label, against in pairs:
+        ref_runs, runs = protocol.reporting(against), protocol.reporting(label)
         seeds = sorted(s for s in runs if s in ref_runs)
         if not seeds or all(runs[s] is ref_runs[s] for s in seeds):  # the reference, or its very runs (same rate)
             continue
@@ -184,9 +186,8 @@ def versus(recipe, records: list[dict], results: Path, dev_labels: dict[str, np.
         for metric in METRICS:
             a = [ref_runs[s]["dev"][metric] for s in seeds]
             b = [runs[s]["dev"][metric] for s in seeds]
-            tests = paired_tests(a, b)
             diffs = [y - x for x, y in zip(a, b)]
-            row = {"label": point["label"], "vs": point.get("vs", reference), "metric": metric, "seeds": seeds, **tests,
+            row = {"label": label, "vs": against, "metric": metric, "seeds": seeds, **paired_tests(a, b),
                    "ci": t_interval(diffs)}
             if metric in boot:
                 row |= {"boot_ci": interval(boot[metric], LEVEL), "boot_p": bootstrap_p(boot[metric])}

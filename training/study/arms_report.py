@@ -129,12 +129,27 @@ def versus_lines(tests: list[dict], reference: str) -> list[str]:
              "both scored on the same resampled dev examples; Holm: adjusted over the points, per metric and test.", "",
              "| point | against | metric | seeds | difference [95% t CI] | t p | Holm | bootstrap 95% CI | bootstrap p "
              "| Holm |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for t in tests:
-        lines.append(f"| {t['label']} | {t['vs']} | {t['metric']} | {len(t['seeds'])} | {_f(t['diff'], sign=True)} "
-                     f"{_ci(t['ci'], sign=True)} | {_p(t['t_p'])} | {_p(t['t_p_holm'])} | "
-                     f"{_ci(t.get('boot_ci', (math.nan, math.nan)), sign=True)} | {_p(t.get('boot_p', math.nan))} "
-                     f"| {_p(t.get('boot_p_holm', math.nan))} |")
-    return lines
+    return lines + [f"| {t['label']} | {t['vs']} | {_test_cells(t)} |" for t in tests]
+
+
+def _test_cells(t: dict) -> str:
+    """metric | seeds | difference [CI] | t p | Holm | bootstrap CI | bootstrap p | Holm, of one versus() row."""
+    return (f"{t['metric']} | {len(t['seeds'])} | {_f(t['diff'], sign=True)} {_ci(t['ci'], sign=True)} | {_p(t['t_p'])} "
+            f"| {_p(t['t_p_holm'])} | {_ci(t.get('boot_ci', (math.nan, math.nan)), sign=True)} "
+            f"| {_p(t.get('boot_p', math.nan))} | {_p(t.get('boot_p_holm', math.nan))}")
+
+
+def compare_lines(compare: list[list[str]], tests: list[dict]) -> list[str]:
+    """The recipe's own pairs (a confound against the point it isolates, a matched budget, a twin): the
+    questions numbered, then each pair's differences, Holm over these pairs as their own family."""
+    lines = ["The pairs the recipe names, each a question of its own: the first point minus the second, paired "
+             "by seed, as above; Holm over these pairs (a family apart from the points against full fine-tuning), "
+             "per metric and test. A pair waits until both points have reporting runs.", ""]
+    lines += [f"{i}. {question} ({label} against {against})" for i, (label, against, question) in enumerate(compare, 1)]
+    lines += ["", "| # | metric | seeds | difference [95% t CI] | t p | Holm | bootstrap 95% CI | bootstrap p | Holm |",
+              "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    number = {(label, against): i for i, (label, against, _) in enumerate(compare, 1)}
+    return lines + [f"| {number[t['label'], t['vs']]} | {_test_cells(t)} |" for t in tests]
 
 
 def spread_lines(tests: list[dict], rows: list[dict], reference: str) -> list[str]:
@@ -206,6 +221,10 @@ def arms_markdown(recipe, results: Path, data_dir: str | None = None) -> tuple[s
     if records:
         lines += ["", f"## Against {reference}", ""] + versus_lines(tests, reference)
         lines += ["", "## Spread over seeds", ""] + spread_lines(tests, rows, reference)
+        if recipe.compare:
+            pairs = [(label, against) for label, against, _ in recipe.compare]
+            lines += ["", "## The questions the pairs ask", ""]
+            lines += compare_lines(recipe.compare, versus(recipe, records, results, labels, reference, pairs=pairs))
         if baselines and baselines.get("unseen"):
             lines += ["", "## Dev examples with word pieces training never saw", ""]
             lines += unseen_lines(split_scores(recipe, records, results, labels, baselines["unseen"], reference),

@@ -14,7 +14,9 @@ per depth, cost arms, a table's rows). recipes/ holds the freezing study's three
 
 An "arms" recipe (the clean protocol: a tuning split, tuning seeds apart from the reporting seeds, every
 point's rate tuned) lists "points" instead of depths x arms, with "tuning_split" and "lr_grid":
-training/study/protocol.py says how its runs are planned.
+training/study/protocol.py says how its runs are planned. Its "compare": [[point, against, the question]]
+names the pairs a confound or a matched budget asks about, beyond each point against full fine-tuning
+(reported as a family of their own).
 
 Where a study writes: `--out DIR` (results.jsonl there, shared by recipes of the same settings, and the
 report in DIR/<report>, "report" being a folder name, by default the recipe file's name); a recipe's
@@ -281,6 +283,10 @@ def _arms_problem(raw: dict) -> str | None:
     chained = [p["label"] for p in points if "lr_of" in p and "lr_of" in points[labels.index(p["lr_of"])]]
     if chained:
         return f"points: {chained[0]!r} takes its rate from a point that takes its own from another (lr_of)"
+    for pair in raw.get("compare", []):
+        if not (isinstance(pair, list) and len(pair) == 3 and _list_of(pair, str) and pair[0] != pair[1]
+                and set(pair[:2]) <= set(labels)):
+            return f"compare: {pair!r} must be [a point's label, another point's label, the question it asks]"
     return None
 
 
