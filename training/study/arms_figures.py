@@ -125,10 +125,15 @@ def depth_position(depth: int | None) -> int:
     return -1 if depth is None else max(depth, 0)
 
 
+def plain_labels(recipe) -> set[str]:
+    """The plain depth points: no arm (the confounds, the twins and the parameter-efficient methods are
+    points of their own) and no rate borrowed."""
+    return {p["label"] for p in recipe.points if p.get("arm", "") == "" and "lr_of" not in p}
+
+
 def depth_rows(recipe, rows: list[dict], metric: str) -> list[tuple[int, dict]]:
-    """(axis position, row) of the plain depth points for one metric, by depth: no arm (the confounds, the
-    twins and the parameter-efficient methods are points of their own) and no rate borrowed."""
-    plain = {p["label"] for p in recipe.points if p.get("arm", "") == "" and "lr_of" not in p}
+    """(axis position, row) of the plain depth points for one metric, by depth."""
+    plain = plain_labels(recipe)
     return sorted((depth_position(r["depth"]), r) for r in rows if r["metric"] == metric and r["label"] in plain)
 
 
@@ -215,20 +220,33 @@ def mean_curve(curves: list[list]) -> list[tuple[int, float]]:
 
 
 def curves_figure(plt, recipe, records: list[dict], path: Path) -> Path:
-    protocol = Protocol(recipe, records)
-    fig, ax = plt.subplots(figsize=(PANEL[0] * 1.6, PANEL[1] * 1.3), dpi=DPI)
-    for j, point in enumerate(recipe.points):
-        curves = [run["tune_curve"] for run in protocol.reporting(point["label"]).values() if run.get("tune_curve")]
-        if not curves:
-            continue
-        for c in curves:  # each seed, thin: early stopping ends them at different evaluations
-            ax.plot(range(1, len(c) + 1), [e[2] for e in c], color=f"C{j % 10}", alpha=0.3, linewidth=0.8)
-        ax.plot(*zip(*mean_curve(curves)), marker="o", color=f"C{j % 10}", label=point["label"])
-    ax.set_xlabel("evaluation (epoch)")
-    ax.set_ylabel("tuning-split overall (seeds thin; mean of the seeds still training)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize="x-small")
-    ax.set_title("Learning curves")
+    """Two panels, so that 18 points stay legible: the plain depth points, and the other points beside full
+    fine-tuning's mean (dashed); a point keeps its colour (tab20's dark hues, then its light ones: ten
+    colours would repeat)."""
+    protocol, plain, tab20 = Protocol(recipe, records), plain_labels(recipe), plt.get_cmap("tab20")
+    colour = lambda j: tab20((2 * j) % 20 + (j // 10) % 2)  # noqa: E731
+    reference = recipe.points[0]["label"]
+    fig, axes = plt.subplots(1, 2, figsize=(PANEL[0] * 2.6, PANEL[1] * 1.3), dpi=DPI, sharey=True)
+    panels = [(axes[0], "The depth points", lambda label: label in plain),
+              (axes[1], f"The other points ({reference} dashed)", lambda label: label not in plain)]
+    for ax, title, shows in panels:
+        for j, point in enumerate(recipe.points):
+            curves = [run["tune_curve"] for run in protocol.reporting(point["label"]).values() if run.get("tune_curve")]
+            ours, theirs = shows(point["label"]), point["label"] == reference and ax is axes[1]
+            if not curves or not (ours or theirs):
+                continue
+            if ours:
+                for c in curves:  # each seed, thin: early stopping ends them at different evaluations
+                    ax.plot(range(1, len(c) + 1), [e[2] for e in c], color=colour(j), alpha=0.3, linewidth=0.8)
+            ax.plot(*zip(*mean_curve(curves)), marker="o" if ours else None, linestyle="-" if ours else "--",
+                    color=colour(j), label=point["label"])
+        ax.set_xlabel("evaluation (epoch)")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize="x-small")
+    axes[0].set_ylabel("tuning-split overall (seeds thin; mean of the seeds still training)")
+    fig.suptitle("Learning curves")
     fig.tight_layout()
     return _save(fig, plt, path)
 
