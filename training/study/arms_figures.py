@@ -169,8 +169,9 @@ def depth_figure(plt, recipe, rows: list[dict], baselines: dict | None, path: Pa
 def front_figure(plt, recipe, records: list[dict], rows: list[dict], path: Path, costs: list[dict] | None = None
                  ) -> Path:
     protocol, modelled, placed = Protocol(recipe, records), {c["label"]: c for c in costs or []}, []
+    colour, index = point_colours(plt), {p["label"]: j for j, p in enumerate(recipe.points)}
     fig, ax = plt.subplots(figsize=(PANEL[0] * 1.6, PANEL[1] * 1.3), dpi=DPI)
-    for j, r in enumerate(rows):
+    for r in rows:
         lo, hi = r["ci"]
         err = [[r["mean"] - lo], [hi - r["mean"]]] if not math.isnan(lo) else None
         if modelled:
@@ -184,7 +185,8 @@ def front_figure(plt, recipe, records: list[dict], rows: list[dict], path: Path,
             if not seconds:
                 continue
             x, xerr = float(np.median(seconds)), None
-        ax.errorbar([x], [r["mean"]], xerr=xerr, yerr=err, marker="o", capsize=3, color=f"C{j % 10}", label=r["label"])
+        ax.errorbar([x], [r["mean"]], xerr=xerr, yerr=err, marker="o", capsize=3, color=colour(index[r["label"]]),
+                    label=r["label"])
         placed.append((x, r["mean"]))
     front = pareto_front(placed)
     if len(front) > 1:
@@ -201,6 +203,13 @@ def front_figure(plt, recipe, records: list[dict], rows: list[dict], path: Path,
     ax.set_title("Quality against cost")
     fig.tight_layout()
     return _save(fig, plt, path)
+
+
+def point_colours(plt):
+    """The j-th point's colour: tab20's ten dark hues, then its ten light ones (matplotlib's ten default
+    colours would repeat over a recipe's 18 points)."""
+    tab20 = plt.get_cmap("tab20")
+    return lambda j: tab20((2 * j) % 20 + (j // 10) % 2)
 
 
 def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -221,10 +230,9 @@ def mean_curve(curves: list[list]) -> list[tuple[int, float]]:
 
 def curves_figure(plt, recipe, records: list[dict], path: Path) -> Path:
     """Two panels, so that 18 points stay legible: the plain depth points, and the other points beside full
-    fine-tuning's mean (dashed); a point keeps its colour (tab20's dark hues, then its light ones: ten
-    colours would repeat)."""
-    protocol, plain, tab20 = Protocol(recipe, records), plain_labels(recipe), plt.get_cmap("tab20")
-    colour = lambda j: tab20((2 * j) % 20 + (j // 10) % 2)  # noqa: E731
+    fine-tuning's mean (dashed); a point keeps its colour."""
+    protocol, plain = Protocol(recipe, records), plain_labels(recipe)
+    colour = point_colours(plt)
     reference = recipe.points[0]["label"]
     fig, axes = plt.subplots(1, 2, figsize=(PANEL[0] * 2.6, PANEL[1] * 1.3), dpi=DPI, sharey=True)
     panels = [(axes[0], "The depth points", lambda label: label in plain),
