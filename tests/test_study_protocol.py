@@ -514,6 +514,26 @@ def test_the_recipes_pairs_are_a_family_of_their_own(tmp_path):
                                                                                    "sts_pearson", "overall"]
 
 
+def test_the_report_says_what_each_points_heads_are(tmp_path):
+    from training.study.arms_report import heads_description, heads_lines
+
+    cross = {"pooling": "mean", "pair_encoding": "cross", "siamese_init": "random"}
+    siamese = {"pooling": "cls", "pair_encoding": "siamese", "siamese_init": "identity"}
+    assert "mean of the last layer" in heads_description(cross) and "STS 5 sigmoid(linear)" in heads_description(cross)
+    assert ("pooler on [CLS]" in heads_description(siamese) and "starting as the identity" in heads_description(siamese)
+            and "5 max(0, cosine)" in heads_description(siamese))
+    recipe = loaded(tmp_path, points=[{"label": "full", "depth": "none", "arm": ""},
+                                      {"label": "one", "depth": 1, "arm": "b"}])
+    records = []
+    for depth, arm in ((None, ""), (1, "b")):
+        records += [tuning_record(depth, arm, lr, s) for lr, s in [(0.0003, 0.4), (0.001, 0.5), (0.003, 0.45)]]
+    records += [_reporting(None, "", 0.001, 1, 0.7) | {"settings": cross}]
+    assert heads_lines(recipe, records) == [f"Heads of every point: {heads_description(cross)}."]
+    records += [_reporting(1, "b", 0.001, 1, 0.6) | {"settings": siamese}]
+    assert heads_lines(recipe, records) == [f"Heads: {heads_description(cross)} (full).",
+                                            f"Heads: {heads_description(siamese)} (one)."]
+
+
 def test_a_table_recipe_gets_its_figure(tmp_path):
     from training.study.figures import table_figures
     raw = json.loads((Path(C.__file__).parent / "recipes" / "seed-report.json").read_text())

@@ -101,6 +101,30 @@ def tuning_lines(recipe, records: list[dict]) -> list[str]:
     return lines
 
 
+def heads_description(settings: dict) -> str:
+    """What a run's heads read and compute, from its settings (heads/tasks.py says the same at length)."""
+    y = "the mean of the last layer's states" if settings.get("pooling") == "mean" else "BERT's pooler on [CLS]"
+    if settings.get("pair_encoding") == "siamese":
+        start = "the identity" if settings.get("siamese_init") == "identity" else "random"
+        pairs = (f"each sentence encoded alone, y1 and y2 projected by W_i (starting as {start}): Quora the dot "
+                 "product of the projections, STS 5 max(0, cosine)")
+    else:
+        pairs = "both sentences in one sequence: Quora a linear logit, STS 5 sigmoid(linear), a regressor"
+    return f"y = {y}; SST a two-layer MLP on y; {pairs}"
+
+
+def heads_lines(recipe, records: list[dict]) -> list[str]:
+    """Which heads each point's runs have: one line per distinct kind, naming its points."""
+    protocol, kinds = Protocol(recipe, records), {}
+    for point in recipe.points:
+        runs = list(protocol.reporting(point["label"]).values())
+        if runs:
+            kinds.setdefault(heads_description(runs[0]["settings"]), []).append(point["label"])
+    if len(kinds) == 1:
+        return [f"Heads of every point: {next(iter(kinds))}."]
+    return [f"Heads: {kind} ({'; '.join(labels)})." for kind, labels in kinds.items()]
+
+
 def _lr(lr) -> str:
     return "pending" if lr is None else f"{lr:g}"
 
@@ -202,7 +226,8 @@ def arms_markdown(recipe, results: Path, data_dir: str | None = None) -> tuple[s
               "Mean over the reporting seeds with its 95% t interval; normalised: (score - trivial) / (full - "
               "trivial), per seed against the full fine-tuning run of the same seed, then averaged; Lee ratio: "
               "score / full, likewise; kept epochs: each seed's kept evaluation (0-based), and how many runs kept "
-              "their last one (those may have stopped still learning).", ""] + results_lines(rows)
+              "their last one (those may have stopped still learning).", ""] + heads_lines(recipe, records)
+    lines += [""] + results_lines(rows)
     due = twins_due(recipe, rows)
     lines += ["", "Convergence rule (a point most of whose reporting runs kept their last evaluation gets a twin "
               "trained for longer, tuned the same way): " + (f"due and not yet in the recipe for {'; '.join(due)}."
