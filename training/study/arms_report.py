@@ -214,12 +214,43 @@ def unseen_lines(rows: list[dict], reference: str) -> list[str]:
     return lines
 
 
+def summary_lines(rows: list[dict], tests: list[dict], costs: list[dict], baselines: dict | None,
+                  reference: str) -> list[str]:
+    """One line per point with reporting runs: what trains, dev overall, its difference from the reference
+    (Holm-adjusted paired t p), and its end-to-end speed-up; the trivial predictor's score last."""
+    versus_ref = {t["label"]: t for t in tests if t["metric"] == "overall" and t["vs"] == reference}
+    speedup = {c["label"]: c["speedup"] for c in costs}
+    lines = [f"| point | trainable | dev overall [95% CI] | against {reference} [95% CI] (Holm p) | normalised "
+             "| end-to-end speed-up |", "|---|---:|---:|---:|---:|---:|"]
+    for r in (r for r in rows if r["metric"] == "overall"):
+        t = versus_ref.get(r["label"])
+        against = f"{_f(t['diff'], sign=True)} {_ci(t['ci'], sign=True)} ({_p(t['t_p_holm'])})" if t else "-"
+        share = f"{r['trainable_params'] / r['total_params']:.1%}" if r.get("trainable_params") else "-"
+        lines.append(f"| {r['label']} | {share} | {_f(r['mean'])} {_ci(r['ci'])} | {against} "
+                     f"| {_f(r['normalised'], 3)} | {_speedup(speedup.get(r['label']))} |")
+    trivial = (baselines or {}).get("trivial", {}).get("overall")
+    if trivial is not None:
+        lines.append(f"| trivial predictor (majority class, constant) | 0 | {_f(trivial)} | | 0 | |")
+    return lines
+
+
+def _speedup(x) -> str:
+    return "-" if x is None else f"{x:.2f}x"
+
+
 def arms_markdown(recipe, results: Path, data_dir: str | None = None) -> tuple[str, list[dict], list[dict]]:
     records = read_results(Path(results) / RESULTS)
     baselines = read_baselines(results)
     reference = recipe.points[0]["label"]
     rows = point_rows(recipe, records, baselines, reference)
+    labels = dev_labels(records, recipe.tasks, results, data_dir) if records else None
+    tests = versus(recipe, records, results, labels, reference) if records else []
+    measurements = read_cost(results)
+    costs = cost_rows(recipe, records, measurements, reference)
     lines = [f"# {recipe.title}", "", recipe.about, ""] + protocol_lines(recipe, records)
+    lines += ["", "## Summary", "", "Each point's mean over its reporting seeds; the sections below give the "
+              "rest (per task, spread, the bootstrap over dev examples, cost to a share of the score).", ""]
+    lines += summary_lines(rows, tests, costs, baselines, reference)
     lines += ["", "## Baselines (dev)", ""] + baseline_lines(baselines)
     lines += ["", "## Tuning (the tuning split; tuning seeds only)", ""] + tuning_lines(recipe, records)
     lines += ["", "## Dev scores of the reporting seeds", "",
@@ -232,29 +263,28 @@ def arms_markdown(recipe, results: Path, data_dir: str | None = None) -> tuple[s
     lines += ["", "Convergence rule (a point most of whose reporting runs kept their last evaluation gets a twin "
               "trained for longer, tuned the same way): " + (f"due and not yet in the recipe for {'; '.join(due)}."
                                                              if due else "no twin is due.")]
-    tests, labels = [], None
-    if records:
-        labels = dev_labels(records, recipe.tasks, results, data_dir)
-        tests = versus(recipe, records, results, labels, reference)
-    measurements = read_cost(results)
-    costs = cost_rows(recipe, records, measurements, reference)
     if costs:
         n_train = next(iter(Protocol(recipe, records).reporting(reference).values()))["n_train"]
         scale = scale_line(recipe, measurements, reference, n_train)
         quality = {t["label"]: t for t in tests if t["metric"] == "overall" and t["vs"] == reference}
         lines += ["", "## Cost", ""] + cost_lines(costs, measurements, reference, scale, quality)
     if records:
-        lines += ["", f"## Against {reference}", ""] + versus_lines(tests, reference)
-        lines += ["", "## Spread over seeds", ""] + spread_lines(tests, rows, reference)
-        if recipe.compare:
-            pairs = [(label, against) for label, against, _ in recipe.compare]
-            lines += ["", "## The questions the pairs ask", ""]
-            lines += compare_lines(recipe.compare, versus(recipe, records, results, labels, reference, pairs=pairs))
-        if baselines and baselines.get("unseen"):
-            lines += ["", "## Dev examples with word pieces training never saw", ""]
-            lines += unseen_lines(split_scores(recipe, records, results, labels, baselines["unseen"], reference),
-                                  reference)
+        lines += comparison_sections(recipe, records, results, labels, baselines, rows, tests, reference)
     return "\n".join(lines) + "\n", rows, costs
+
+
+def comparison_sections(recipe, records, results, labels, baselines, rows, tests, reference) -> list[str]:
+    """Against the reference, the spread over seeds, the recipe's pairs, the unseen-piece split."""
+    lines = ["", f"## Against {reference}", ""] + versus_lines(tests, reference)
+    lines += ["", "## Spread over seeds", ""] + spread_lines(tests, rows, reference)
+    if recipe.compare:
+        pairs = [(label, against) for label, against, _ in recipe.compare]
+        lines += ["", "## The questions the pairs ask", ""]
+        lines += compare_lines(recipe.compare, versus(recipe, records, results, labels, reference, pairs=pairs))
+    if baselines and baselines.get("unseen"):
+        lines += ["", "## Dev examples with word pieces training never saw", ""]
+        lines += unseen_lines(split_scores(recipe, records, results, labels, baselines["unseen"], reference), reference)
+    return lines
 
 
 CSV_COLUMNS = ["point", "depth", "arm", "lr", "metric", "seeds", "mean", "ci_low", "ci_high", "sd", "sd_ci_low",
