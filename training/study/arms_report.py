@@ -216,21 +216,21 @@ def unseen_lines(rows: list[dict], reference: str) -> list[str]:
 
 def summary_lines(rows: list[dict], tests: list[dict], costs: list[dict], baselines: dict | None,
                   reference: str) -> list[str]:
-    """One line per point with reporting runs: what trains, dev overall, its difference from the reference
+    """One line per point with reporting runs: what trains, its seeds, dev overall, its difference from the reference
     (Holm-adjusted paired t p), and its end-to-end speed-up; the trivial predictor's score last."""
     versus_ref = {t["label"]: t for t in tests if t["metric"] == "overall" and t["vs"] == reference}
     speedup = {c["label"]: c["speedup"] for c in costs}
-    lines = [f"| point | trainable | dev overall [95% CI] | against {reference} [95% CI] (Holm p) | normalised "
-             "| end-to-end speed-up |", "|---|---:|---:|---:|---:|---:|"]
+    lines = [f"| point | trainable | seeds | dev overall [95% CI] | against {reference} [95% CI] (Holm p) "
+             "| normalised | end-to-end speed-up |", "|---|---:|---:|---:|---:|---:|---:|"]
     for r in (r for r in rows if r["metric"] == "overall"):
         t = versus_ref.get(r["label"])
         against = f"{_f(t['diff'], sign=True)} {_ci(t['ci'], sign=True)} ({_p(t['t_p_holm'])})" if t else "-"
         share = f"{r['trainable_params'] / r['total_params']:.1%}" if r.get("trainable_params") else "-"
-        lines.append(f"| {r['label']} | {share} | {_f(r['mean'])} {_ci(r['ci'])} | {against} "
+        lines.append(f"| {r['label']} | {share} | {len(r['values'])} | {_f(r['mean'])} {_ci(r['ci'])} | {against} "
                      f"| {_f(r['normalised'], 3)} | {_speedup(speedup.get(r['label']))} |")
     trivial = (baselines or {}).get("trivial", {}).get("overall")
     if trivial is not None:
-        lines.append(f"| trivial predictor (majority class, constant) | 0 | {_f(trivial)} | | 0 | |")
+        lines.append(f"| trivial predictor (majority class, constant) | 0 | | {_f(trivial)} | | 0 | |")
     return lines
 
 
