@@ -134,6 +134,25 @@ def train_step(model, opt, batch, device) -> float:
     return time.perf_counter() - t0
 
 
+def time_interleaved(runs: dict, batch: dict, dev: torch.device, args) -> tuple[dict, dict]:
+    """Seconds per step of each implementation, their steps alternated (A B, B A, ...: no order bias), and
+    on CUDA each one's peak memory added by a step."""
+    times, peak_mem = {name: [] for name in runs}, dict.fromkeys(runs, 0)
+    torch.manual_seed(args.seed)
+    for i in range(args.warmup + args.steps):
+        for name in (list(runs) if i % 2 == 0 else list(runs)[::-1]):
+            model, opt, _, _ = runs[name]
+            if dev.type == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+                before = torch.cuda.memory_allocated()
+            t = train_step(model, opt, batch, dev)
+            if i >= args.warmup:
+                times[name].append(t)
+                if dev.type == "cuda":
+                    peak_mem[name] = max(peak_mem[name], torch.cuda.max_memory_allocated() - before)
+    return times, peak_mem
+
+
 def main(argv=None):
     args = parse_args(argv)
     from transformers import BertModel  # the reference; benchmark-only dependency
@@ -159,21 +178,7 @@ def main(argv=None):
 
     runs = {"minbert": (ours, *make_optimizer(ours, dev), ours_attn),
             "transformers": (ref, *make_optimizer(ref, dev), args.ref_attn)}
-    times = {name: [] for name in runs}
-    peak_mem = dict.fromkeys(runs, 0)
-    torch.manual_seed(args.seed)
-    for i in range(args.warmup + args.steps):
-        order = list(runs) if i % 2 == 0 else list(runs)[::-1]  # A B, B A, ...: no order bias
-        for name in order:
-            model, opt, _, _ = runs[name]
-            if dev.type == "cuda":
-                torch.cuda.reset_peak_memory_stats()
-                before = torch.cuda.memory_allocated()
-            t = train_step(model, opt, batch, dev)
-            if i >= args.warmup:
-                times[name].append(t)
-                if dev.type == "cuda":
-                    peak_mem[name] = max(peak_mem[name], torch.cuda.max_memory_allocated() - before)
+    times, peak_mem = time_interleaved(runs, batch, dev, args)
 
     cfg = ours.config
     print(f"# {datetime.datetime.now():%Y-%m-%d %H:%M}  torch {torch.__version__}  threads {torch.get_num_threads()}"
