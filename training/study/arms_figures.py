@@ -27,8 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from training.study.figures import DPI, PANEL, _save, pyplot
-from training.study.protocol import Protocol, tune_score
-from training.sweep.records import RunKey
+from training.study.protocol import Protocol
 
 
 def arms_figures(recipe, records: list[dict], rows: list[dict], baselines: dict | None, out: Path,
@@ -95,13 +94,22 @@ def size_depth_figure(plt, sizes: list, depths: list, grid: np.ndarray, path: Pa
     return _save(fig, plt, path)
 
 
+def mean_error(row: dict) -> list | None:
+    """A row's 95% interval as errorbar's yerr (below and above its mean); None where it has none (one seed)."""
+    lo, hi = row["ci"]
+    return None if math.isnan(lo) else [[row["mean"] - lo], [hi - row["mean"]]]
+
+
+def seeds_and_mean(ax, row: dict, x_seeds: float, x_mean: float, size: int, capsize: int) -> None:
+    """Each reporting seed's value (grey dots) at x_seeds, and the mean with its interval at x_mean."""
+    ax.scatter([x_seeds] * len(row["values"]), list(row["values"].values()), color="grey", s=size, zorder=2)
+    ax.errorbar([x_mean], [row["mean"]], yerr=mean_error(row), marker="o", color="C0", capsize=capsize, zorder=3)
+
+
 def quality_figure(plt, rows: list[dict], baselines: dict | None, path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(PANEL[0] * 2, PANEL[1] * 1.2), dpi=DPI)
     for i, r in enumerate(rows):
-        ax.scatter([i] * len(r["values"]), list(r["values"].values()), color="grey", s=12, zorder=2)
-        lo, hi = r["ci"]
-        err = [[r["mean"] - lo], [hi - r["mean"]]] if not math.isnan(lo) else None
-        ax.errorbar([i + 0.15], [r["mean"]], yerr=err, marker="o", color="C0", capsize=4, zorder=3)
+        seeds_and_mean(ax, r, i, i + 0.15, size=12, capsize=4)
     if baselines:
         ax.axhline(baselines["trivial"]["overall"], color="C3", linestyle="--", linewidth=1,
                    label="trivial predictor (majority class, constant)")
@@ -143,10 +151,7 @@ def depth_figure(plt, recipe, rows: list[dict], baselines: dict | None, path: Pa
     for ax, (metric, title, zero_key) in zip(axes, DEPTH_PANELS):
         placed = depth_rows(recipe, rows, metric)
         for x, r in placed:
-            ax.scatter([x - 0.12] * len(r["values"]), list(r["values"].values()), color="grey", s=10, zorder=2)
-            lo, hi = r["ci"]
-            err = [[r["mean"] - lo], [hi - r["mean"]]] if not math.isnan(lo) else None
-            ax.errorbar([x + 0.12], [r["mean"]], yerr=err, marker="o", color="C0", capsize=3, zorder=3)
+            seeds_and_mean(ax, r, x - 0.12, x + 0.12, size=10, capsize=3)
         if placed and placed[0][0] == -1:
             ax.axhline(placed[0][1]["mean"], color="C0", linestyle=":", linewidth=1, label="full fine-tuning")
         if metric in trivial:
@@ -172,8 +177,7 @@ def front_figure(plt, recipe, records: list[dict], rows: list[dict], path: Path,
     colour, index = point_colours(plt), {p["label"]: j for j, p in enumerate(recipe.points)}
     fig, ax = plt.subplots(figsize=(PANEL[0] * 1.6, PANEL[1] * 1.3), dpi=DPI)
     for r in rows:
-        lo, hi = r["ci"]
-        err = [[r["mean"] - lo], [hi - r["mean"]]] if not math.isnan(lo) else None
+        err = mean_error(r)
         if modelled:
             if r["label"] not in modelled:
                 continue
@@ -263,15 +267,10 @@ def tuning_grid(recipe, records: list[dict]) -> tuple[list[str], list[float], np
     """(point labels, every rate any point tried ascending, tuning-split score[point, rate], each point's
     chosen rate or None): the points that tune (not those that borrow a rate), with at least one rate's
     tuning runs all in; nan where a point did not try a rate or its runs are missing."""
-    protocol, runs = Protocol(recipe, records), {RunKey.of(r): r for r in records}
-    scored = {}
+    protocol, scored = Protocol(recipe, records), {}
     for point in (p for p in recipe.points if "lr_of" not in p):
         lrs, best = protocol.tried(point)
-        cells = {}
-        for lr in lrs:
-            got = [runs.get(protocol.key(point, s, lr)) for s in recipe.lr_grid["tuning_seeds"]]
-            if all(got):
-                cells[lr] = float(np.mean([tune_score(r) for r in got]))
+        cells = {lr: score for lr in lrs if (score := protocol.score(point, lr)) is not None}
         if cells:
             scored[point["label"]] = (cells, best)
     rates = sorted({lr for cells, _ in scored.values() for lr in cells})

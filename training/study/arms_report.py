@@ -12,8 +12,8 @@ from data.loaders import COURSE_FILES, load_task_file
 from training.study.arms import METRICS, point_rows, split_scores, twins_due, versus
 from training.study.arms_cost import cost_lines, cost_rows, read_cost, scale_line
 from training.study.baselines import labels_digest, read_baselines
-from training.study.protocol import Protocol, tune_score
-from training.sweep.records import RESULTS, RunKey, read_results
+from training.study.protocol import Protocol
+from training.sweep.records import RESULTS, read_results
 
 
 def _f(x, digits: int = 4, sign: bool = False) -> str:
@@ -84,18 +84,14 @@ def baseline_lines(baselines: dict | None) -> list[str]:
 
 
 def tuning_lines(recipe, records: list[dict]) -> list[str]:
-    protocol, runs = Protocol(recipe, records), {RunKey.of(r): r for r in records}
+    protocol = Protocol(recipe, records)
     lines = ["| point | rates tried: tuning-split overall (mean over tuning seeds) | chosen |", "|---|---|---|"]
     for point in recipe.points:
         if "lr_of" in point:
             lines.append(f"| {point['label']} | (the rate of {point['lr_of']}) | {_lr(protocol.chosen(point['label']))} |")
             continue
         lrs, best = protocol.tried(point)
-        cells = []
-        for lr in lrs:
-            got = [runs.get(protocol.key(point, s, lr)) for s in recipe.lr_grid["tuning_seeds"]]
-            score = np.mean([tune_score(r) for r in got]) if all(got) else math.nan
-            cells.append(f"{lr:g}: {_f(score)}")
+        cells = [f"{lr:g}: {_f(protocol.score(point, lr))}" for lr in lrs]
         edge = " (edge: the ladder's limit)" if best is not None and best in (lrs[0], lrs[-1]) else ""
         lines.append(f"| {point['label']} | {'; '.join(cells)} | {_lr(best)}{edge} |")
     return lines

@@ -94,15 +94,17 @@ class Protocol:
             else:
                 return lrs, best
 
+    def score(self, point: dict, lr: float) -> float | None:
+        """The point's mean tuning-split score at a rate over the tuning seeds; None while a run is missing."""
+        runs = [self.runs.get(self.key(point, s, lr)) for s in self.grid["tuning_seeds"]]
+        if any(r is None for r in runs):
+            return None
+        return sum(tune_score(r) for r in runs) / len(runs)
+
     def scores(self, point: dict, lrs: list[float]) -> dict[float, float] | None:
         """lr -> the mean tuning-split score over the tuning seeds; None while a run is missing."""
-        out = {}
-        for lr in lrs:
-            runs = [self.runs.get(self.key(point, s, lr)) for s in self.grid["tuning_seeds"]]
-            if any(r is None for r in runs):
-                return None
-            out[lr] = sum(tune_score(r) for r in runs) / len(runs)
-        return out
+        out = {lr: self.score(point, lr) for lr in lrs}
+        return None if None in out.values() else out
 
     def chosen(self, label: str) -> float | None:
         """The point's rate for the reporting seeds: its own tuning's choice, or its lr_of point's."""
