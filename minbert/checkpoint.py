@@ -421,6 +421,20 @@ def save_hf(model: Bert, out_dir: str | os.PathLike, vocab_src: Path | None = No
     return out
 
 
+def fingerprint(state: dict[str, torch.Tensor], keys) -> str:
+    """A sha256 over the tensors `keys` of `state` (names, dtypes, shapes and bytes, in name order): what
+    an export of a model's trained part records of the pretrained tensors it leaves out, so that loading
+    it onto another base is refused rather than silently giving another model."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for key in sorted(keys):
+        t = state[key].detach().cpu().contiguous()
+        h.update(f"{key}:{t.dtype}:{tuple(t.shape)};".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
 def copy_tokenizer_files(src: Path, dst: Path) -> None:
     """The vocabulary and tokenizer settings of checkpoint `src`, copied into `dst`."""
     import shutil

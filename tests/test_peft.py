@@ -1,7 +1,8 @@
 """--peft (training/methods/peft.py, minbert/lora.py): LoRA against its formula and against the `peft` library on
 transformers' BERT, step 0 equal to the pretrained model, merged equal to unmerged, only the LoRA factors
 (or the biases), the pooler and the heads trained and in the optimiser, the pretrained weights untouched
-bit for bit, the merged export read by transformers, the frozen-prefix cache, the one-line refusals, and
+bit for bit, the merged export read by transformers, the export of the trained part alone (loaded
+onto its base, checked by fingerprint), the frozen-prefix cache, the one-line refusals, and
 the records (train.log, metrics.jsonl, the sweep, a study with PEFT arms)."""
 import json
 import math
@@ -330,6 +331,104 @@ def test_predictions_and_best_pt_of_a_lora_run(lora_run):
     assert any(".lora_A." in k for k in ckpt["model"]) and ckpt["config"]["peft"] == "lora:r=2"
     files = sorted(p.name for p in Path(lora_run.predictions_dir).glob("*-output.csv"))
     assert len(files) == 6
+
+
+# ----------------------------------------------------------------------------- the trained part alone
+
+def dev_outputs(model, data_dir) -> dict:
+    from data.loaders import COURSE_FILES, load_task_file
+    return {t: model.outputs(t, load_task_file(Path(data_dir) / COURSE_FILES[t]["dev"], t, labelled=True).examples)
+            for t in model.tasks}
+
+
+def export_trained_part(run_dir, out, capsys) -> dict:
+    from safetensors.torch import load_file
+
+    from training.export import main as export_main
+    assert export_main([str(run_dir), str(out), "--trained-only"]) == 0
+    capsys.readouterr()
+    assert not {"config.json", "model.safetensors"} & {p.name for p in out.iterdir()}
+    return load_file(str(out / "encoder-trained.safetensors"))
+
+
+def test_the_trained_part_of_a_lora_run_is_its_factors_and_reloads_to_the_same_outputs(lora_run, tmp_path, capsys):
+    from safetensors.torch import load_file
+
+    from training.api import load
+    from training.export import main as export_main
+    stored = export_trained_part(lora_run.out_dir, tmp_path / "part", capsys)
+    model = read_checkpoint(Path(lora_run.out_dir) / "best.pt")["model"]
+    # what LoRA trains in the encoder, by its rule: the factors and the pooler (cls pooling), nothing else
+    want = {k[len("encoder."):] for k in model if k.startswith("encoder.") and (".lora_" in k or ".pooler." in f".{k}")}
+    assert set(stored) == want and len(want) == 2 * 12 + 2  # 2 layers x (A, B) x (q, k, v, attn_out, ffn_in, ffn_out)
+    for k, v in stored.items():
+        assert torch.equal(v, model[f"encoder.{k}"]), k
+    original, part = load(lora_run.out_dir, device="cpu"), load(tmp_path / "part", device="cpu")
+    assert lora_modules(part.network)  # unmerged, as the run computed
+    want_out, got_out = dev_outputs(original, lora_run.data_dir), dev_outputs(part, lora_run.data_dir)
+    for task in want_out:
+        assert torch.equal(got_out[task], want_out[task]), task  # the same weights, the same arithmetic
+    # exported whole again, it is the run's own whole export, bit for bit
+    assert export_main([str(tmp_path / "part"), str(tmp_path / "again")]) == 0
+    assert export_main([lora_run.out_dir, str(tmp_path / "whole")]) == 0
+    again, whole = (load_file(str(tmp_path / d / "model.safetensors")) for d in ("again", "whole"))
+    assert again.keys() == whole.keys() and all(torch.equal(again[k], whole[k]) for k in whole)
+    part_bytes = (tmp_path / "part" / "encoder-trained.safetensors").stat().st_size
+    assert part_bytes < (tmp_path / "whole" / "model.safetensors").stat().st_size / 2
+    card = (tmp_path / "part" / "README.md").read_text()
+    assert f"those of `{lora_run.model}`" in card and "python -m training.export part part-whole" in card
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize("options, trained", [
+    (dict(peft="bitfit"), lambda k: k.endswith(".bias")),  # every bias, LayerNorm's beta included
+    (dict(freeze_upto=1), lambda k: k.startswith("layers.1.")),  # the layer above the frozen prefix
+])
+def test_the_trained_part_of_bitfit_and_of_a_frozen_prefix(tmp_path, capsys, options, trained):
+    from training.api import load
+    cfg, _ = tiny_runs.tiny_run(tmp_path, **options)
+    stored = export_trained_part(cfg.out_dir, tmp_path / "part", capsys)
+    keys = read_checkpoint(Path(cfg.out_dir) / "best.pt")["model"]
+    encoder = {k[len("encoder."):] for k in keys if k.startswith("encoder.")}
+    assert set(stored) == {k for k in encoder if trained(k) or k.startswith("pooler.")}
+    want, got = (dev_outputs(load(where, device="cpu"), cfg.data_dir) for where in (cfg.out_dir, tmp_path / "part"))
+    for task in want:
+        assert torch.equal(got[task], want[task]), task
+
+
+def test_the_trained_part_is_refused_onto_another_base_and_for_full_fine_tuning(lora_run, tmp_path, capsys):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from training.api import LoadError, load
+    from training.export import main as export_main
+    export_trained_part(lora_run.out_dir, tmp_path / "part", capsys)
+    other = tmp_path / "other-base"
+    shutil.copytree(lora_run.model, other)
+    weights = load_file(str(other / "model.safetensors"))
+    name = next(k for k in weights if k.endswith("attention.self.query.weight"))
+    weights[name] = weights[name].clone()
+    weights[name][0, 0] += 1e-3  # one number of a frozen weight
+    save_file(weights, str(other / "model.safetensors"))
+    meta_file = tmp_path / "part" / "heads.json"
+    meta = json.loads(meta_file.read_text())
+    gone = tmp_path / "gone"
+    for base, says in [(str(other), f"but {other} here is not the pretrained model it was trained from"),
+                       (str(gone), f"cannot load the export onto its pretrained base {gone}")]:
+        meta["encoder"]["base"] = base
+        meta_file.write_text(json.dumps(meta))
+        with pytest.raises(LoadError) as e:
+            load(tmp_path / "part", device="cpu")
+        assert says in str(e.value) and "\n" not in str(e.value)
+    full, _ = tiny_runs.tiny_run(tmp_path, "full")
+    with pytest.raises(SystemExit) as e:
+        export_main([full.out_dir, str(tmp_path / "full-part"), "--trained-only"])
+    assert e.value.code == 2 and not (tmp_path / "full-part").exists()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"python -m training.export: error: --trained-only: {Path(full.out_dir) / 'best.pt'} changed every "
+                   f"tensor of its encoder (full fine-tuning): its trained part is the whole model; export it "
+                   f"without --trained-only"]
 
 
 # ----------------------------------------------------------------------------- with everything else

@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 
 SENTIMENTS = ("negative", "somewhat negative", "neutral", "somewhat positive", "positive")  # SST-5's labels 0..4
 HEADS_FILE, HEADS_WEIGHTS = "heads.json", "heads.safetensors"  # what training.export writes beside the encoder
+TRAINED_WEIGHTS = "encoder-trained.safetensors"  # its --trained-only encoder: the tensors training changed
 
 
 class LoadError(ValueError):
@@ -233,20 +234,28 @@ def checkpoint_metrics(path: Path, ckpt: dict, raw_weights: bool = False) -> dic
 
 
 def _from_export(folder: Path) -> tuple:
-    """An export: the encoder in the Hugging Face layout, the heads beside it (training/export.py)."""
+    """An export: the encoder in the Hugging Face layout (or its trained part alone), the heads beside it
+    (training/export.py)."""
     from safetensors.torch import load_file
 
     from minbert import CheckpointError, Tokenizer, load_bert
 
+    part = None
     try:
         meta = json.loads((folder / HEADS_FILE).read_text())
         cfg = TrainConfig.from_dict(meta["training_config"])
-        network = MultitaskBert(load_bert(folder, attn_impl=cfg.attn_impl), cfg.pair_encoding, cfg.head_dropout,
-                                cfg.pooling)
+        part = meta.get("encoder")
+        encoder = load_bert(part["base"] if part else folder, attn_impl=cfg.attn_impl)
+        network = MultitaskBert(encoder, cfg.pair_encoding, cfg.head_dropout, cfg.pooling)
+        if part:
+            _onto_base(network, cfg, folder, part)
         weights = load_file(str(folder / HEADS_WEIGHTS))
         tok = Tokenizer.from_checkpoint(folder)
+    except LoadError:
+        raise
     except (OSError, ValueError, CheckpointError) as e:  # unreadable JSON or weights, no tokenizer, bad encoder
-        raise LoadError(f"{folder}: cannot load the export: {e}") from None
+        onto = f" onto its pretrained base {part['base']}" if isinstance(part, dict) and "base" in part else ""
+        raise LoadError(f"{folder}: cannot load the export{onto}: {e}") from None
     except KeyError as e:
         raise LoadError(f"{folder / HEADS_FILE}: lacks {e}; was it written by python -m training.export?") from None
     for task in cfg.tasks:
@@ -258,6 +267,28 @@ def _from_export(folder: Path) -> tuple:
                             f"{' '.join(str(e).split())}") from None
     return network, tok, cfg, {"metrics": dict(meta.get("dev_metrics") or {}), "step": meta.get("step"),
                                 "epoch": meta.get("epoch"), "tokenizer_dir": folder}
+
+
+def _onto_base(network: MultitaskBert, cfg: TrainConfig, folder: Path, part: dict) -> None:
+    """A --trained-only export's encoder: its base (in `network` already) set up as the run was (LoRA's
+    factors), checked to be the base it was trained from, then the trained tensors put in."""
+    from safetensors.torch import load_file
+
+    from minbert.checkpoint import fingerprint
+    from training.run.checkpointing import apply_run_peft
+
+    apply_run_peft(network, cfg)
+    ours = network.encoder.state_dict()
+    trained = load_file(str(folder / part["file"]))
+    kept = [k for k in ours if k not in trained]
+    if sorted(set(trained) - set(ours)) or fingerprint(ours, kept) != part["base_fingerprint"]:
+        raise LoadError(f"{folder}: holds the trained part of an encoder, but {part['base']} here is not the "
+                        f"pretrained model it was trained from (its {len(kept)} other tensors differ from the "
+                        f"{part['base_tensors']} recorded in {HEADS_FILE})")
+    try:
+        network.encoder.load_state_dict(trained, strict=False)
+    except RuntimeError as e:  # a tensor of the wrong shape
+        raise LoadError(f"{folder / part['file']}: does not fit {part['base']}: {' '.join(str(e).split())}") from None
 
 
 __all__ = ["LoadError", "Model", "ParaphrasePredictions", "SENTIMENTS", "SentimentPredictions",

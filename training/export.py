@@ -10,6 +10,11 @@ OUT_DIR then holds
     heads.json                        what the heads need: tasks, pair encoding, pooling, max length, both
                                       orders, precision, the run's whole config, its dev metrics
     README.md                         the model card: data, recipe, dev metrics, dates, how to load it
+With --trained-only, the encoder's trained part alone replaces config.json and model.safetensors:
+    encoder-trained.safetensors       the tensors training changed (LoRA's factors, BitFit's biases, the
+                                      layers above a frozen prefix, the pooler), a few MB where the whole
+                                      encoder is tens; heads.json names the pretrained base the rest comes
+                                      from, which loading reads and checks by its fingerprint
 `training.api.load(OUT_DIR)` gives the checkpoint's predictions. An existing non-empty OUT_DIR is refused
 unless --overwrite, which replaces the export's files there (and any other weights or vocabulary that
 would shadow them) and leaves other files alone.
@@ -31,10 +36,13 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     add_model_source(p, "the model to export")
     p.add_argument("out", metavar="OUT_DIR", help="the folder to write (refused when it exists and is not empty)")
     p.add_argument("--overwrite", action="store_true", help="replace the export files in a non-empty OUT_DIR")
+    p.add_argument("--trained-only", action="store_true",
+                   help="write only the encoder tensors training changed (LoRA, BitFit, freezing), to be loaded "
+                        "onto the run's pretrained model; refused for full fine-tuning, which changes them all")
     args = p.parse_args(argv)
     setup_logging()
     try:
-        out = export(args.source, args.out, args.overwrite, args.raw_weights, args.tokenizer)
+        out = export(args.source, args.out, args.overwrite, args.raw_weights, args.tokenizer, args.trained_only)
     except (ExportError, LoadError) as e:
         p.fail(str(e))
     print(f"wrote {out} (load it with training.api.load({str(out)!r}))")

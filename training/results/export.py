@@ -10,8 +10,10 @@ import shutil
 from datetime import datetime, timezone
 from pathlib import Path
 
+import torch
+
 from minbert.checkpoint import VOCAB_FILES, WEIGHT_FILES, copy_tokenizer_files
-from training.api import HEADS_FILE, HEADS_WEIGHTS, SENTIMENTS, Model, load
+from training.api import HEADS_FILE, HEADS_WEIGHTS, SENTIMENTS, TRAINED_WEIGHTS, Model, load
 from training.inference.metrics import METRIC
 from training.methods.peft import share, trainable_counts
 from training.run.config import freeze_depth
@@ -21,7 +23,8 @@ log = logging.getLogger(__name__)
 
 CARD = "README.md"
 TOKENIZER_EXTRAS = ("tokenizer_config.json", "special_tokens_map.json")
-EXPORT_FILES = ("config.json", HEADS_FILE, HEADS_WEIGHTS, CARD, *WEIGHT_FILES, *VOCAB_FILES, *TOKENIZER_EXTRAS)
+EXPORT_FILES = ("config.json", HEADS_FILE, HEADS_WEIGHTS, TRAINED_WEIGHTS, CARD, *WEIGHT_FILES, *VOCAB_FILES,
+                *TOKENIZER_EXTRAS)
 TASK_NAMES = {"sst": "SST-5 sentiment", "para": "Quora paraphrase", "sts": "STS-B similarity"}
 
 
@@ -30,17 +33,19 @@ class ExportError(ValueError):
 
 
 def export(source: str | Path, out_dir: str | Path, overwrite: bool = False, raw_weights: bool = False,
-           tokenizer: str | Path | None = None) -> Path:
-    """Write the model at `source` (anything training.api.load takes) to `out_dir`; returns out_dir."""
+           tokenizer: str | Path | None = None, trained_only: bool = False) -> Path:
+    """Write the model at `source` (anything training.api.load takes) to `out_dir`; returns out_dir.
+    trained_only: the encoder's trained part alone, to be loaded onto its pretrained base (trained_part)."""
     out = Path(out_dir)
     check_out_dir(out, overwrite)
     model = load(source, device="cpu", raw_weights=raw_weights, tokenizer=tokenizer)
+    part = trained_part(model) if trained_only else None  # refused before anything is written
     staging = out.parent / f".{out.name}.export-{os.getpid()}"  # mkdir, not mkdtemp: modes follow the umask
     if staging.exists():
         shutil.rmtree(staging)
     staging.mkdir(parents=True)
     try:
-        write_export(model, staging, out.name)
+        write_export(model, staging, out.name, part)
         _move_into(staging, out)
     finally:
         if staging.exists():
@@ -74,20 +79,54 @@ def _move_into(staging: Path, out: Path) -> None:
         log.warning("%s: left alone files that are not part of an export: %s", out, ", ".join(others))
 
 
-def write_export(model: Model, folder: Path, name: str) -> None:
-    """The export's files into `folder`; `name` is how the model card calls the folder."""
+def write_export(model: Model, folder: Path, name: str, part: tuple[dict, dict] | None = None) -> None:
+    """The export's files into `folder`: the whole encoder, or with `part` (trained_part's) its trained
+    tensors alone; `name` is how the model card calls the folder."""
     from safetensors.torch import save
 
     from minbert import save_hf
 
-    save_hf(model.network.encoder, folder)
+    if part is None:
+        save_hf(model.network.encoder, folder)
+    else:
+        (folder / TRAINED_WEIGHTS).write_bytes(save(part[0], metadata={"format": "pt"}))
     copy_tokenizer_files(model.tokenizer_dir, folder)
     heads = {f"{task}.{k}": v.detach().cpu().contiguous()
              for task in model.tasks for k, v in model.network.heads[task].state_dict().items()}
     (folder / HEADS_WEIGHTS).write_bytes(save(heads, metadata={"format": "pt"}))  # save_file would make it 0600
     meta = heads_meta(model)
+    if part is not None:
+        meta["encoder"] = part[1]
     (folder / HEADS_FILE).write_text(json.dumps(meta, indent=2) + "\n")
     (folder / CARD).write_text(model_card(model, meta, name))
+
+
+def trained_part(model: Model) -> tuple[dict, dict]:
+    """The encoder tensors training changed, and what heads.json says of the rest. Changed: every tensor
+    that differs from the run's pretrained base (--model) in a single bit (the layers above a frozen
+    prefix, BitFit's biases, the pooler), and LoRA's factors, which the base lacks. The rest is the base's
+    own, recorded by its name and a fingerprint that loading checks. ExportError when the base cannot be
+    loaded here, or when training changed every tensor (full fine-tuning: nothing would be saved)."""
+    from minbert import CheckpointError, load_bert
+    from minbert.checkpoint import fingerprint
+
+    base_name = model.config.model
+    try:
+        base = load_bert(base_name).state_dict()
+    except (OSError, ValueError, CheckpointError) as e:
+        raise ExportError(f"--trained-only: the run's pretrained model {base_name} cannot be loaded here: "
+                          f"{e}") from None
+    ours = {k: v.detach().cpu().contiguous() for k, v in model.network.encoder.state_dict().items()}
+    kept = sorted(k for k, v in ours.items() if k in base and base[k].shape == v.shape and torch.equal(v, base[k]))
+    if not kept:
+        raise ExportError(f"--trained-only: {model.source} changed every tensor of its encoder (full fine-tuning): "
+                          f"its trained part is the whole model; export it without --trained-only")
+    changed = {k: v for k, v in ours.items() if k not in kept}
+    mb = [sum(v.numel() * v.element_size() for v in part.values()) / 1e6 for part in (changed, base)]
+    log.info("the trained part: %d of the encoder's %d tensors, %.2f MB (the whole encoder %.1f MB)",
+             len(changed), len(ours), *mb)
+    return changed, {"stored": "trained part", "file": TRAINED_WEIGHTS, "base": base_name,
+                     "base_fingerprint": fingerprint(ours, kept), "base_tensors": len(kept)}
 
 
 def _iso(t: float) -> str:
@@ -157,13 +196,23 @@ def model_card(model: Model, meta: dict, name: str) -> str:
     examples = {"sst": 'model.sentiment(["a gripping, beautifully shot film"]).probabilities  # (1, 5)',
                 "para": 'model.paraphrase([("How old are you?", "What is your age?")]).labels',
                 "sts": 'model.similarity([("A man is cooking.", "A man cooks.")]).scores  # in [0, 5]'}
-    lines += [examples[t] for t in model.tasks] + ["```", "",
-              "The encoder alone, with `transformers` (the heads need minBERT-MT):", "", "```python",
-              "from transformers import AutoTokenizer, BertModel", "",
-              f'encoder = BertModel.from_pretrained("{name}")',
-              f'tokenizer = AutoTokenizer.from_pretrained("{name}")', "```", "",
-              f"Metric names: {', '.join(f'{METRIC[t]} ({TASK_NAMES[t]})' for t in model.tasks)}.", ""]
+    lines += [examples[t] for t in model.tasks] + ["```", ""] + _encoder_lines(meta.get("encoder"), name)
+    lines += [f"Metric names: {', '.join(f'{METRIC[t]} ({TASK_NAMES[t]})' for t in model.tasks)}.", ""]
     return "\n".join(lines)
+
+
+def _encoder_lines(part: dict | None, name: str) -> list[str]:
+    """The model card on reading the encoder: with transformers, or (a trained-part export) onto its base."""
+    if part is None:
+        return ["The encoder alone, with `transformers` (the heads need minBERT-MT):", "", "```python",
+                "from transformers import AutoTokenizer, BertModel", "",
+                f'encoder = BertModel.from_pretrained("{name}")',
+                f'tokenizer = AutoTokenizer.from_pretrained("{name}")', "```", ""]
+    return [f"This folder holds the encoder's trained part alone (`{part['file']}`: the tensors training changed, "
+            f"LoRA's factors unmerged); the other {part['base_tensors']} tensors are those of `{part['base']}`, "
+            f"which loading reads (installed, in the Hugging Face cache, or at that path) and checks against "
+            f"their fingerprint. `transformers` cannot read this folder; for one it reads, export it whole:", "",
+            "```bash", f"python -m training.export {name} {name}-whole", "```", ""]
 
 
 def _trained_lines(cfg: dict, parameters: dict | None) -> list[str]:

@@ -126,8 +126,7 @@ def model_from_checkpoint(path, raw_weights: bool = False) -> tuple[MultitaskBer
     cfg = TrainConfig.from_dict(ckpt["config"])
     model = MultitaskBert(Bert(BertConfig(**ckpt["bert_config"]), attn_impl=cfg.attn_impl), cfg.pair_encoding,
                           cfg.head_dropout, cfg.pooling)
-    depth = freeze_depth(cfg.freeze_upto, model.encoder.num_layers)
-    apply_peft(model, cfg.peft, max(depth or 0, 0), cfg.seed)  # LoRA's factors where the run put them
+    apply_run_peft(model, cfg)
     if raw_weights and "ema" not in ckpt:
         raise ValueError(f"{path}: holds one set of weights, no weight average beside them: --raw-weights is for "
                          f"the training checkpoints (checkpoints/step-N.pt) of an --ema-decay run")
@@ -137,6 +136,13 @@ def model_from_checkpoint(path, raw_weights: bool = False) -> tuple[MultitaskBer
         load_average(model, ckpt["ema"])
         log.info("%s: the weight average at step %s (not the raw weights)", path, ckpt["run_state"]["global_step"])
     return model, cfg, ckpt
+
+
+def apply_run_peft(model: MultitaskBert, cfg: TrainConfig) -> None:
+    """Set `model` up as run `cfg` did (--peft above --freeze-upto): LoRA's factors where the run put them,
+    so that its state dict's names are the run's."""
+    depth = freeze_depth(cfg.freeze_upto, model.encoder.num_layers)
+    apply_peft(model, cfg.peft, max(depth or 0, 0), cfg.seed)
 
 
 class RollingCheckpoints:
