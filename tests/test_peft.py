@@ -13,7 +13,7 @@ import pytest
 import tiny_runs
 import torch
 
-from minbert import Bert, BertConfig, Tokenizer, load_bert
+from minbert import Bert, BertConfig, CheckpointError, Tokenizer, load_bert
 from minbert.lora import TARGETS, LoRALinear, add_lora, lora_modules
 from training.methods.peft import parse_peft
 from training.run.build import build_model
@@ -404,6 +404,11 @@ def test_the_trained_part_is_refused_onto_another_base_and_for_full_fine_tuning(
     from training.api import LoadError, load
     from training.export import main as export_main
     export_trained_part(lora_run.out_dir, tmp_path / "part", capsys)
+    with pytest.raises(CheckpointError) as e:  # e.g. --model PART: not a whole encoder, and how to get one
+        load_bert(tmp_path / "part")
+    assert str(e.value) == (f"{tmp_path / 'part'}: holds the trained part of an encoder alone (encoder-trained."
+                            f"safetensors), not a whole checkpoint; write a whole one with: python -m training.export "
+                            f"{tmp_path / 'part'} WHOLE_DIR")
     other = tmp_path / "other-base"
     shutil.copytree(lora_run.model, other)
     weights = load_file(str(other / "model.safetensors"))

@@ -37,7 +37,6 @@ log = logging.getLogger(__name__)
 
 SENTIMENTS = ("negative", "somewhat negative", "neutral", "somewhat positive", "positive")  # SST-5's labels 0..4
 HEADS_FILE, HEADS_WEIGHTS = "heads.json", "heads.safetensors"  # what training.export writes beside the encoder
-TRAINED_WEIGHTS = "encoder-trained.safetensors"  # its --trained-only encoder: the tensors training changed
 
 
 class LoadError(ValueError):

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import torch
 
-from minbert.checkpoint import VOCAB_FILES, WEIGHT_FILES, copy_tokenizer_files
-from training.api import HEADS_FILE, HEADS_WEIGHTS, SENTIMENTS, TRAINED_WEIGHTS, Model, load
+from minbert.checkpoint import TRAINED_PART, VOCAB_FILES, WEIGHT_FILES, copy_tokenizer_files
+from training.api import HEADS_FILE, HEADS_WEIGHTS, SENTIMENTS, Model, load
 from training.inference.metrics import METRIC
 from training.methods.peft import share, trainable_counts
 from training.run.config import freeze_depth
@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 
 CARD = "README.md"
 TOKENIZER_EXTRAS = ("tokenizer_config.json", "special_tokens_map.json")
-EXPORT_FILES = ("config.json", HEADS_FILE, HEADS_WEIGHTS, TRAINED_WEIGHTS, CARD, *WEIGHT_FILES, *VOCAB_FILES,
+EXPORT_FILES = ("config.json", HEADS_FILE, HEADS_WEIGHTS, TRAINED_PART, CARD, *WEIGHT_FILES, *VOCAB_FILES,
                 *TOKENIZER_EXTRAS)
 TASK_NAMES = {"sst": "SST-5 sentiment", "para": "Quora paraphrase", "sts": "STS-B similarity"}
 
@@ -89,7 +89,7 @@ def write_export(model: Model, folder: Path, name: str, part: tuple[dict, dict] 
     if part is None:
         save_hf(model.network.encoder, folder)
     else:
-        (folder / TRAINED_WEIGHTS).write_bytes(save(part[0], metadata={"format": "pt"}))
+        (folder / TRAINED_PART).write_bytes(save(part[0], metadata={"format": "pt"}))
     copy_tokenizer_files(model.tokenizer_dir, folder)
     heads = {f"{task}.{k}": v.detach().cpu().contiguous()
              for task in model.tasks for k, v in model.network.heads[task].state_dict().items()}
@@ -125,7 +125,7 @@ def trained_part(model: Model) -> tuple[dict, dict]:
     mb = [sum(v.numel() * v.element_size() for v in part.values()) / 1e6 for part in (changed, base)]
     log.info("the trained part: %d of the encoder's %d tensors, %.2f MB (the whole encoder %.1f MB)",
              len(changed), len(ours), *mb)
-    return changed, {"stored": "trained part", "file": TRAINED_WEIGHTS, "base": base_name,
+    return changed, {"stored": "trained part", "file": TRAINED_PART, "base": base_name,
                      "base_fingerprint": fingerprint(ours, kept), "base_tensors": len(kept)}
 
 
