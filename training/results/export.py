@@ -122,7 +122,7 @@ def trained_part(model: Model) -> tuple[dict, dict]:
         raise ExportError(f"--trained-only: {model.source} changed every tensor of its encoder (full fine-tuning): "
                           f"its trained part is the whole model; export it without --trained-only")
     changed = {k: v for k, v in ours.items() if k not in kept}
-    mb = [sum(v.numel() * v.element_size() for v in part.values()) / 1e6 for part in (changed, base)]
+    mb = [sum(v.numel() * v.element_size() for v in tensors.values()) / 1e6 for tensors in (changed, base)]
     log.info("the trained part: %d of the encoder's %d tensors, %.2f MB (the whole encoder %.1f MB)",
              len(changed), len(ours), *mb)
     return changed, {"stored": "trained part", "file": TRAINED_PART, "base": base_name,
