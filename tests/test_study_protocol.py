@@ -630,6 +630,37 @@ def test_a_schedule_is_costed_at_the_depth_each_stretch_ran_at(tmp_path):
     assert K.stretches(recipe, cost, sched, {**run, "depth_changes": [[15, 2]]}) is None  # depth 2: not measured
 
 
+def test_lp_ft_and_gradual_are_costed_from_the_heads_alone(tmp_path):
+    """Their runs record the moves after step 0, not the start with the heads alone (every layer frozen):
+    the first stretch is costed at the heads-only point's figures, and the planning bound (training every
+    layer) does not hang on the cache option these schedules set."""
+    from training.study import arms_cost as K
+
+    arms = {"": {}, "lp": {"unfreeze_schedule": "lp-ft:1epoch", "frozen_cache": "auto"},
+            "gr": {"unfreeze_schedule": "gradual:5steps", "frozen_cache": "auto"}}
+    recipe = loaded(tmp_path, arms=arms, points=[
+        {"label": "full", "depth": "none", "arm": ""}, {"label": "one", "depth": 1, "arm": ""},
+        {"label": "heads", "depth": "100%", "arm": ""}, {"label": "lp", "depth": "none", "arm": "lp"},
+        {"label": "gr", "depth": "none", "arm": "gr"}])
+    figures = {"full": {"s_per_epoch": [10.0, 9.0, 11.0], "cache_s": 0.0},
+               "one": {"s_per_epoch": [4.0, 3.0, 5.0], "cache_s": 3.0},
+               "heads": {"s_per_epoch": [1.0, 1.0, 1.0], "cache_s": 6.0}}
+    cost = {"points": figures}
+    lp = next(p for p in recipe.points if p["label"] == "lp")
+    run = {"tune_curve": [[10, 0, 0.6], [20, 1, 0.7]], "depth_changes": [[10, None]]}
+    assert K.first_depth(recipe, lp) == 2  # the recipe resolved on 2 layers: the heads alone
+    plan = K.stretches(recipe, cost, lp, run)
+    assert plan == [(0, figures["heads"]), (10, figures["full"])]
+    assert K.run_cost(run, plan, figures["full"]) == pytest.approx((6 + 1 + 10) / 10)  # a heads epoch, a full one
+    gr = next(p for p in recipe.points if p["label"] == "gr")
+    run = {"tune_curve": [[10, 0, 0.6], [20, 1, 0.7]], "depth_changes": [[5, 1], [10, None]]}
+    plan = K.stretches(recipe, cost, gr, run)  # the heads alone, then one layer frozen, then nothing
+    assert plan == [(0, figures["heads"]), (5, figures["one"]), (10, figures["full"])]
+    assert K.run_cost(run, plan, figures["full"]) == pytest.approx((6 + 3 + 0.5 * 1 + 0.5 * 4 + 10) / 10)
+    assert K.bound_for_schedule(recipe, cost, lp) == figures["full"] == K.bound_for_schedule(recipe, cost, gr)
+    assert K.first_depth(recipe, next(p for p in recipe.points if p["label"] == "one")) == 1
+
+
 def test_the_size_depth_map_by_hand(tmp_path):
     from training.study.arms_figures import size_depth_figure, size_depth_grid
     from training.study.figures import pyplot

@@ -12,9 +12,9 @@ scale of the benchmark's data drops out: an epoch and the cache's building both 
                             fine-tuning's mean kept tuning-split score (its reporting seeds)
 
 A run whose freezing schedule moved the frozen depth (its record's depth_changes) costs each stretch of
-steps at that depth's seconds per epoch (the plain point measured at that depth), plus the building of
-each deeper prefix it reached (as the fixed depth builds it: an upper bound, the schedule's cache may be
-deepened from the last). A point the benchmark did not measure takes the figures of a measured point
+steps, from the schedule's start (the heads alone for lp-ft and gradual), at that depth's seconds per
+epoch (the plain point measured at that depth), plus the building of each deeper prefix it reached (as
+the fixed depth builds it: an upper bound, the schedule's cache may be deepened from the last). A point the benchmark did not measure takes the figures of a measured point
 whose epochs cost the same (the same depth and arm options, the rate, the epochs and early stopping
 aside); else it has none. Evaluations are left out (the same tuning split for every point).
 """
@@ -24,6 +24,7 @@ import json
 import statistics
 from pathlib import Path
 
+from training.methods.freezing import parse_schedule, start_depth
 from training.study.protocol import Protocol, tune_score
 from training.sweep.records import RunKey
 
@@ -70,6 +71,7 @@ def bound_for_schedule(recipe, measurement: dict, point: dict) -> dict | None:
     options = dict(recipe.arms.get(point["arm"], {}))
     if options.pop("unfreeze_schedule", None) is None:
         return None
+    options.pop("frozen_cache", None)  # nothing frozen, nothing cached
     return _of_kind(recipe, measurement, epoch_kind(None, options))
 
 
@@ -89,9 +91,17 @@ def stretches(recipe, measurement: dict, point: dict, record: dict) -> list[tupl
     if not record.get("depth_changes"):
         figures = measured(recipe, measurement, point)
         return None if figures is None else [(0, figures)]
-    moves = [(0, recipe.depth(point["depth"]))] + [(step, depth) for step, depth in record["depth_changes"]]
+    moves = [(0, first_depth(recipe, point))] + [(step, depth) for step, depth in record["depth_changes"]]
     out = [(step, at_depth(recipe, measurement, depth)) for step, depth in moves]
     return None if any(f is None for _, f in out) else out
+
+
+def first_depth(recipe, point: dict) -> int | None:
+    """The depth a point's runs start at: a schedule's start (lp-ft and gradual begin with the heads alone,
+    which the runs' depth_changes do not record), else the point's own."""
+    depth = recipe.depth(point["depth"])
+    schedule = recipe.arms.get(point["arm"], {}).get("unfreeze_schedule")
+    return depth if schedule is None else start_depth(parse_schedule(schedule), depth, recipe.layers)
 
 
 def run_cost(record: dict, stretch: list[tuple[int, dict]], full: dict, target: float | None = None) -> float | None:
