@@ -124,6 +124,26 @@ def test_lr_of_trains_at_the_other_points_rate(tmp_path):
     assert sweep_records.RunKey(TASKS, None, "all", 1, "lr0.001") in recipe.plan(records)
 
 
+def test_a_borrowed_rate_equal_to_the_references_own_is_the_reference(tmp_path):
+    """"full at one's" borrows one's rate: the same as full's own, its runs are full's (one point, no pair)."""
+    from training.study.arms_report import one_point_lines
+
+    recipe = loaded(tmp_path)
+    tuning = [tuning_record(d, a, lr, sc) for d, a in [(None, ""), (1, "b")]
+              for lr, sc in [(0.0003, 0.4), (0.001, 0.5), (0.003, 0.45)]]
+    reporting = [_reporting(None, "", 0.001, seed, 0.7) for seed in (1, 2)]
+    protocol = Protocol(recipe, tuning + reporting)
+    assert protocol.same_runs("full at one's", "full") and not protocol.same_runs("one", "full")
+    assert one_point_lines(recipe, tuning + reporting, "full") == [
+        "\nfull at one's: the rate it borrows is full's own, so its runs are full's (the same rows, no comparison "
+        "of its own)."]
+    other = [tuning_record(1, "b", 0.003, 0.6), tuning_record(1, "b", 0.01, 0.55)]  # one's choice: 0.003
+    protocol = Protocol(recipe, tuning + other + reporting + [_reporting(None, "", 0.003, 1, 0.69)])
+    assert protocol.chosen("full at one's") == 0.003 and protocol.reporting("full at one's")
+    assert not protocol.same_runs("full at one's", "full")
+    assert one_point_lines(recipe, tuning + other + reporting, "full") == []
+
+
 @pytest.mark.parametrize("over, says", [
     ({"lr_grid": {"lrs": [0.001], "tuning_seeds": [1]}}, "tuning_seeds"),  # a reporting seed
     ({"tuning_split": {"share": 0.7, "seed": 0}}, "tuning_split"),

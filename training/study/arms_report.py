@@ -230,6 +230,14 @@ def summary_lines(rows: list[dict], tests: list[dict], costs: list[dict], baseli
     return lines
 
 
+def one_point_lines(recipe, records: list[dict], reference: str) -> list[str]:
+    """A note for each point that borrowed the reference's own rate: its runs are the reference's."""
+    protocol = Protocol(recipe, records)
+    same = [p["label"] for p in recipe.points if "lr_of" in p and protocol.same_runs(p["label"], reference)]
+    return [f"\n{label}: the rate it borrows is {reference}'s own, so its runs are {reference}'s (the same rows, "
+            f"no comparison of its own)." for label in same]
+
+
 def _speedup(x) -> str:
     return "-" if x is None else f"{x:.2f}x"
 
@@ -246,7 +254,7 @@ def arms_markdown(recipe, results: Path, data_dir: str | None = None) -> tuple[s
     lines = [f"# {recipe.title}", "", recipe.about, ""] + protocol_lines(recipe, records)
     lines += ["", "## Summary", "", "Each point's mean over its reporting seeds; the sections below give the "
               "rest (per task, spread, the bootstrap over dev examples, cost to a share of the score).", ""]
-    lines += summary_lines(rows, tests, costs, baselines, reference)
+    lines += summary_lines(rows, tests, costs, baselines, reference) + one_point_lines(recipe, records, reference)
     lines += ["", "## Baselines (dev)", ""] + baseline_lines(baselines)
     lines += ["", "## Tuning (the tuning split; tuning seeds only)", ""] + tuning_lines(recipe, records)
     lines += ["", "## Dev scores of the reporting seeds", "",

@@ -134,6 +134,13 @@ class Protocol:
         point = self.points[label]
         return {s: self.runs[k] for s in self.recipe.seeds for k in [self.key(point, s, lr)] if k in self.runs}
 
+    def same_runs(self, label: str, other: str) -> bool:
+        """Whether point `label` reports the very runs of point `other` (a rate borrowed with lr_of that is
+        the other's own: the two are one point, with nothing to compare)."""
+        runs, theirs = self.reporting(label), self.reporting(other)
+        seeds = [s for s in runs if s in theirs]
+        return bool(seeds) and all(runs[s] is theirs[s] for s in seeds)
+
 
 def role_of(recipe, key: RunKey) -> str:
     """A run's seed role: "tuning" (chooses rates; never reported) or "reporting"."""
