@@ -135,8 +135,10 @@ def test_a_borrowed_rate_equal_to_the_references_own_is_the_reference(tmp_path):
     protocol = Protocol(recipe, tuning + reporting)
     assert protocol.same_runs("full at one's", "full") and not protocol.same_runs("one", "full")
     assert one_point_lines(recipe, tuning + reporting, "full") == [
-        "\nfull at one's: the rate it borrows is full's own, so its runs are full's (the same rows, no comparison "
-        "of its own)."]
+        "\nfull at one's: the rate it borrows is full's own, so its runs are full's (left out of the tables and "
+        "figures, where its rows would be full's)."]
+    from training.study.arms import point_rows
+    assert {r["label"] for r in point_rows(recipe, tuning + reporting, None)} == {"full"}
     other = [tuning_record(1, "b", 0.003, 0.6), tuning_record(1, "b", 0.01, 0.55)]  # one's choice: 0.003
     protocol = Protocol(recipe, tuning + other + reporting + [_reporting(None, "", 0.003, 1, 0.69)])
     assert protocol.chosen("full at one's") == 0.003 and protocol.reporting("full at one's")

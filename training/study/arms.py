@@ -108,8 +108,8 @@ def point_rows(recipe, records: list[dict], baselines: dict | None, reference: s
     for point in recipe.points:
         runs = protocol.reporting(point["label"])
         full = protocol.reporting(point.get("vs", reference))  # what the point is measured against
-        if not runs:
-            continue
+        if not runs or (point["label"] != reference and protocol.same_runs(point["label"], reference)):
+            continue  # no runs yet, or the reference's own (arms_report.one_point_lines says so)
         for metric in METRICS:
             values = {s: r["dev"][metric] for s, r in runs.items() if metric in r["dev"]}
             if not values:

@@ -234,8 +234,8 @@ def one_point_lines(recipe, records: list[dict], reference: str) -> list[str]:
     """A note for each point that borrowed the reference's own rate: its runs are the reference's."""
     protocol = Protocol(recipe, records)
     same = [p["label"] for p in recipe.points if "lr_of" in p and protocol.same_runs(p["label"], reference)]
-    return [f"\n{label}: the rate it borrows is {reference}'s own, so its runs are {reference}'s (the same rows, "
-            f"no comparison of its own)." for label in same]
+    return [f"\n{label}: the rate it borrows is {reference}'s own, so its runs are {reference}'s (left out of the "
+            f"tables and figures, where its rows would be {reference}'s)." for label in same]
 
 
 def _speedup(x) -> str:
