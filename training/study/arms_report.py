@@ -218,7 +218,9 @@ def summary_lines(rows: list[dict], tests: list[dict], costs: list[dict], baseli
     speedup = {c["label"]: c["speedup"] for c in costs}
     lines = [f"| point | trainable | seeds | dev overall [95% CI] | against {reference} [95% CI] (Holm p) "
              "| normalised | end-to-end speed-up |", "|---|---:|---:|---:|---:|---:|---:|"]
-    for r in (r for r in rows if r["metric"] == "overall"):
+    overall = [r for r in rows if r["metric"] == "overall"]
+    plain = sorted((r for r in overall if r["arm"] == ""), key=lambda r: -2 if r["depth"] is None else r["depth"])
+    for r in plain + [r for r in overall if r["arm"] != ""]:  # the plain depths in depth order, then the rest
         t = versus_ref.get(r["label"])
         against = f"{_f(t['diff'], sign=True)} {_ci(t['ci'], sign=True)} ({_p(t['t_p_holm'])})" if t else "-"
         share = f"{r['trainable_params'] / r['total_params']:.1%}" if r.get("trainable_params") else "-"
@@ -252,8 +254,9 @@ def arms_markdown(recipe, results: Path, data_dir: str | None = None) -> tuple[s
     measurements = read_cost(results)
     costs = cost_rows(recipe, records, measurements, reference)
     lines = [f"# {recipe.title}", "", recipe.about, ""] + protocol_lines(recipe, records)
-    lines += ["", "## Summary", "", "Each point's mean over its reporting seeds; the sections below give the "
-              "rest (per task, spread, the bootstrap over dev examples, cost to a share of the score).", ""]
+    lines += ["", "## Summary", "", "Each point's mean over its reporting seeds (the plain depths first, by depth, "
+              "then the other points in the recipe's order); the sections below give the rest (per task, spread, the "
+              "bootstrap over dev examples, cost to a share of the score).", ""]
     lines += summary_lines(rows, tests, costs, baselines, reference) + one_point_lines(recipe, records, reference)
     lines += ["", "## Baselines (dev)", ""] + baseline_lines(baselines)
     lines += ["", "## Tuning (the tuning split; tuning seeds only)", ""] + tuning_lines(recipe, records)
