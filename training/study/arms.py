@@ -108,7 +108,7 @@ def point_rows(recipe, records: list[dict], baselines: dict | None, reference: s
     for point in recipe.points:
         runs = protocol.reporting(point["label"])
         full = protocol.reporting(point.get("vs", reference))  # what the point is measured against
-        if not runs or (point["label"] != reference and protocol.same_runs(point["label"], reference)):
+        if not runs or protocol.same_runs(point["label"], reference):
             continue  # no runs yet, or the reference's own (arms_report.one_point_lines says so)
         for metric in METRICS:
             values = {s: r["dev"][metric] for s, r in runs.items() if metric in r["dev"]}
@@ -180,7 +180,7 @@ def versus(recipe, records: list[dict], results: Path, dev_labels: dict[str, np.
     for label, against in pairs:
         ref_runs, runs = protocol.reporting(against), protocol.reporting(label)
         seeds = sorted(s for s in runs if s in ref_runs)
-        if not seeds or protocol.same_runs(label, against):  # the reference, or its very runs (same rate)
+        if not seeds or label == against or protocol.same_runs(label, against):  # itself, or its very runs
             continue
         boot = _bootstrap(results, [ref_runs[s] for s in seeds], [runs[s] for s in seeds], dev_labels, reps, seed)
         for metric in METRICS:
@@ -221,7 +221,7 @@ def split_scores(recipe, records: list[dict], results: Path, dev_labels: dict[st
     rows = []
     for point in recipe.points:
         preds = _predictions(results, protocol.reporting(point["label"]))
-        if not preds or (point["label"] != reference and protocol.same_runs(point["label"], reference)):
+        if not preds or protocol.same_runs(point["label"], reference):
             continue
         seeds = sorted(s for s in preds if s in ref_preds)
         compare = point["label"] != reference and bool(seeds)

@@ -134,7 +134,7 @@ def cost_rows(recipe, records: list[dict], measurements: list[dict], reference: 
     rows = []
     for point in recipe.points:
         runs = list(protocol.reporting(point["label"]).values())
-        if point["label"] != reference and protocol.same_runs(point["label"], reference):
+        if protocol.same_runs(point["label"], reference):
             continue  # the reference's own runs
         for m in usable if runs else []:
             plans = [stretches(recipe, m, point, r) for r in runs]

@@ -135,8 +135,10 @@ class Protocol:
         return {s: self.runs[k] for s in self.recipe.seeds for k in [self.key(point, s, lr)] if k in self.runs}
 
     def same_runs(self, label: str, other: str) -> bool:
-        """Whether point `label` reports the very runs of point `other` (a rate borrowed with lr_of that is
-        the other's own: the two are one point, with nothing to compare)."""
+        """Whether point `label`, another than `other`, reports the very runs of `other` (a rate borrowed with
+        lr_of that is the other's own: the two are one point, with nothing to compare)."""
+        if label == other:
+            return False
         runs, theirs = self.reporting(label), self.reporting(other)
         seeds = [s for s in runs if s in theirs]
         return bool(seeds) and all(runs[s] is theirs[s] for s in seeds)
