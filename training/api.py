@@ -280,7 +280,7 @@ def _onto_base(network: MultitaskBert, cfg: TrainConfig, folder: Path, part: dic
     ours = network.encoder.state_dict()
     trained = load_file(str(folder / part["file"]))
     kept = [k for k in ours if k not in trained]
-    if sorted(set(trained) - set(ours)) or fingerprint(ours, kept) != part["base_fingerprint"]:
+    if set(trained) - set(ours) or fingerprint(ours, kept) != part["base_fingerprint"]:
         raise LoadError(f"{folder}: holds the trained part of an encoder, but {part['base']} here is not the "
                         f"pretrained model it was trained from (its {len(kept)} other tensors differ from the "
                         f"{part['base_tensors']} recorded in {HEADS_FILE})")
