@@ -13,10 +13,11 @@ scale of the benchmark's data drops out: an epoch and the cache's building both 
 
 A run whose freezing schedule moved the frozen depth (its record's depth_changes) costs each stretch of
 steps, from the schedule's start (the heads alone for lp-ft and gradual), at that depth's seconds per
-epoch (the plain point measured at that depth), plus the building of each deeper prefix it reached (as
-the fixed depth builds it: an upper bound, the schedule's cache may be deepened from the last). A point the benchmark did not measure takes the figures of a measured point
-whose epochs cost the same (the same depth and arm options, the rate, the epochs and early stopping
-aside); else it has none. Evaluations are left out (the same tuning split for every point).
+epoch (the plain point measured at that depth), plus the building of each deeper prefix it reached (as the
+fixed depth builds it: an upper bound, the schedule's cache may be deepened from the last). A point the
+benchmark did not measure takes the figures of a measured point whose epochs cost the same (the same depth
+and arm options, the rate, the epochs and early stopping aside); else it has none. Evaluations are left
+out (the same tuning split for every point).
 """
 from __future__ import annotations
 
