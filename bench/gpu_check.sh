@@ -16,6 +16,8 @@
 #   MINBERT_GPU_WORK   scratch for the training runs' checkpoints (default: a new temp folder)
 #   PYTHON             the interpreter (default: python3)
 #   MINBERT_GPU_PYTEST_ARGS  extra arguments of the full suite's pytest (default: none, serial)
+#   MINBERT_GPU_TESTS_LIMIT, MINBERT_GPU_TRAIN_LIMIT  seconds before the full suite or the training run
+#                      is stopped (default 570 each): lower them to fit several stages into one command
 # --dry-run: on the CPU, with tiny settings and a 40-row copy of the data, to try the plumbing.
 set -u -o pipefail
 
@@ -112,7 +114,7 @@ stage_tests() {
     fi
     # serial by default (5 min on the loaded 2-core development CPU, 2026-11-23); e.g. "-n 8" with pytest-xdist
     # shellcheck disable=SC2086  # a list of arguments
-    part tests 570 "$PY" -m pytest -q -rs -p no:cacheprovider ${MINBERT_GPU_PYTEST_ARGS-}
+    part tests "${MINBERT_GPU_TESTS_LIMIT:-570}" "$PY" -m pytest -q -rs -p no:cacheprovider ${MINBERT_GPU_PYTEST_ARGS-}
 }
 
 # The README's best recipe (Results): 3 epochs, MiniLM, the course data copy, seed 2. The GPU's
@@ -127,7 +129,7 @@ stage_train() {
             >"$RES/train-gpu-util.csv" 2>/dev/null &
         sampler=$!
     fi
-    part train 570 "$PY" run_multitask.py --model minilm-l6 --data-dir "$DATA" --epochs 3 --smart --smart-lambda 0 \
+    part train "${MINBERT_GPU_TRAIN_LIMIT:-570}" "$PY" run_multitask.py --model minilm-l6 --data-dir "$DATA" --epochs 3 --smart --smart-lambda 0 \
         --pooling mean --ema-decay 0.998 --predict-both-orders --seed 2 --device "$DEVICE" \
         --out-dir "$run" --predictions-dir "$run/predictions" --overwrite "${size[@]}"
     [[ -n "$sampler" ]] && kill "$sampler" 2>/dev/null

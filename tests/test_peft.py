@@ -299,19 +299,24 @@ def test_the_merged_export_loads_in_transformers_as_our_encoder(lora_run, tmp_pa
     B = lora_modules(ours)[0].lora_B[0]
     assert B.abs().max() > 0  # trained: the update is not zero, so the merge matters
     hf = transformers.BertModel.from_pretrained(str(out), attn_implementation="eager").eval()
+    base = transformers.BertModel.from_pretrained(lora_run.model, attn_implementation="eager").eval()
     batch = Tokenizer.from_checkpoint(out)(["apple river stone", "tiger", "ocean desert lamp piano"],
                                           ["cloud", "honey silver", "violin"])
     with torch.no_grad():
         want = ours(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])  # unmerged
-        got = hf(**batch)
-    # fp32; W + (alpha/r) BA rounded once against the two products added: the states are LayerNorm'd (~1)
-    torch.testing.assert_close(got.last_hidden_state, want.last_hidden_state, rtol=0, atol=1e-5)
-    torch.testing.assert_close(got.pooler_output, want.pooler_output, rtol=0, atol=1e-5)
-    for m in lora_modules(ours):  # the trained model merged in place: the same function, to the same 1e-5
+        got, before = hf(**batch), base(**batch)
+    # fp32; W + (alpha/r) BA rounded once against the two products added, then LayerNorm'd states (~1):
+    # 1.0e-5 apart on an AMD EPYC, 1.3e-5 on the H200 machine's Xeon (other matrix kernels), so 5e-5
+    tol = 5e-5
+    # the update moves the states far beyond that: an export that lost the merge would fail
+    assert (before.last_hidden_state - want.last_hidden_state).abs().max() > 100 * tol  # 2.6 here
+    torch.testing.assert_close(got.last_hidden_state, want.last_hidden_state, rtol=0, atol=tol)
+    torch.testing.assert_close(got.pooler_output, want.pooler_output, rtol=0, atol=tol)
+    for m in lora_modules(ours):  # the trained model merged in place: the same function, to the same tolerance
         m.merge()
     with torch.no_grad():
         merged = ours(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
-    torch.testing.assert_close(merged.last_hidden_state, want.last_hidden_state, rtol=0, atol=1e-5)
+    torch.testing.assert_close(merged.last_hidden_state, want.last_hidden_state, rtol=0, atol=tol)
     exported, original = load(out, device="cpu"), load(lora_run.out_dir, device="cpu")
     assert not lora_modules(exported.network)
     from data.loaders import COURSE_FILES, load_task_file

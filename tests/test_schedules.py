@@ -254,8 +254,12 @@ def test_cached_and_uncached_phases_give_the_same_metrics(root, tmp_path, monkey
     assert len(runs["memory"]) == len(runs["off"]) == 2
     for a, b in zip(runs["memory"], runs["off"]):
         assert a.keys() == b.keys()
-        for k in a:  # numbers to a tolerance, words (the precision) exactly
-            assert a[k] == (b[k] if isinstance(b[k], str) else pytest.approx(b[k], rel=1e-4, abs=1e-5)), (k, a, b)
+        # numbers to a tolerance, words (the precision) exactly. The STS Pearson of 12 nearly constant
+        # predictions magnifies the sums' order: 1e-4 apart (relative) on an AMD EPYC, 5e-4 on the H200
+        # machine's Xeon, so 2e-3, which still tells the states rounded to float16 (the cache's default)
+        # from float32 ones in two of the three schedules (tried)
+        for k in a:
+            assert a[k] == (b[k] if isinstance(b[k], str) else pytest.approx(b[k], rel=2e-3, abs=1e-5)), (k, a, b)
 
 
 def test_a_deepened_cache_equals_one_computed_from_the_tokens(root):
