@@ -62,14 +62,18 @@ def pytest_outcome(text: str) -> dict:
 
 
 def encoder_rows(text: str) -> dict[str, dict]:
-    """The rows of bench/encoder_vs_hf.py's table: ratio, MFU (None where no peak is known), peak MiB."""
+    """The rows of bench/encoder_vs_hf.py's table (MFU None where no peak is known, peak MiB None on a
+    CPU), and under "minbert" its ratio line: the median of the paired per-step ratios."""
     rows = {}
     for line in text.splitlines():
         f = line.split()
-        if len(f) == 8 and f[0] in ("minbert", "transformers") and f[4].endswith("x"):
-            rows[f[0]] = {"median_s": float(f[2]), "ratio": float(f[4][:-1]), "tflops": float(f[5]),
-                          "mfu": float(f[6][:-1]) / 100 if f[6].endswith("%") else None,
-                          "peak_mib": float(f[7]) if f[7] != "-" else None}
+        if len(f) == 7 and f[0] in ("minbert", "transformers"):
+            rows[f[0]] = {"median_s": float(f[2]), "tflops": float(f[4]),
+                          "mfu": float(f[5][:-1]) / 100 if f[5].endswith("%") else None,
+                          "peak_mib": float(f[6]) if f[6] != "-" else None}
+    ratio = re.search(r"^ratio minbert / transformers: ([\d.]+)x", text, re.M)
+    if ratio and "minbert" in rows:
+        rows["minbert"]["ratio"] = float(ratio.group(1))
     return rows
 
 
@@ -77,7 +81,7 @@ def table_lines(text: str) -> list[str]:
     """A benchmark's output without the harness's '==' lines and library noise: its '#' header and table."""
     keep = []
     for line in text.splitlines():
-        if line.startswith("#") or re.match(r"^(arm|implementation|minbert|transformers|hf-|fp32|bf16)\b", line):
+        if line.startswith("#") or re.match(r"^(arm|implementation|minbert|transformers|hf-|fp32|bf16|ratio)\b", line):
             keep.append(line)
     return keep
 
@@ -205,7 +209,7 @@ def encoder_lines(res: Path, name: str, title: str) -> list[str]:
     text = read_log(res, name)
     rows = encoder_rows(text)
     out = [f"### {title}"] + [f"    {line}" for line in table_lines(text)]
-    if {"minbert", "transformers"} <= set(rows):
+    if {"minbert", "transformers"} <= set(rows) and "ratio" in rows["minbert"]:
         ours, ref = rows["minbert"], rows["transformers"]
         mem_ok = None if ours["peak_mib"] is None else ours["peak_mib"] <= ref["peak_mib"]
         out.append(f"- step time ours / transformers {ours['ratio']:.2f}x (target <= {TARGETS['step_ratio']}: "

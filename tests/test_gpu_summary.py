@@ -28,9 +28,10 @@ def _status(res: Path, rows):
 ENCODER_TABLE = """== bench-encoder-bert-base: python bench/encoder_vs_hf.py --device cuda --bert-base
 # 2026-12-01 10:00  torch 2.11.0  threads 16  device cuda (bf16 autocast) NVIDIA H100 80GB HBM3
 # model: bert-base shape, random (12 layers, hidden 768)  batch 32x128  steps 30 (+5 warm-up)  AdamW fused
-implementation attn    median s/step      min  ratio  TFLOP/s    MFU  step peak MiB
-minbert        sdpa           0.0300   0.0290  0.85x   300.00  30.3%            500
-transformers   sdpa           0.0353   0.0340  1.00x   255.00  25.8%            600
+implementation attn    median s/step      min  TFLOP/s    MFU  step peak MiB
+minbert        sdpa           0.0300   0.0290   300.00  30.3%            500
+transformers   sdpa           0.0353   0.0340   255.00  25.8%            600
+ratio minbert / transformers: 0.85x (median of 30 paired steps, IQR 0.80-0.90)
 == bench-encoder-bert-base: exit 0 after 20.0s
 """
 
@@ -119,3 +120,17 @@ def test_command_line(tmp_path):
     assert r.returncode == 2 and "missing: not a folder" in r.stderr
     r = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and (tmp_path / "summary.md").read_text().startswith("# GPU check")
+
+
+def test_the_encoder_rows_parse_what_the_benchmark_prints(summary):
+    """The summary's parser against bench/encoder_vs_hf.py's own output (tiny, on the CPU), so the two
+    cannot drift apart again (the GPU check of 2026-11-26 found the table's format had moved on)."""
+    pytest.importorskip("transformers")
+    out = subprocess.run([sys.executable, str(REPO / "bench" / "encoder_vs_hf.py"), "--device", "cpu",
+                          "--batch-size", "2", "--seq-len", "16", "--steps", "2", "--warmup", "0", "--threads", "1"],
+                         capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = summary.encoder_rows(out.stdout)
+    assert set(rows) == {"minbert", "transformers"}
+    assert rows["minbert"]["ratio"] > 0 and rows["minbert"]["median_s"] > 0 and rows["transformers"]["median_s"] > 0
+    assert rows["minbert"]["mfu"] is None and rows["minbert"]["peak_mib"] is None  # no peak known, no CUDA
