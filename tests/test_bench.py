@@ -23,6 +23,24 @@ def test_help_runs_from_another_folder(script, tmp_path):
     assert "usage:" in r.stdout and "--threads" in r.stdout, r.stdout
 
 
+def test_step_ops_counts_the_step_and_names_where_it_waits_for_the_device(tmp_path):
+    """bench/step_ops.py on a tiny run: every phase it names computes something, and among the host
+    syncs it lists is the loss's `.item()` in Stepper.task_loss (read from the code: one per step)."""
+    sys.path.insert(0, str(BENCH.parent / "tests"))
+    from tiny_runs import inputs
+    data, enc = inputs(tmp_path)
+    r = subprocess.run([sys.executable, str(BENCH / "step_ops.py"), "--examples", "12", "--skip", "1", "--steps", "2",
+                        "--", "--model", str(enc), "--data-dir", str(data), "--batch-size", "4", "--precision", "fp32"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = dict(line.rsplit(None, 1) for line in r.stdout.splitlines()
+                if line and not line.startswith(("#", " ", "phase", "host")))
+    assert float(rows["forward: encoder, pooling, head"]) > 0 and float(rows["backward"]) > 0
+    assert float(rows["all"]) == pytest.approx(sum(float(v) for k, v in rows.items() if k != "all"), abs=0.2)
+    assert "training/methods/stepper.py:" in r.stdout and "(task_loss)" in r.stdout, r.stdout
+    assert "tensors copied to the device per step: 4.0" in r.stdout  # ids, token types, mask, labels
+
+
 def test_zero_shot_sts_refuses_an_unlabelled_file_before_encoding(tmp_path):
     unlabelled = tmp_path / "sts-test.csv"
     unlabelled.write_text("\tid\tsentence1\tsentence2\n0\ta\tthe cat\tthe dog\n")

@@ -1,0 +1,156 @@
+"""What one training step asks of the host: the operations it dispatches (on CUDA, about one kernel
+launch each), the host synchronisations among them (each `.item()`, `bool(tensor)` and the like waits
+for the GPU to drain its queue), and the batches' host-to-device copies, per phase of the step.
+
+On a GPU a small model's step is bound by these, not by the arithmetic (docs/benchmarks.md, the H200
+section: 9% busy). Counted on the CPU, where the same Python code runs: the counts are what a change to
+our loop must cut, measured without a GPU. CPU-only paths inflate the CPU's count a little (our
+dropout's mask, the matmul attention where CUDA takes sdpa, the CPU's fused AdamW).
+
+    python bench/step_ops.py [--steps 4] [--skip 2] -- RUN_MULTITASK_FLAGS...
+    python bench/step_ops.py -- --epochs 3 --smart --smart-lambda 0 --pooling mean --ema-decay 0.998 --precision bf16
+
+Counts are per step, the mean over --steps steady-state steps after --skip; each synchronisation is
+listed with the line of ours that asked for it.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import functools
+import logging
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from data import batching  # noqa: E402
+from training.methods import smart, stepper  # noqa: E402
+from training.run.build import updates_for_epoch  # noqa: E402
+from training.run.trainer import Run  # noqa: E402
+from training.train import parse  # noqa: E402
+
+# ops that copy a device value to the host: a synchronisation on CUDA
+SYNCS = {"_local_scalar_dense", "nonzero", "masked_select", "is_nonzero", "equal", "unique", "_unique2",
+         "repeat_interleave"}
+
+
+class Counter(TorchDispatchMode):
+    """Counts every dispatched op under the phase named last by `enter`, and where each sync came from."""
+
+    def __init__(self):
+        super().__init__()
+        self.phase = ["other"]
+        self.ops = collections.Counter()     # phase -> ops that compute (views left out)
+        self.syncs = collections.Counter()   # (phase, op, our line) -> count
+        self.copies = 0                      # tensors Batch.to sent to the device
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if not (func.is_view or name in ("detach", "alias", "lift_fresh")):
+            self.ops[self.phase[-1]] += 1
+        if name in SYNCS:
+            self.syncs[(self.phase[-1], name, our_line())] += 1
+        return func(*args, **(kwargs or {}))
+
+    def enter(self, name: str, fn):
+        @functools.wraps(fn)
+        def wrapped(*a, **kw):
+            self.phase.append(name)
+            try:
+                return fn(*a, **kw)
+            finally:
+                self.phase.pop()
+        return wrapped
+
+
+def our_line() -> str:
+    """The innermost frame of this repository's code (not this script) that led here."""
+    for frame in reversed(traceback.extract_stack()[:-3]):
+        path = Path(frame.filename)
+        if REPO in path.parents and path.name != Path(__file__).name:
+            return f"{path.relative_to(REPO)}:{frame.lineno} ({frame.name})"
+    return "?"
+
+
+def instrument(run: Run, count: Counter) -> None:
+    """Names the step's phases by wrapping the methods that do them (the innermost wins)."""
+    step = run.stepper
+    model = run.model
+    model.hidden_at = count.enter("forward: embeddings", model.hidden_at)
+    model.from_hidden = count.enter("forward: encoder, pooling, head", model.from_hidden)
+    stepper.task_loss = count.enter("loss", stepper.task_loss)
+    smart.bregman_loss = count.enter("SMART: Bregman term", smart.bregman_loss)
+    smart.EMATeacher.__call__ = count.enter("SMART: teacher forward", smart.EMATeacher.__call__)
+    smart.EMATeacher.update = count.enter("SMART: teacher update", smart.EMATeacher.update)
+    stepper.Stepper._backward = count.enter("backward", stepper.Stepper._backward)
+    torch.nn.utils.clip_grad_norm_ = count.enter("gradient clipping", torch.nn.utils.clip_grad_norm_)
+    step.optimizer.step = count.enter("optimiser", step.optimizer.step)
+    step.optimizer.zero_grad = count.enter("optimiser", step.optimizer.zero_grad)
+    if step.ema is not None:
+        step.ema.update = count.enter("weight average", step.ema.update)
+    run.load_batch = count.enter("batch", run.load_batch)
+    to_device = batching.Batch.to
+
+    def counted_to(batch, device):
+        count.copies += sum(torch.is_tensor(v) for s in batch.inputs for v in s.values()) + (batch.labels is not None)
+        return to_device(batch, device)
+    batching.Batch.to = counted_to
+
+
+class NoBar:
+    """The progress bar train_step reports to: not shown here."""
+
+    def set_postfix(self, *a, **kw):
+        pass
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], usage="%(prog)s [options] -- FLAGS...")
+    ap.add_argument("--steps", type=int, default=4, help="steps counted (default 4)")
+    ap.add_argument("--skip", type=int, default=2, help="steps run first, not counted (default 2)")
+    ap.add_argument("--examples", type=int, default=64, help="training examples per task (default 64)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1: counts do not depend on it)")
+    ap.add_argument("flags", nargs="*", help="run_multitask.py's flags, after --")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    logging.basicConfig(level=logging.WARNING)
+    torch.manual_seed(0)
+    out = tempfile.mkdtemp(prefix="step-ops-")
+    _, cfg = parse([*args.flags, "--device", "cpu", "--max-train-examples", str(args.examples),
+                    "--out-dir", out, "--overwrite"])
+    run = Run(cfg).setup()
+    count = Counter()
+    instrument(run, count)
+    updates = updates_for_epoch(cfg, run.data.train, 0)[: args.skip + args.steps]
+    if len(updates) < args.skip + args.steps:
+        ap.error(f"only {len(updates)} steps in an epoch of {args.examples} examples per task: raise --examples")
+    bar = NoBar()
+    for i, update in enumerate(updates):
+        if i == args.skip:
+            count.ops.clear(), count.syncs.clear()
+            count.copies = 0
+        with count:
+            run.train_step(update, bar)
+    n = args.steps
+    print(f"# {' '.join(args.flags) or '(defaults)'}: {cfg.model}, precision {cfg.precision}, "
+          f"{n} steps after {args.skip}, torch {torch.__version__}")
+    print(f"{'phase':<34} {'ops per step':>12}")
+    for phase, k in count.ops.most_common():
+        print(f"{phase:<34} {k / n:>12.1f}")
+    print(f"{'all':<34} {sum(count.ops.values()) / n:>12.1f}")
+    print(f"host syncs per step: {sum(count.syncs.values()) / n:.1f}; tensors copied to the device per step: "
+          f"{count.copies / n:.1f}")
+    for (phase, op, line), k in count.syncs.most_common():
+        print(f"  {k / n:4.1f}  {op:<20} {phase:<34} {line}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
