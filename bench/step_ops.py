@@ -36,6 +36,8 @@ from training.run.build import updates_for_epoch  # noqa: E402
 from training.run.trainer import Run  # noqa: E402
 from training.train import parse  # noqa: E402
 
+# where our code reads tensors still on the host (a batch before its copy): no wait for the device
+HOST_SIDE = ("data/batching.py",)
 # ops that copy a device value to the host: a synchronisation on CUDA
 SYNCS = {"_local_scalar_dense", "nonzero", "masked_select", "is_nonzero", "equal", "unique", "_unique2",
          "repeat_interleave"}
@@ -59,6 +61,24 @@ class Counter(TorchDispatchMode):
             self.syncs[(self.phase[-1], name, our_line())] += 1
         return func(*args, **(kwargs or {}))
 
+    def __enter__(self):
+        # reads of a whole tensor into Python dispatch no op on a CPU tensor, but wait for a CUDA one
+        self.saved = {name: getattr(torch.Tensor, name) for name in ("tolist", "numpy")}
+        for name, method in self.saved.items():
+            setattr(torch.Tensor, name, self._counted(name, method))
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        for name, method in self.saved.items():
+            setattr(torch.Tensor, name, method)
+        return super().__exit__(*exc)
+
+    def _counted(self, name: str, method):
+        def read(tensor, *a, **kw):
+            self.syncs[(self.phase[-1], name, our_line())] += 1
+            return method(tensor, *a, **kw)
+        return read
+
     def enter(self, name: str, fn):
         @functools.wraps(fn)
         def wrapped(*a, **kw):
@@ -72,7 +92,7 @@ class Counter(TorchDispatchMode):
 
 def our_line() -> str:
     """The innermost frame of this repository's code (not this script) that led here."""
-    for frame in reversed(traceback.extract_stack()[:-3]):
+    for frame in reversed(traceback.extract_stack()[:-1]):
         path = Path(frame.filename)
         if REPO in path.parents and path.name != Path(__file__).name:
             return f"{path.relative_to(REPO)}:{frame.lineno} ({frame.name})"
@@ -145,10 +165,11 @@ def main(argv=None) -> int:
     for phase, k in count.ops.most_common():
         print(f"{phase:<34} {k / n:>12.1f}")
     print(f"{'all':<34} {sum(count.ops.values()) / n:>12.1f}")
-    print(f"host syncs per step: {sum(count.syncs.values()) / n:.1f}; tensors copied to the device per step: "
-          f"{count.copies / n:.1f}")
+    device_syncs = sum(k for (_, _, line), k in count.syncs.items() if not line.startswith(HOST_SIDE))
+    print(f"host syncs per step: {device_syncs / n:.1f}; tensors copied to the device per step: {count.copies / n:.1f}")
     for (phase, op, line), k in count.syncs.most_common():
-        print(f"  {k / n:4.1f}  {op:<20} {phase:<34} {line}")
+        host = "  (a host tensor: no wait)" if line.startswith(HOST_SIDE) else ""
+        print(f"  {k / n:4.1f}  {op:<20} {phase:<34} {line}{host}")
     return 0
 
 

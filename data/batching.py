@@ -61,10 +61,20 @@ class Batch:
         return len(self.ids)
 
     def to(self, device) -> "Batch":
-        inputs = [{k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in seq.items()}
-                  for seq in self.inputs]
+        inputs = [_sequences_to(seq, device) for seq in self.inputs]
         labels = None if self.labels is None else self.labels.to(device, non_blocking=True)
         return Batch(self.task, inputs, labels, self.ids, self.indices)
+
+
+def _sequences_to(seq: dict, device) -> dict:
+    """One sequence's tensors on `device`. Whether the batch has any padding is decided here, on the
+    host, and carried on the mask as `.unpadded`, so that the model's test (minbert.model.padding_bias)
+    need not wait for the GPU to answer it."""
+    out = {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in seq.items()}
+    mask = seq.get("attention_mask")
+    if torch.is_tensor(mask) and mask.device.type == "cpu":
+        out["attention_mask"].unpadded = bool(mask.all())
+    return out
 
 
 def encode_task(task: str, examples: list[Example], tokenizer: Tokenizer, pair_encoding: str = "cross",

@@ -229,9 +229,13 @@ def _use_sdpa(impl: str, device: torch.device, dropout: float, scores: int) -> b
 def padding_bias(attention_mask, dtype: torch.dtype):
     """(B, T) 1 = token, 0 = padding -> (B, 1, 1, T) additive bias: 0 for tokens, dtype's most
     negative value for padding (exp underflows to 0 in the softmax); None when nothing is padded,
-    so that unpadded batches do no mask work (and sdpa may take its mask-free kernels). Checking
-    costs one host sync per forward on CUDA, next to the loss's .item() every step."""
-    if attention_mask is None or bool(attention_mask.all()):
+    so that unpadded batches do no mask work (and sdpa may take its mask-free kernels). The answer
+    comes from the mask's `.unpadded` where the batch's maker put it (data.batching, on the host);
+    asking the mask itself costs a host sync per forward on CUDA."""
+    if attention_mask is None:
+        return None
+    unpadded = getattr(attention_mask, "unpadded", None)
+    if unpadded if unpadded is not None else bool(attention_mask.all()):
         return None
     pad = (attention_mask == 0)[:, None, None, :]  # (B, 1, 1, T)
     return torch.zeros(pad.shape, dtype=dtype, device=pad.device).masked_fill_(pad, torch.finfo(dtype).min)

@@ -24,8 +24,10 @@ def test_help_runs_from_another_folder(script, tmp_path):
 
 
 def test_step_ops_counts_the_step_and_names_where_it_waits_for_the_device(tmp_path):
-    """bench/step_ops.py on a tiny run: every phase it names computes something, and among the host
-    syncs it lists is the loss's `.item()` in Stepper.task_loss (read from the code: one per step)."""
+    """bench/step_ops.py on a tiny run: every phase it names computes something, and the host syncs it
+    lists are the two a step has, read from the code: the loss's terms fetched together (Stepper.
+    task_loss) and the gradient norm's finiteness test (Stepper._update). It also keeps the loop from
+    gaining a sync unnoticed."""
     sys.path.insert(0, str(BENCH.parent / "tests"))
     from tiny_runs import inputs
     data, enc = inputs(tmp_path)
@@ -37,7 +39,8 @@ def test_step_ops_counts_the_step_and_names_where_it_waits_for_the_device(tmp_pa
                 if line and not line.startswith(("#", " ", "phase", "host")))
     assert float(rows["forward: encoder, pooling, head"]) > 0 and float(rows["backward"]) > 0
     assert float(rows["all"]) == pytest.approx(sum(float(v) for k, v in rows.items() if k != "all"), abs=0.2)
-    assert "training/methods/stepper.py:" in r.stdout and "(task_loss)" in r.stdout, r.stdout
+    assert "host syncs per step: 2.0;" in r.stdout, r.stdout
+    assert "(task_loss)" in r.stdout and "(_update)" in r.stdout, r.stdout
     assert "tensors copied to the device per step: 4.0" in r.stdout  # ids, token types, mask, labels
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import warnings
 from dataclasses import fields
 
@@ -241,7 +242,9 @@ class Stepper:
         return {"loss_scale": self.loss_scaler.get_scale(), "overflow_steps": self.loss_scaler.skipped}
 
     def task_loss(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
-        """The loss of one task's group: task loss, plus SMART's terms when on."""
+        """The loss of one task's group: task loss, plus SMART's terms when on; and its parts, for the
+        log and the finiteness test, in one copy to the host (on CUDA each `.item()` and `if tensor`
+        waits for the GPU, and a small model's step is bound by the host: docs/benchmarks.md, H200)."""
         model, layer = self.model, self.model.first_trainable_layer
         masks = [s["attention_mask"] for s in batch.inputs]
         perturb_layer = 0 if self.cfg.perturbs_embeddings() else layer
@@ -251,13 +254,13 @@ class Stepper:
             hs = model.hidden_at(batch.inputs, perturb_layer)
         out = model.from_hidden(batch.task, hs, masks, perturb_layer)
         loss = task_loss(batch.task, out, batch.labels)
-        parts = {"loss": loss.item()}
+        terms = {"loss": loss}
         if self.smart:
             kind = KIND[batch.task]
             if self.smart.lambda_s:  # --smart-lambda 0 (Bregman term alone) skips the adversarial passes
                 r_s = self._smoothness(batch.task, hs, out, masks, perturb_layer, kind)
                 loss = loss + self.smart.lambda_s * r_s
-                parts["r_s"] = r_s.item()
+                terms["r_s"] = r_s
             if self.smart.mu:
                 teacher_inputs = batch.inputs
                 if frozen_prefix:  # the teacher's frozen prefix is the student's: reuse its output
@@ -265,8 +268,10 @@ class Stepper:
                                       for h, m in zip(hs, masks)]
                 d_breg = smart_lib.bregman_loss(out, self.teacher(batch.task, teacher_inputs, perturb_layer), kind)
                 loss = loss + self.smart.mu * d_breg
-                parts["d_breg"] = d_breg.item()
-        return loss, parts
+                terms["d_breg"] = d_breg
+        # the same floats as each term's .item(), fetched together
+        values = torch.stack([t.detach().float().reshape(()) for t in terms.values()]).tolist()
+        return loss, dict(zip(terms, values))
 
     def _smoothness(self, task: str, hs: list, out: torch.Tensor, masks: list, perturb_layer: int, kind: str):
         """SMART's R_s at the hidden states `hs` that gave the clean output `out`."""
@@ -308,7 +313,7 @@ class Stepper:
                     losses[b.task], parts[b.task] = self.task_loss(b)
             except torch.OutOfMemoryError as e:
                 raise torch.OutOfMemoryError(_oom_message(b, self.cfg)) from e
-            if not torch.isfinite(losses[b.task]):
+            if not finite(parts[b.task]):
                 if self.dist is None:
                     return self._skip(b.task, step, losses[b.task])
                 nonfinite += 1  # every rank must still join the all-reduce; all skip after it
@@ -348,7 +353,7 @@ class Stepper:
                         loss, parts = self.task_loss(b)
                 except torch.OutOfMemoryError as e:
                     raise torch.OutOfMemoryError(_oom_message(b, self.cfg)) from e
-                if not torch.isfinite(loss):
+                if not finite(parts):
                     return self._skip(b.task, step, loss)
                 self._backward(loss / len(groups))
                 counts[b.task] = counts.get(b.task, 0) + 1
@@ -430,6 +435,12 @@ class Stepper:
                                      f"(every --save-every steps and at epoch ends); --resume auto goes back to "
                                      f"the newest")
         return None
+
+
+def finite(parts: dict[str, float]) -> bool:
+    """Whether a loss is finite, from its parts: the loss is their weighted sum, finite where each is
+    (a sum of finite parts that overflows float32 still fails, later, as a non-finite gradient)."""
+    return all(math.isfinite(v) for v in parts.values())
 
 
 def _oom_message(b: Batch, cfg: TrainConfig) -> str:
