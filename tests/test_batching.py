@@ -96,3 +96,38 @@ def test_evaluate_cli_rejects_a_bad_token_budget_in_one_line(value, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("python -m training.evaluate: error: argument --eval-tokens: ")
     assert value in err[0] and "unrecognized" not in err[0]
+
+
+def test_a_batch_copied_to_the_device_says_on_its_mask_whether_it_is_padded_and_the_model_asks_nothing():
+    """Batch.to decides `.unpadded` from the host's mask (here recomputed by hand), and padding_bias
+    reads it without touching the mask's values: no host sync on a GPU, the same bias as asking."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from data.batching import Batch
+    from minbert.model import padding_bias
+
+    class Reads(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.values = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.values += func.overloadpacket.__name__ == "_local_scalar_dense"
+            return func(*args, **(kwargs or {}))
+
+    full = torch.ones(2, 4, dtype=torch.long)
+    padded = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])
+    for mask in (full, padded):
+        seq = {"input_ids": torch.zeros(2, 4, dtype=torch.long), "token_type_ids": torch.zeros(2, 4, dtype=torch.long),
+               "attention_mask": mask.clone()}
+        on_device = Batch("sst", [seq], torch.zeros(2, dtype=torch.long), ["a", "b"], [0, 1]).to("cpu")
+        got = on_device.inputs[0]["attention_mask"]
+        assert got.unpadded is bool((mask == 1).all().item())
+        with Reads() as reads:
+            bias = padding_bias(got, torch.float32)
+        assert reads.values == 0
+        bare = mask.clone()  # a mask nobody annotated: asked, as before
+        with Reads() as reads:
+            want = padding_bias(bare, torch.float32)
+        assert reads.values == 1
+        assert (bias is None) == (want is None) and (bias is None or torch.equal(bias, want))
