@@ -25,9 +25,9 @@ def test_help_runs_from_another_folder(script, tmp_path):
 
 def test_step_ops_counts_the_step_and_names_where_it_waits_for_the_device(tmp_path):
     """bench/step_ops.py on a tiny run: every phase it names computes something, and the host syncs it
-    lists are the two a step has, read from the code: the loss's terms fetched together (Stepper.
-    task_loss) and the gradient norm's finiteness test (Stepper._update). It also keeps the loop from
-    gaining a sync unnoticed."""
+    lists are the two a step has, read from the code: the loss's terms fetched together
+    (Stepper.task_loss) and the gradient norm's finiteness test (Stepper._update). It also keeps the
+    loop from gaining a sync unnoticed."""
     sys.path.insert(0, str(BENCH.parent / "tests"))
     from tiny_runs import inputs
     data, enc = inputs(tmp_path)
