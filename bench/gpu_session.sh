@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The GPU check in one 10-minute command, as it ran on the lent H200 (2026-11-26, 460 s): the full suite
+# on 12 CPU workers beside `env` and `cuda-tests` (neither is timed), then the timed stages alone (`train`,
+# `bench`), then, while time is left before DEADLINE seconds, the best recipe under fp16 and fp32 (bf16 is
+# the `train` stage's). Results in /tmp/gpu (summary.md); with $OUT set (the lent machine's folder that
+# comes back), a copy as $OUT/gpu.tgz every 15 s and at the end, so that a command cut off still returns
+# what it finished.
+#
+#   bash bench/gpu_session.sh                     # from the repository root, .gpu/prep carried
+#   GPU_DRY=--dry-run DEV=cpu EXTRA_SIZE="--max-train-examples 24 --epochs 1" bash bench/gpu_session.sh
+set -u
+cd "$(dirname "$0")/.." || exit 2
+export PYTHONUNBUFFERED=1 MINBERT_DATA_DIR=$PWD/.gpu/prep/course_data PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+DRY=(${GPU_DRY:-})
+R=/tmp/gpu; mkdir -p "$R"; T0=$(date +%s)
+save() {
+    [[ -n "${OUT:-}" ]] && tar -C /tmp -czf "$OUT/gpu.tgz.part" gpu 2>/dev/null && mv "$OUT/gpu.tgz.part" "$OUT/gpu.tgz"
+    return 0
+}
+(while sleep 15; do save; done) & SAVER=$!
+# the console script `minbert`, which some tests call, without fetching anything
+python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >"$R/pip.log" 2>&1 || echo "pip -e failed" >>"$R/pip.log"
+OMP_NUM_THREADS=2 MINBERT_GPU_PYTEST_ARGS="-n 12 -vv" MINBERT_GPU_TESTS_LIMIT=${SUITE_LIMIT:-210} \
+    bash bench/gpu_check.sh "${DRY[@]}" "$R" tests >"$R/suite-driver.out" 2>&1 & SUITE=$!
+bash bench/gpu_check.sh "${DRY[@]}" "$R" env cuda-tests
+wait $SUITE; echo "suite+cuda-tests done at $(( $(date +%s) - T0 )) s"; save
+MINBERT_GPU_TRAIN_LIMIT=${TRAIN_LIMIT:-240} bash bench/gpu_check.sh "${DRY[@]}" "$R" train
+echo "train done at $(( $(date +%s) - T0 )) s"; save
+bash bench/gpu_check.sh "${DRY[@]}" "$R" bench
+echo "bench done at $(( $(date +%s) - T0 )) s"; save
+for prec in fp16 fp32; do
+    left=$(( ${DEADLINE:-540} - ($(date +%s) - T0) ))
+    (( left < 90 )) && { echo "no time for $prec ($left s left)"; continue; }
+    run=/tmp/gpu-work-$prec; mkdir -p "$R/train-$prec"
+    # shellcheck disable=SC2086  # EXTRA_SIZE is a list of flags
+    timeout "$left" python3 run_multitask.py --model minilm-l6 --data-dir "$MINBERT_DATA_DIR" --epochs 3 --smart \
+        --smart-lambda 0 --pooling mean --ema-decay 0.998 --predict-both-orders --seed 2 --device "${DEV:-cuda}" \
+        --precision $prec --out-dir "$run" --predictions-dir "$run/predictions" --overwrite ${EXTRA_SIZE:-} \
+        >"$R/train-$prec/stdout.log" 2>&1
+    echo "$prec exit $? at $(( $(date +%s) - T0 )) s" | tee -a "$R/train-$prec/stdout.log"
+    cp "$run"/{metrics.jsonl,train.log,config.json} "$R/train-$prec/" 2>/dev/null; save
+done
+kill $SAVER 2>/dev/null; save
+cat "$R/summary.md"
