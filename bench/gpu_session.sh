@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# The GPU check in one 10-minute command, as it ran on the lent H200 (2026-11-26, 460 s): the full suite
-# on 12 CPU workers beside `env` and `cuda-tests` (neither is timed), then the timed stages alone (`train`,
-# `bench`), then, while time is left before DEADLINE seconds, the best recipe under fp16 and fp32 (bf16 is
-# the `train` stage's). Results in /tmp/gpu (summary.md); with $OUT set (the lent machine's folder that
-# comes back), a copy as $OUT/gpu.tgz every 15 s and at the end, so that a command cut off still returns
-# what it finished.
+# The GPU check in one 10-minute command, as it ran on the lent H200 (2026-11-26, 460 s) and since
+# extended by a profiled step: the full suite on 12 CPU workers beside `env` and `cuda-tests` (neither is
+# timed), then the timed stages alone (`train`, `bench`), the step's ops, syncs and torch.profiler view
+# (bench/step_ops.py, bf16 and fp32), then, while time is left before DEADLINE seconds, the best recipe
+# under fp16 and fp32 (bf16 is the `train` stage's). Results in /tmp/gpu (summary.md); with $OUT set (the
+# lent machine's folder that comes back), a copy as $OUT/gpu.tgz every 15 s and at the end, so that a
+# command cut off still returns what it finished.
 #
 #   bash bench/gpu_session.sh                     # from the repository root, .gpu/prep carried
 #   GPU_DRY=--dry-run DEV=cpu EXTRA_SIZE="--max-train-examples 24 --epochs 1" bash bench/gpu_session.sh
@@ -28,6 +29,12 @@ MINBERT_GPU_TRAIN_LIMIT=${TRAIN_LIMIT:-240} bash bench/gpu_check.sh "${DRY[@]}" 
 echo "train done at $(( $(date +%s) - T0 )) s"; save
 bash bench/gpu_check.sh "${DRY[@]}" "$R" bench
 echo "bench done at $(( $(date +%s) - T0 )) s"; save
+# where a step's time goes on the device (issue 42, point 4): its ops, syncs and a torch.profiler view
+for prec in bf16 fp32; do
+    timeout 120 python3 bench/step_ops.py --device "${DEV:-cuda}" --profile 25 -- --smart --smart-lambda 0 \
+        --pooling mean --ema-decay 0.998 --precision $prec --data-dir "$MINBERT_DATA_DIR" >"$R/step-ops-$prec.log" 2>&1
+done
+echo "step_ops done at $(( $(date +%s) - T0 )) s"; save
 for prec in fp16 fp32; do
     left=$(( ${DEADLINE:-540} - ($(date +%s) - T0) ))
     (( left < 90 )) && { echo "no time for $prec ($left s left)"; continue; }

@@ -9,6 +9,11 @@ dropout's mask, the matmul attention where CUDA takes sdpa, the CPU's fused Adam
 
     python bench/step_ops.py [--steps 4] [--skip 2] -- RUN_MULTITASK_FLAGS...
     python bench/step_ops.py -- --epochs 3 --smart --smart-lambda 0 --pooling mean --ema-decay 0.998 --precision bf16
+    python bench/step_ops.py --device cuda --profile 20 -- --smart --smart-lambda 0 --pooling mean --ema-decay 0.998
+
+--profile N then times --steps more steps under torch.profiler and prints the top N ops by the host's
+own time and, on CUDA, by the device's, and the device's busy share: its kernels' time over the steps'
+wall time (where it is low, the host is what the step waits for).
 
 Counts are per step, the mean over --steps steady-state steps after --skip; each synchronisation is
 listed with the line of ours that asked for it.
@@ -21,6 +26,7 @@ import functools
 import logging
 import sys
 import tempfile
+import time
 import traceback
 from pathlib import Path
 
@@ -135,24 +141,28 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], usage="%(prog)s [options] -- FLAGS...")
     ap.add_argument("--steps", type=int, default=4, help="steps counted (default 4)")
     ap.add_argument("--skip", type=int, default=2, help="steps run first, not counted (default 2)")
-    ap.add_argument("--examples", type=int, default=64, help="training examples per task (default 64)")
+    ap.add_argument("--examples", type=int, default=128, help="training examples per task (default 128)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1: counts do not depend on it)")
+    ap.add_argument("--device", default="cpu", help="cpu (default) or cuda: where the steps run")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="also profile --steps more steps and print their top N ops (default 0: not)")
     ap.add_argument("flags", nargs="*", help="run_multitask.py's flags, after --")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     logging.basicConfig(level=logging.WARNING)
     torch.manual_seed(0)
     out = tempfile.mkdtemp(prefix="step-ops-")
-    _, cfg = parse([*args.flags, "--device", "cpu", "--max-train-examples", str(args.examples),
+    _, cfg = parse([*args.flags, "--device", args.device, "--max-train-examples", str(args.examples),
                     "--out-dir", out, "--overwrite"])
     run = Run(cfg).setup()
     count = Counter()
     instrument(run, count)
-    updates = updates_for_epoch(cfg, run.data.train, 0)[: args.skip + args.steps]
-    if len(updates) < args.skip + args.steps:
+    total = args.skip + args.steps * (2 if args.profile else 1)
+    updates = updates_for_epoch(cfg, run.data.train, 0)[:total]
+    if len(updates) < total:
         ap.error(f"only {len(updates)} steps in an epoch of {args.examples} examples per task: raise --examples")
     bar = NoBar()
-    for i, update in enumerate(updates):
+    for i, update in enumerate(updates[: args.skip + args.steps]):
         if i == args.skip:
             count.ops.clear(), count.syncs.clear()
             count.copies = 0
@@ -170,7 +180,31 @@ def main(argv=None) -> int:
     for (phase, op, line), k in count.syncs.most_common():
         host = "  (a host tensor: no wait)" if line.startswith(HOST_SIDE) else ""
         print(f"  {k / n:4.1f}  {op:<20} {phase:<34} {line}{host}")
+    if args.profile:
+        profile_steps(run, updates[args.skip + args.steps:], bar, args.profile)
     return 0
+
+
+def profile_steps(run: Run, updates: list, bar, rows: int) -> None:
+    """The steps under torch.profiler: top ops by host time (and device time on CUDA), device busy share."""
+    from torch.profiler import ProfilerActivity, profile
+    cuda = run.device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    sync()
+    with profile(activities=activities) as prof:
+        t0 = time.perf_counter()
+        for update in updates:
+            run.train_step(update, bar)
+        sync()
+        wall = time.perf_counter() - t0
+    events = prof.key_averages()
+    print(f"\n# profiled {len(updates)} steps: {1000 * wall / len(updates):.2f} ms a step (wall)")
+    print(events.table(sort_by="self_cpu_time_total", row_limit=rows))
+    if cuda:  # torch >= 2.4 names the device's time "device" (it was "cuda")
+        print(events.table(sort_by="self_device_time_total", row_limit=rows))
+        kernels = sum(e.self_device_time_total for e in events) / 1e6  # microseconds -> seconds
+        print(f"device busy: {kernels:.3f} s of kernels in {wall:.3f} s of steps ({kernels / wall:.0%})")
 
 
 if __name__ == "__main__":

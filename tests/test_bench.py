@@ -32,16 +32,18 @@ def test_step_ops_counts_the_step_and_names_where_it_waits_for_the_device(tmp_pa
     from tiny_runs import inputs
     data, enc = inputs(tmp_path)
     r = subprocess.run([sys.executable, str(BENCH / "step_ops.py"), "--examples", "12", "--skip", "1", "--steps", "2",
-                        "--", "--model", str(enc), "--data-dir", str(data), "--batch-size", "4", "--precision", "fp32"],
+                        "--profile", "3", "--", "--model", str(enc), "--data-dir", str(data), "--batch-size", "4", "--precision", "fp32"],
                        cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
-    rows = dict(line.rsplit(None, 1) for line in r.stdout.splitlines()
+    counts = r.stdout.split("\n\n# profiled")[0]
+    rows = dict(line.rsplit(None, 1) for line in counts.splitlines()
                 if line and not line.startswith(("#", " ", "phase", "host")))
     assert float(rows["forward: encoder, pooling, head"]) > 0 and float(rows["backward"]) > 0
     assert float(rows["all"]) == pytest.approx(sum(float(v) for k, v in rows.items() if k != "all"), abs=0.2)
     assert "host syncs per step: 2.0;" in r.stdout, r.stdout
     assert "(task_loss)" in r.stdout and "(_update)" in r.stdout, r.stdout
     assert "tensors copied to the device per step: 4.0" in r.stdout  # ids, token types, mask, labels
+    assert "# profiled 2 steps: " in r.stdout and "aten::" in r.stdout  # --profile: two more steps, their top ops
 
 
 def test_zero_shot_sts_refuses_an_unlabelled_file_before_encoding(tmp_path):
