@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The GPU check in one 10-minute command, as it ran on the lent H200 (2026-11-26, 460 s) and since
-# extended by a profiled step: the full suite on 12 CPU workers beside `env` and `cuda-tests` (neither is
+# extended by profiled steps: the full suite on 12 CPU workers beside `env` and `cuda-tests` (neither is
 # timed), then the timed stages alone (`train`, `bench`), the step's ops, syncs and torch.profiler view
-# (bench/step_ops.py, bf16 and fp32), then, while time is left before DEADLINE seconds, the best recipe
-# under fp16 and fp32 (bf16 is the `train` stage's). Results in /tmp/gpu (summary.md); with $OUT set (the
-# lent machine's folder that comes back), a copy as $OUT/gpu.tgz every 15 s and at the end, so that a
-# command cut off still returns what it finished.
+# (bench/step_ops.py, bf16 and fp32, MiniLM and bert-base's shape), then, while time is left before
+# DEADLINE seconds, the best recipe under fp16 and fp32 (bf16 is the `train` stage's). Results in
+# /tmp/gpu (summary.md); with $OUT set (the lent machine's folder that comes back), a copy as
+# $OUT/gpu.tgz every 15 s and at the end, so that a command cut off still returns what it finished.
 #
 #   bash bench/gpu_session.sh                     # from the repository root, .gpu/prep carried
 #   GPU_DRY=--dry-run DEV=cpu EXTRA_SIZE="--max-train-examples 24 --epochs 1" bash bench/gpu_session.sh
@@ -33,6 +33,13 @@ echo "bench done at $(( $(date +%s) - T0 )) s"; save
 for prec in bf16 fp32; do
     timeout 120 python3 bench/step_ops.py --device "${DEV:-cuda}" --profile 25 -- --smart --smart-lambda 0 \
         --pooling mean --ema-decay 0.998 --precision $prec --data-dir "$MINBERT_DATA_DIR" >"$R/step-ops-$prec.log" 2>&1
+done
+# the same at bert-base's shape (random weights, MiniLM's vocabulary): bert-base itself cannot be carried
+python3 bench/bert_base_shape.py /tmp/bert-base-shape >"$R/bert-base-shape.log" 2>&1
+for prec in bf16 fp32; do
+    timeout 150 python3 bench/step_ops.py --device "${DEV:-cuda}" --profile 25 -- --model /tmp/bert-base-shape \
+        --smart --smart-lambda 0 --pooling mean --ema-decay 0.998 --precision $prec --data-dir "$MINBERT_DATA_DIR" \
+        >"$R/step-ops-bert-base-shape-$prec.log" 2>&1
 done
 echo "step_ops done at $(( $(date +%s) - T0 )) s"; save
 for prec in fp16 fp32; do

@@ -46,6 +46,17 @@ def test_step_ops_counts_the_step_and_names_where_it_waits_for_the_device(tmp_pa
     assert "# profiled 2 steps: " in r.stdout and "aten::" in r.stdout  # --profile: two more steps, their top ops
 
 
+def test_the_bert_base_stand_in_refuses_a_folder_in_use_in_one_line(tmp_path):
+    kept = tmp_path / "model" / "notes.txt"
+    kept.parent.mkdir()
+    kept.write_text("mine")
+    r = subprocess.run([sys.executable, str(BENCH / "bert_base_shape.py"), str(kept.parent)], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert str(kept.parent) in r.stderr and "not an empty folder" in r.stderr
+    assert [p.name for p in kept.parent.iterdir()] == ["notes.txt"] and kept.read_text() == "mine"
+
+
 def test_zero_shot_sts_refuses_an_unlabelled_file_before_encoding(tmp_path):
     unlabelled = tmp_path / "sts-test.csv"
     unlabelled.write_text("\tid\tsentence1\tsentence2\n0\ta\tthe cat\tthe dog\n")
