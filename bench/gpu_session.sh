@@ -56,3 +56,6 @@ for prec in fp16 fp32; do
 done
 kill $SAVER 2>/dev/null; save
 cat "$R/summary.md"
+for f in "$R"/step-ops-*.log; do  # not parts of gpu_check.sh: their headline lines here
+    [[ -f "$f" ]] && { echo "== $(basename "$f")"; grep -E "^# |^all |host syncs|profiled|device busy" "$f"; }
+done
