@@ -15,9 +15,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from minbert import Bert, BertConfig, resolve_checkpoint, save_hf  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/, for common (which puts the repository on the path)
+from common import write_bert_base_shape  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -33,8 +32,7 @@ def main(argv=None) -> int:
         return 2
     if args.threads:
         torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)
-    path = save_hf(Bert(BertConfig()), args.out, vocab_src=resolve_checkpoint("minilm-l6"))
+    path = write_bert_base_shape(out, args.seed)
     print(f"wrote {path}: bert-base's shape, random weights (seed {args.seed})")
     return 0
 

@@ -59,3 +59,14 @@ def pick_clock(kind: str, threads: int | None) -> tuple[Callable[[], float], str
     if kind == "cpu" or (kind == "auto" and threads == 1):
         return time.process_time, "process CPU time"
     return time.perf_counter, "wall-clock time"
+
+
+def write_bert_base_shape(out, seed: int) -> Path:
+    """A BERT of bert-base's shape (12 layers, hidden 768, 12 heads, FFN 3072; BERT's initialisation, std
+    0.02, from `seed`) with MiniLM's vocabulary (bert-base-uncased's 30522 word pieces), written in the
+    Hugging Face layout to `out`: bert-base's speed and memory where bert-base itself cannot be had."""
+    import torch
+
+    from minbert import Bert, BertConfig, resolve_checkpoint, save_hf
+    torch.manual_seed(seed)
+    return save_hf(Bert(BertConfig()), out, vocab_src=resolve_checkpoint("minilm-l6"))

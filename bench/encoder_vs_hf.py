@@ -27,9 +27,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere without installing
-from common import cpu_model, paired_ratios  # noqa: E402
+from common import cpu_model, paired_ratios, write_bert_base_shape  # noqa: E402
 
-from minbert import Bert, BertConfig, load_bert, resolve_checkpoint, save_hf  # noqa: E402
+from minbert import load_bert, resolve_checkpoint  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -70,9 +70,7 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
 def checkpoint_dir(args, tmp: str) -> Path:
     if not args.bert_base:
         return resolve_checkpoint(args.model)
-    torch.manual_seed(args.seed)
-    model = Bert(BertConfig())  # the defaults are bert-base's shape; our init is BERT's (std 0.02)
-    return save_hf(model, tmp, vocab_src=resolve_checkpoint("minilm-l6"))  # same 30522-word vocabulary
+    return write_bert_base_shape(tmp, args.seed)
 
 
 def make_batch(args, vocab_size: int, device):

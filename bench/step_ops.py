@@ -164,7 +164,8 @@ def main(argv=None) -> int:
     bar = NoBar()
     for i, update in enumerate(updates[: args.skip + args.steps]):
         if i == args.skip:
-            count.ops.clear(), count.syncs.clear()
+            count.ops.clear()
+            count.syncs.clear()
             count.copies = 0
         with count:
             run.train_step(update, bar)

@@ -235,7 +235,9 @@ def padding_bias(attention_mask, dtype: torch.dtype):
     if attention_mask is None:
         return None
     unpadded = getattr(attention_mask, "unpadded", None)
-    if unpadded if unpadded is not None else bool(attention_mask.all()):
+    if unpadded is None:  # a mask nobody marked: ask it
+        unpadded = bool(attention_mask.all())
+    if unpadded:
         return None
     pad = (attention_mask == 0)[:, None, None, :]  # (B, 1, 1, T)
     return torch.zeros(pad.shape, dtype=dtype, device=pad.device).masked_fill_(pad, torch.finfo(dtype).min)
