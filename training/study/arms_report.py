@@ -10,7 +10,7 @@ import numpy as np
 
 from data.loaders import COURSE_FILES, load_task_file
 from training.study.arms import METRICS, point_rows, split_scores, twins_due, versus
-from training.study.arms_cost import cost_lines, cost_rows, read_cost, scale_line
+from training.study.arms_cost import cost_lines, cost_rows, first_depth, read_cost, scale_line
 from training.study.baselines import labels_digest, read_baselines
 from training.study.protocol import Protocol
 from training.sweep.records import RESULTS, read_results
@@ -240,6 +240,51 @@ def one_point_lines(recipe, records: list[dict], reference: str) -> list[str]:
             f"tables and figures, where its rows would be {reference}'s)." for label in same]
 
 
+def schedule_lines(recipe, records: list[dict], costs: list[dict], quality: dict[str, dict], reference: str,
+                   share: float = 0.99) -> list[str]:
+    """The freezing schedules against the reference: end to end (each run's kept model) and at equal quality
+    (the cost to reach `share` of the reference's kept tuning-split score, the reference's own cost to
+    reach it over the schedule's), the depth each run had frozen when it ended, and the figure the recipe
+    quotes from the schedule's paper (a point's "published")."""
+    protocol, by_label = Protocol(recipe, records), {c["label"]: c for c in costs}
+    scheduled = [p for p in recipe.points if "unfreeze_schedule" in recipe.arms.get(p["arm"], {})
+                 and p["label"] in by_label]
+    if not scheduled or reference not in by_label:
+        return []
+    theirs = by_label[reference]["to"][share][0]
+    lines = [f"Each schedule against {reference}: end to end, to its kept model; at equal quality, the cost to its "
+             f"first evaluation at {share:.0%} of {reference}'s mean kept tuning-split score against {reference}'s "
+             f"own ({_epochs(theirs)} epochs of {reference}; medians over the seeds that reached it); the depth "
+             f"frozen when each run ended (of {recipe.layers} layers; none: every layer training).", "",
+             f"| schedule | end-to-end speed-up | dev overall against {reference} [95% t CI] (Holm p) | to {share:.0%}: "
+             f"epochs of {reference} (seeds) | speed-up at {share:.0%} | frozen at the end, per seed | published |",
+             "|---|---:|---:|---:|---:|---|---|"]
+    for point in scheduled:
+        row, t = by_label[point["label"]], quality.get(point["label"])
+        mine, reached = row["to"][share]
+        at_share = "-" if mine is None or theirs is None else f"{theirs / mine:.2f}x"
+        against = f"{_f(t['diff'], sign=True)} {_ci(t['ci'], sign=True)} ({_p(t['t_p_holm'])})" if t else "-"
+        ends = [_depth_name(final_depth(recipe, point, r), recipe.layers)
+                for _, r in sorted(protocol.reporting(point["label"]).items())]
+        lines.append(f"| {point['label']} | {_speedup(row['speedup'])} | {against} | {_epochs(mine)} ({reached}/"
+                     f"{row['seeds']}) | {at_share} | {', '.join(ends)} | {point.get('published', '-')} |")
+    return lines
+
+
+def final_depth(recipe, point: dict, record: dict):
+    """The depth a run had frozen when it ended: its schedule's last move, else where it started."""
+    moves = record.get("depth_changes")
+    return moves[-1][1] if moves else first_depth(recipe, point)
+
+
+def _depth_name(depth, layers: int) -> str:
+    return "none" if depth is None else "embeddings" if depth <= 0 else f"{depth}/{layers}"
+
+
+def _epochs(x) -> str:
+    return "not reached" if x is None else f"{x:.2f}"
+
+
 def _speedup(x) -> str:
     return "-" if x is None else f"{x:.2f}x"
 
@@ -275,6 +320,9 @@ def arms_markdown(recipe, results: Path, data_dir: str | None = None) -> tuple[s
         scale = scale_line(recipe, measurements, reference, n_train)
         quality = {t["label"]: t for t in tests if t["metric"] == "overall" and t["vs"] == reference}
         lines += ["", "## Cost", ""] + cost_lines(costs, measurements, reference, scale, quality)
+        schedules = schedule_lines(recipe, records, costs, quality, reference)
+        if schedules:
+            lines += ["", "## The freezing schedules", ""] + schedules
     if records:
         lines += comparison_sections(recipe, records, results, labels, baselines, rows, tests, reference)
     return "\n".join(lines) + "\n", rows, costs

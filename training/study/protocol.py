@@ -12,7 +12,8 @@ rate, and only their dev scores are reported. The dev sets choose nothing.
 
 A point's "size" (one of the recipe's sizes; default its first) trains on that many examples per task; a
 size study gives smaller sizes more epochs through their arm, so that every size gets the same updates.
-A point's "vs" names the point it is reported against (default: the first, full fine-tuning).
+A point's "vs" names the point it is reported against (default: the first, full fine-tuning); its
+"published" quotes what its paper reported, which the report sets beside the point's own result.
 
 A point's grid is its "lrs" (else lr_grid's). When the best rate of a point sits on the edge of the rates
 tried, the next rate beyond it on the 1-3-10 ladder is tried too (at most max_extensions times each

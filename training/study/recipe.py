@@ -43,6 +43,9 @@ KEYS = {"title", "about", "kind", "results", "report", "tasks", "depths", "sizes
         "lr_grid", "cost", "rows", "compare", "points", "tuning_split"}
 REQUIRED = {"title", "kind", "tasks", "depths", "sizes", "seeds", "train"}
 COST_ARM = "nocache"
+# an arms study's point: its label, depth and arm; its rates (lrs) or another point's (lr_of); its size and
+# the point it is measured against (vs); what its paper reported, quoted beside its result (published)
+POINT_KEYS = {"label", "depth", "arm", "lrs", "lr_of", "size", "vs", "published"}
 
 
 def lr_arm(lr: float) -> str:
@@ -273,13 +276,15 @@ def _arms_problem(raw: dict) -> str | None:
         return "points must be a list of {label, depth, arm[, lrs | lr_of]}"
     labels = [p.get("label") for p in points if isinstance(p, dict)]
     for p in points:
-        if not (isinstance(p, dict) and {"label", "depth", "arm"} <= set(p) <= {"label", "depth", "arm", "lrs", "lr_of", "size", "vs"}
+        if not (isinstance(p, dict) and {"label", "depth", "arm"} <= set(p) <= POINT_KEYS
                 and p.get("size", raw["sizes"][0]) in raw["sizes"] and p.get("vs", labels[0]) in labels
                 and isinstance(p["label"], str) and labels.count(p["label"]) == 1 and _depth_ok(p["depth"])
                 and p["arm"] in arms and ("lrs" not in p or _rates_ok(p["lrs"]))
-                and ("lr_of" not in p or ("lrs" not in p and p["lr_of"] in labels))):
+                and ("lr_of" not in p or ("lrs" not in p and p["lr_of"] in labels))
+                and isinstance(p.get("published", ""), str)):
             return (f"points: {p!r} needs a unique label, a depth, one of the arms, at most one of lrs "
-                    f"(rates > 0) or lr_of (another point's label), and a size among sizes and a vs among the labels, if any")
+                    f"(rates > 0) or lr_of (another point's label), and a size among sizes, a vs among the labels and a "
+                    f"published (text: the paper's figure the report quotes), if any")
     chained = [p["label"] for p in points if "lr_of" in p and "lr_of" in points[labels.index(p["lr_of"])]]
     if chained:
         return f"points: {chained[0]!r} takes its rate from a point that takes its own from another (lr_of)"
