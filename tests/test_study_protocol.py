@@ -568,12 +568,13 @@ def test_the_summary_table_by_hand():
              "normalised": 1.0, "trainable_params": 99, "total_params": 100, "values": {1: 0.73, 2: 0.75}},
             {"label": "one", "arm": "", "depth": 1, "metric": "sst_acc", "mean": 0.4, "ci": (0.3, 0.5),
              "normalised": 0.5}]
-    tests = [{"label": "one", "vs": "full", "metric": "overall", "diff": -0.04, "ci": (-0.05, -0.03), "t_p_holm": 0.012},
+    tests = [{"label": "one", "vs": "full", "metric": "overall", "diff": -0.04, "ci": (-0.05, -0.03), "t_p_holm": 0.012,
+              "boot_p_holm": 0.0004},
              {"label": "one", "vs": "other", "metric": "overall", "diff": 9.0, "ci": (0, 0), "t_p_holm": 0.5}]
     costs = [{"label": "full", "speedup": 1.0}, {"label": "one", "speedup": 2.5}]
     lines = summary_lines(rows, tests, costs, {"trivial": {"overall": 0.45}}, "full")
     assert lines[2] == "| full | 99.0% | 2 | 0.7400 [0.7300, 0.7500] | - | 1.000 | 1.00x |"
-    assert lines[3] == "| one | 25.0% | 1 | 0.7000 [0.6900, 0.7100] | -0.0400 [-0.0500, -0.0300] (0.012) | 0.800 | 2.50x |"
+    assert lines[3] == "| one | 25.0% | 1 | 0.7000 [0.6900, 0.7100] | -0.0400 [-0.0500, -0.0300] (0.012 / <0.001) | 0.800 | 2.50x |"
     assert lines[4] == "| lora | - | 1 | 0.7400 [0.7000, 0.8000] | - | 1.000 | - |"
     assert lines[5].startswith("| trivial predictor") and "| 0.4500 |" in lines[5] and len(lines) == 6
     assert summary_lines(rows[1:2], [], [], None, "full")[2] == "| one | 25.0% | 1 | 0.7000 [0.6900, 0.7100] | - | 0.800 | - |"

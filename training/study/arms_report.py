@@ -213,16 +213,18 @@ def unseen_lines(rows: list[dict], reference: str) -> list[str]:
 def summary_lines(rows: list[dict], tests: list[dict], costs: list[dict], baselines: dict | None,
                   reference: str) -> list[str]:
     """One line per point with reporting runs: what trains, its seeds, dev overall, its difference from the reference
-    (Holm-adjusted paired t p), and its end-to-end speed-up; the trivial predictor's score last."""
+    (Holm-adjusted p of the paired t and of the bootstrap over dev examples), and its end-to-end speed-up; the
+    trivial predictor's score last."""
     versus_ref = {t["label"]: t for t in tests if t["metric"] == "overall" and t["vs"] == reference}
     speedup = {c["label"]: c["speedup"] for c in costs}
-    lines = [f"| point | trainable | seeds | dev overall [95% CI] | against {reference} [95% CI] (Holm p) "
-             "| normalised | end-to-end speed-up |", "|---|---:|---:|---:|---:|---:|---:|"]
+    lines = [f"| point | trainable | seeds | dev overall [95% CI] | against {reference} [95% CI] (Holm p: t / "
+             "bootstrap) | normalised | end-to-end speed-up |", "|---|---:|---:|---:|---:|---:|---:|"]
     overall = [r for r in rows if r["metric"] == "overall"]
     plain = sorted((r for r in overall if r["arm"] == ""), key=lambda r: -2 if r["depth"] is None else r["depth"])
     for r in plain + [r for r in overall if r["arm"] != ""]:  # the plain depths in depth order, then the rest
         t = versus_ref.get(r["label"])
-        against = f"{_f(t['diff'], sign=True)} {_ci(t['ci'], sign=True)} ({_p(t['t_p_holm'])})" if t else "-"
+        against = (f"{_f(t['diff'], sign=True)} {_ci(t['ci'], sign=True)} ({_p(t['t_p_holm'])} / "
+                   f"{_p(t.get('boot_p_holm', math.nan))})" if t else "-")
         share = f"{r['trainable_params'] / r['total_params']:.1%}" if r.get("trainable_params") else "-"
         lines.append(f"| {r['label']} | {share} | {len(r['values'])} | {_f(r['mean'])} {_ci(r['ci'])} | {against} "
                      f"| {_f(r['normalised'], 3)} | {_speedup(speedup.get(r['label']))} |")
