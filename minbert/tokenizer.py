@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 from typing import Sequence
 
+import numpy as np
 import torch
 from tokenizers import Tokenizer as _Backend
 from tokenizers.implementations import BertWordPieceTokenizer
@@ -83,17 +84,20 @@ class Tokenizer:
         return [(e.ids, e.type_ids) for e in self.backend.encode_batch(inputs)]
 
     def pad(self, encoded: Sequence[tuple[Sequence[int], Sequence[int]]], device=None) -> dict[str, torch.Tensor]:
-        """Pad to the longest sequence in the batch (dynamic padding)."""
+        """Pad to the longest sequence in the batch (dynamic padding). Filled in numpy and handed to torch
+        once: row by row in torch, a batch of 32 cost about 100 dispatched ops, each a little host time
+        that a GPU step, short and host-bound, feels (bench/step_ops.py)."""
         B, T = len(encoded), max(len(ids) for ids, _ in encoded)
-        input_ids = torch.full((B, T), self.pad_id, dtype=torch.long)
-        token_type_ids = torch.zeros((B, T), dtype=torch.long)
-        attention_mask = torch.zeros((B, T), dtype=torch.long)
+        input_ids = np.full((B, T), self.pad_id, dtype=np.int64)
+        token_type_ids = np.zeros((B, T), dtype=np.int64)
+        attention_mask = np.zeros((B, T), dtype=np.int64)
         for i, (ids, types) in enumerate(encoded):
             n = len(ids)
-            input_ids[i, :n] = torch.as_tensor(ids)
-            token_type_ids[i, :n] = torch.as_tensor(types)
+            input_ids[i, :n] = ids
+            token_type_ids[i, :n] = types
             attention_mask[i, :n] = 1
-        batch = {"input_ids": input_ids, "token_type_ids": token_type_ids, "attention_mask": attention_mask}
+        batch = {"input_ids": torch.from_numpy(input_ids), "token_type_ids": torch.from_numpy(token_type_ids),
+                 "attention_mask": torch.from_numpy(attention_mask)}
         return {k: v.to(device) for k, v in batch.items()} if device is not None else batch
 
     def __call__(self, texts, pairs=None, max_length: int = 128, device=None) -> dict[str, torch.Tensor]:
