@@ -2,7 +2,8 @@
 # The GPU check in one 10-minute command, as it ran on the lent H200 (2026-11-26, 460 s) and since
 # extended by profiled steps: the full suite on 12 CPU workers beside `env` and `cuda-tests` (neither is
 # timed), then the timed stages alone (`train`, `bench`), the step's ops, syncs and torch.profiler view
-# (bench/step_ops.py, bf16 and fp32, MiniLM and bert-base's shape), then, while time is left before
+# (bench/step_ops.py, bf16 and fp32, MiniLM and bert-base's shape), what a new batch length's first steps
+# cost (bench/shape_warmup.py, with and without --pad-multiple), then, while time is left before
 # DEADLINE seconds, the best recipe under fp16 and fp32 (bf16 is the `train` stage's). Results in
 # /tmp/gpu (summary.md); with $OUT set (the lent machine's folder that comes back), a copy as
 # $OUT/gpu.tgz every 15 s and at the end, so that a command cut off still returns what it finished.
@@ -42,6 +43,11 @@ for prec in bf16 fp32; do
         >"$R/step-ops-bert-base-shape-$prec.log" 2>&1
 done
 echo "step_ops done at $(( $(date +%s) - T0 )) s"; save
+# why the first bf16 epoch took twice the later ones: a new batch length's first steps, fp32 and bf16, padded
+# to the longest and to multiples of 32 (--pad-multiple), each arm in a fresh process
+timeout 200 python3 bench/shape_warmup.py --device "${DEV:-cuda}" --batches 120 --data-dir "$MINBERT_DATA_DIR" \
+    >"$R/shape-warmup.log" 2>&1
+echo "shape_warmup done at $(( $(date +%s) - T0 )) s"; save
 for prec in fp16 fp32; do
     left=$(( ${DEADLINE:-540} - ($(date +%s) - T0) ))
     (( left < 90 )) && { echo "no time for $prec ($left s left)"; continue; }
@@ -56,6 +62,7 @@ for prec in fp16 fp32; do
 done
 kill $SAVER 2>/dev/null; save
 cat "$R/summary.md"
+cat "$R/shape-warmup.log" 2>/dev/null
 for f in "$R"/step-ops-*.log; do  # not parts of gpu_check.sh: their headline lines here
     [[ -f "$f" ]] && { echo "== $(basename "$f")"; grep -E "^# |^all |host syncs|profiled|device busy" "$f"; }
 done

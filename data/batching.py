@@ -108,8 +108,10 @@ def batch_labels(data: TaskData, indices: Sequence[int]) -> torch.Tensor | None:
     return torch.tensor([data.examples[i].label for i in indices], dtype=dtype)
 
 
-def make_batch(data: TaskData, indices: Sequence[int], tokenizer: Tokenizer) -> Batch:
-    inputs = [tokenizer.pad([seq[i] for i in indices]) for seq in data.sequences]
+def make_batch(data: TaskData, indices: Sequence[int], tokenizer: Tokenizer, multiple: int = 1,
+               cap: int | None = None) -> Batch:
+    """The examples at `indices`, padded to their longest (rounded up to `multiple`, at most `cap`)."""
+    inputs = [tokenizer.pad([seq[i] for i in indices], multiple=multiple, cap=cap) for seq in data.sequences]
     return Batch(data.task, inputs, batch_labels(data, indices), [data.examples[i].id for i in indices], indices)
 
 

@@ -28,6 +28,8 @@ from typing import Sequence
 
 import numpy as np
 
+from minbert.tokenizer import padded_length
+
 SAMPLING_MODES = ("mtdnn", "proportional", "round-robin", "annealed")
 
 # 50 batches per bucket: on the course training files at batch size 32 (whitespace tokens +
@@ -175,15 +177,17 @@ def epoch_schedule(sizes: dict[str, int], batch_size: int, *, epoch: int, seed: 
     streams = [iter(read(i, int(start[i]), int((choice == i).sum()))) for i in range(len(tasks))]
     return [TaskBatch(tasks[i], next(streams[i])) for i in choice.tolist()]
 
-def padding_efficiency(schedule: list[TaskBatch], lengths: dict[str, Sequence[int]]) -> float:
-    """Real tokens / tokens computed when each batch is padded to its longest member."""
+def padding_efficiency(schedule: list[TaskBatch], lengths: dict[str, Sequence[int]], multiple: int = 1,
+                       cap: int | None = None) -> float:
+    """Real tokens / tokens computed when each batch is padded to its longest member (rounded up to a
+    multiple of `multiple` tokens, at most `cap`: --pad-multiple)."""
     real = computed = 0
     for b in schedule:
         if not b.indices:
             continue
         lens = [int(lengths[b.task][i]) for i in b.indices]
         real += sum(lens)
-        computed += max(lens) * len(lens)
+        computed += padded_length(max(lens), multiple, cap) * len(lens)
     if computed == 0:
         raise ValueError("schedule has no tokens: padding efficiency is undefined")
     return real / computed

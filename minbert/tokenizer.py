@@ -83,11 +83,13 @@ class Tokenizer:
         inputs = list(texts) if pairs is None else list(zip(texts, pairs))
         return [(e.ids, e.type_ids) for e in self.backend.encode_batch(inputs)]
 
-    def pad(self, encoded: Sequence[tuple[Sequence[int], Sequence[int]]], device=None) -> dict[str, torch.Tensor]:
-        """Pad to the longest sequence in the batch (dynamic padding). Filled in numpy and handed to torch
-        once: row by row in torch, a batch of 32 cost about 100 dispatched ops, each a little host time
-        that a GPU step, short and host-bound, feels (bench/step_ops.py)."""
-        B, T = len(encoded), max(len(ids) for ids, _ in encoded)
+    def pad(self, encoded: Sequence[tuple[Sequence[int], Sequence[int]]], device=None, multiple: int = 1,
+            cap: int | None = None) -> dict[str, torch.Tensor]:
+        """Pad to the longest sequence in the batch (dynamic padding), rounded up to a multiple of
+        `multiple` tokens but not past `cap` (padded_length). Filled in numpy and handed to torch once: row
+        by row in torch, a batch of 32 cost about 100 dispatched ops, each a little host time that a GPU
+        step, short and host-bound, feels (bench/step_ops.py)."""
+        B, T = len(encoded), padded_length(max(len(ids) for ids, _ in encoded), multiple, cap)
         input_ids = np.full((B, T), self.pad_id, dtype=np.int64)
         token_type_ids = np.zeros((B, T), dtype=np.int64)
         attention_mask = np.zeros((B, T), dtype=np.int64)
@@ -102,3 +104,10 @@ class Tokenizer:
 
     def __call__(self, texts, pairs=None, max_length: int = 128, device=None) -> dict[str, torch.Tensor]:
         return self.pad(self.encode(texts, pairs, max_length), device=device)
+
+
+def padded_length(longest: int, multiple: int = 1, cap: int | None = None) -> int:
+    """A batch's length: its longest sequence rounded up to a multiple of `multiple`, but never past
+    `cap` (--max-length) nor below the longest itself."""
+    rounded = -(-longest // multiple) * multiple
+    return max(longest, min(rounded, cap)) if cap is not None else rounded

@@ -46,8 +46,11 @@ def _model(ckpt, upto):
     return m
 
 
-def _train(ckpt, tok, train, cache, upto=2, steps=6, **options):
+def _train(ckpt, tok, train, cache, upto=2, steps=6, multiple=1, dropout=True, **options):
     model = _model(ckpt, upto)
+    for m in model.modules() if not dropout else []:
+        if isinstance(getattr(m, "p", None), float):
+            m.p = 0.0
     cfg = TrainConfig(freeze_upto=upto, lr=1e-2, max_grad_norm=1.0, warmup_ratio=0.0, **options)
     stepper = Stepper.build(model, cfg, steps)
     torch.manual_seed(2)  # dropout in the trainable layers draws the same numbers in both runs
@@ -55,7 +58,10 @@ def _train(ckpt, tok, train, cache, upto=2, steps=6, **options):
     for step in range(steps):
         task = ("sst", "para", "sts")[step % 3]
         idx = list(range((step // 3) * 8, (step // 3) * 8 + 8))
-        batch = cache.batch(train[task], idx) if cache else make_batch(train[task], idx, tok)
+        shape = multiple, 24  # the cap: --max-length
+        batch = cache.batch(train[task], idx, *shape) if cache else make_batch(train[task], idx, tok, *shape)
+        if multiple > 1:
+            assert all(seq["attention_mask"].shape[1] % multiple == 0 for seq in batch.inputs)
         losses.append(stepper.step([batch], step)[task]["loss"])
     return losses, model
 
@@ -72,6 +78,20 @@ def test_cached_training_matches_uncached(setup):
     cache16 = build_frozen_cache(_model(ckpt, 2), train, tok, torch.device("cpu"), "memory")
     losses16, _ = _train(ckpt, tok, train, cache=cache16)
     np.testing.assert_allclose(losses16, ref_losses, rtol=5e-3, atol=5e-3)
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_padding_to_a_multiple_trains_as_padding_to_the_longest_does(setup, cached):
+    """--pad-multiple only adds masked positions: the same losses and weights as batches padded to their
+    longest, to float noise (dropout off: its draws follow the batch's shape), with the cache too."""
+    ckpt, tok, train = setup
+    cache = (build_frozen_cache(_model(ckpt, 2), train, tok, torch.device("cpu"), "memory", dtype="float32")
+             if cached else None)
+    ref_losses, ref_model = _train(ckpt, tok, train, cache=cache, dropout=False)
+    losses, model = _train(ckpt, tok, train, cache=cache, dropout=False, multiple=8)
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-5, atol=1e-6)
+    for (name, p), q in zip(model.named_parameters(), ref_model.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5, msg=name)
 
 
 def test_bregman_only_smart_keeps_the_cache_and_its_trajectory(setup):

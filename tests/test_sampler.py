@@ -253,6 +253,9 @@ def test_padding_efficiency_hand_computed():
     # real = 3+5 + 2+10 + 4+4 = 28; computed = 2*5 + 2*10 + 2*4 = 38
     assert padding_efficiency(sch, lengths) == pytest.approx(28 / 38)
     assert padding_efficiency([TaskBatch("b", (0, 1))], lengths) == 1.0
+    # --pad-multiple 4, --max-length 9: the batches pad to 8, 10 (12 would pass the cap, and a batch never
+    # pads below its longest) and 4: computed = 2*8 + 2*10 + 2*4 = 44
+    assert padding_efficiency(sch, lengths, 4, 9) == pytest.approx(28 / 44)
     with pytest.raises(ValueError):
         padding_efficiency([], lengths)
 

@@ -71,3 +71,27 @@ def test_a_broken_vocabulary_names_its_file(tmp_path, vocab, config, names):
         (tmp_path / "tokenizer_config.json").write_text(config)
     with pytest.raises(ValueError, match=re.escape(f"{tmp_path / names.split(':')[0]}:") + names.split(":", 1)[1]):
         Tokenizer.from_checkpoint(tmp_path)
+
+
+@pytest.mark.parametrize("multiple", [8, 32])
+def test_padding_to_a_multiple_matches_pad_to_multiple_of(sentences, multiple):
+    """--pad-multiple's batches against BertTokenizerFast's pad_to_multiple_of, under --max-length 128."""
+    ckpt = resolve_checkpoint("minilm-l6")
+    ours, ref = Tokenizer.from_checkpoint(ckpt), BertTokenizerFast.from_pretrained(str(ckpt))
+    singles, pairs = sentences
+    for args in [(singles[:13],), ([p[0] for p in pairs[:9]], [p[1] for p in pairs[:9]])]:
+        got = ours.pad(ours.encode(*args, max_length=128), multiple=multiple, cap=128)
+        exp = ref(*args, max_length=128, truncation="longest_first", padding="longest", pad_to_multiple_of=multiple,
+                  return_tensors="pt")
+        assert got["input_ids"].shape[1] % multiple == 0
+        for key in ("input_ids", "token_type_ids", "attention_mask"):
+            assert got[key].tolist() == exp[key].tolist()
+
+
+def test_a_multiple_never_pads_past_the_cap():
+    from minbert.tokenizer import padded_length
+    assert [padded_length(37, 8, 128), padded_length(37, 32, 128), padded_length(127, 32, 128)] == [40, 64, 128]
+    assert padded_length(20, 16, 24) == 24 and padded_length(5) == 5 and padded_length(30, 1, 24) == 30
+    ours = Tokenizer.from_checkpoint(resolve_checkpoint("minilm-l6"))
+    batch = ours.pad(ours.encode(["a b c d e f g h i j"], max_length=10), multiple=8, cap=10)
+    assert batch["input_ids"].shape == (1, 10)  # 16 would pass --max-length 10: stop at the cap

@@ -24,6 +24,7 @@ import torch
 
 from data.batching import Batch, TaskData, batch_labels, eval_batch_indices, eval_batches, eval_token_budget
 from heads import MultitaskBert
+from minbert.tokenizer import padded_length
 from training.common.progress import progress
 
 log = logging.getLogger(__name__)
@@ -37,10 +38,10 @@ class PackedStates:
     data: np.ndarray  # (total tokens, H), an in-memory array or a read-only np.memmap
     offsets: np.ndarray  # (N + 1,)
 
-    def gather(self, indices) -> tuple[torch.Tensor, torch.Tensor]:
-        """Padded (B, T, H) float32 hidden states and their (B, T) attention mask."""
+    def gather(self, indices, multiple: int = 1, cap: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Padded (B, T, H) float32 hidden states and their (B, T) attention mask; T as Tokenizer.pad's."""
         lengths = self.offsets[np.asarray(indices) + 1] - self.offsets[np.asarray(indices)]
-        B, T, H = len(indices), int(lengths.max()), self.data.shape[1]
+        B, T, H = len(indices), padded_length(int(lengths.max()), multiple, cap), self.data.shape[1]
         hidden = np.zeros((B, T, H), dtype=np.float32)
         mask = np.zeros((B, T), dtype=np.int64)
         for row, (i, n) in enumerate(zip(indices, lengths)):
@@ -61,11 +62,11 @@ class FrozenCache:
         """Whether the states are those of `data` itself (not, say, its pairs in the other order)."""
         return self.sources.get(data.task) is data
 
-    def batch(self, data: TaskData, indices) -> Batch:
+    def batch(self, data: TaskData, indices, multiple: int = 1, cap: int | None = None) -> Batch:
         """The same batch make_batch would give, with `hidden` entering self.layer instead of token ids."""
         inputs = []
         for packed in self.states[data.task]:
-            hidden, mask = packed.gather(indices)
+            hidden, mask = packed.gather(indices, multiple, cap)
             inputs.append({"hidden": hidden, "attention_mask": mask, "cache_layer": self.layer})
         return Batch(data.task, inputs, batch_labels(data, indices), [data.examples[i].id for i in indices], indices)
 

@@ -391,7 +391,7 @@ class Run:
         cfg, state, data = self.cfg, self.state, self.data
         schedule = updates_for_epoch(cfg, data.train, epoch)  # global: the same on every rank
         flat = [tb for update in schedule for s in update for tb in s]
-        eff = padding_efficiency(flat, {t: d.lengths for t, d in data.train.items()})
+        eff = padding_efficiency(flat, {t: d.lengths for t, d in data.train.items()}, cfg.pad_multiple, cfg.max_length)
         log.info("epoch %d: %d steps, padding efficiency %.2f (real tokens / tokens computed)",
                  epoch, len(schedule), eff)
         t0 = time.time() - state.epoch_seconds
@@ -456,7 +456,8 @@ class Run:
 
     def load_batch(self, tb: TaskBatch) -> Batch:
         data, cache = self.data.train[tb.task], self.caches.train
-        batch = cache.batch(data, tb.indices) if cache else make_batch(data, tb.indices, self.tokenizer)
+        shape = self.cfg.pad_multiple, self.cfg.max_length
+        batch = cache.batch(data, tb.indices, *shape) if cache else make_batch(data, tb.indices, self.tokenizer, *shape)
         return batch.to(self.device)
 
     # ------------------------------------------------------------------ freezing schedule
