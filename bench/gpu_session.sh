@@ -3,7 +3,8 @@
 # extended by profiled steps: the full suite on 12 CPU workers beside `env` and `cuda-tests` (neither is
 # timed), then the timed stages alone (`train`, `bench`), the step's ops, syncs and torch.profiler view
 # (bench/step_ops.py, bf16 and fp32, MiniLM and bert-base's shape), what a new batch length's first steps
-# cost (bench/shape_warmup.py, with and without --pad-multiple), then, while time is left before
+# cost (bench/shape_warmup.py, with and without --pad-multiple), the step with each layer's kernels
+# replayed as CUDA graphs (precision_compile.py --compile-mode reduce-overhead), then, while time is left before
 # DEADLINE seconds, the best recipe under fp16 and fp32 (bf16 is the `train` stage's). Results in
 # /tmp/gpu (summary.md); with $OUT set (the lent machine's folder that comes back), a copy as
 # $OUT/gpu.tgz every 15 s and at the end, so that a command cut off still returns what it finished.
@@ -48,6 +49,10 @@ echo "step_ops done at $(( $(date +%s) - T0 )) s"; save
 timeout 200 python3 bench/shape_warmup.py --device "${DEV:-cuda}" --batches 120 --data-dir "$MINBERT_DATA_DIR" \
     >"$R/shape-warmup.log" 2>&1
 echo "shape_warmup done at $(( $(date +%s) - T0 )) s"; save
+# CUDA graphs for the launch-bound step: each layer compiled under reduce-overhead (--compile-mode)
+timeout 240 python3 bench/precision_compile.py --device "${DEV:-cuda}" --steps 20 --warmup 5 \
+    --compile-mode reduce-overhead --data-dir "$MINBERT_DATA_DIR" >"$R/compile-reduce-overhead.log" 2>&1
+echo "reduce-overhead done at $(( $(date +%s) - T0 )) s"; save
 for prec in fp16 fp32; do
     left=$(( ${DEADLINE:-540} - ($(date +%s) - T0) ))
     (( left < 90 )) && { echo "no time for $prec ($left s left)"; continue; }
@@ -62,7 +67,7 @@ for prec in fp16 fp32; do
 done
 kill $SAVER 2>/dev/null; save
 cat "$R/summary.md"
-cat "$R/shape-warmup.log" 2>/dev/null
+cat "$R/shape-warmup.log" "$R/compile-reduce-overhead.log" 2>/dev/null
 for f in "$R"/step-ops-*.log; do  # not parts of gpu_check.sh: their headline lines here
     [[ -f "$f" ]] && { echo "== $(basename "$f")"; grep -E "^# |^all |host syncs|profiled|device busy" "$f"; }
 done

@@ -12,6 +12,10 @@ with its own copy of the model:
     fp32+compile    --compile        (torch.compile of each encoder layer, dynamic shapes)
     bf16+compile    --precision bf16 --compile
 
+--compile-mode reduce-overhead compiles those arms as the trainer's --compile-mode does: each layer's
+kernels replayed as CUDA graphs, one per batch shape (three here), which is what a launch-bound GPU
+step would gain from.
+
 Rounds (one step on each of the three batches) are interleaved over the arms, order reversed
 every other round, after warm-up rounds that also absorb compilation; medians are reported.
 The last column is how far each arm's loss after the timed steps is from fp32's, a first check
@@ -21,6 +25,7 @@ so its column also holds dropout noise). The accuracy check is a real run: see d
     python bench/precision_compile.py                # MiniLM-L6, CPU, course data
     python bench/precision_compile.py --no-compile --steps 10
     python bench/precision_compile.py --device cuda --fp16    # a T4 / V100: fp16 against fp32 (and bf16)
+    python bench/precision_compile.py --device cuda --compile-mode reduce-overhead
 
 The first line says what --precision auto resolves to on the device.
 """
@@ -49,18 +54,20 @@ def parse_args(argv=None):
     p.add_argument("--no-compile", action="store_true", help="time only the eager arms")
     p.add_argument("--fp16", action="store_true", help="add an fp16 arm (eager; with the loss scale)")
     p.add_argument("--device", default="cpu", help="cpu or cuda (default: %(default)s)")
+    p.add_argument("--compile-mode", default="default", choices=["default", "reduce-overhead"],
+                   help="the compiled arms' torch.compile mode; reduce-overhead: CUDA graphs (default: %(default)s)")
     return p.parse_args(argv)
 
 
 def make_arm(args, precision: str, compiled: bool) -> Stepper:
     cfg = TrainConfig(model=args.model, data_dir=args.data_dir, batch_size=args.batch_size, device=args.device,
                       precision=precision, seed=args.seed, freeze_upto=args.freeze_upto, head_dropout=0.0,
-                      warmup_ratio=0.0)
+                      warmup_ratio=0.0, compile=compiled, compile_mode=args.compile_mode)
     dev = pick_device(args.device)
     model, _, _ = build_model(cfg)  # the same seed: every arm starts from the same weights and heads
     model.to(dev)
     if compiled:
-        compile_layers(model.encoder)
+        compile_layers(model.encoder, mode=args.compile_mode)  # the Stepper marks each step for CUDA graphs
     return Stepper.build(model, cfg, 10_000, dev, DTYPES[precision])
 
 

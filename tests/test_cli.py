@@ -273,6 +273,7 @@ def test_a_vocabulary_without_cls_is_one_line(tmp_path, capsys):
     (["--smart-lambda", "5", "--smart-perturb-at", "first-trainable"],
      "--smart-lambda, --smart-perturb-at: are for --smart, which is off"),
     (["--pcgrad-variant", "dominant"], "--pcgrad-variant: is for --pcgrad, which is off"),
+    (["--compile-mode", "reduce-overhead"], "--compile-mode: is for --compile, which is off"),
 ])
 def test_out_of_range_values_are_refused_before_loading(args, capsys, flags, names):
     rc, _, err = run(args + flags, capsys)  # the model does not exist: validation must speak first

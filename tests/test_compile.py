@@ -67,14 +67,16 @@ def test_state_dict_unchanged_by_compile():
     assert list(model.state_dict()) == keys
 
 
-def test_inductor_matches_eager_over_lengths(caplog):
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_inductor_matches_eager_over_lengths(caplog, mode):
     """The real compiler (inductor; needs a C++ compiler, which CI has): same loss and gradients
-    as eager on two batch shapes (dynamic shapes: no error, no fallback) and in eval mode."""
+    as eager on two batch shapes (dynamic shapes: no error, no fallback) and in eval mode; under
+    reduce-overhead too, which on a CPU compiles without CUDA graphs."""
     from torch._dynamo.utils import counters
     counters.clear()
     eager = tiny_bert()
     compiled = copy.deepcopy(eager)
-    compile_layers(compiled)
+    compile_layers(compiled, mode=mode)
     with caplog.at_level(logging.WARNING, logger="training.methods.compiling"):
         for B, T, seed in ((3, 7, 0), (5, 12, 1)):
             ids, mask = batch(B, T, seed)
@@ -129,3 +131,32 @@ def test_cli_flag_compiles_and_a_failure_keeps_training(tmp_path, monkeypatch, c
     assert dev_metrics(runs[True]) == dev_metrics(runs[False])
     for name in ("sst-dev-output.csv", "para-test-output.csv"):
         assert (runs[True] / "pred" / name).read_text() == (runs[False] / "pred" / name).read_text()
+
+
+def test_compile_mode_reaches_torch_compile_and_reduce_overhead_marks_each_step(monkeypatch):
+    """--compile-mode: each layer is compiled with the mode (none passed for default); a Stepper under
+    reduce-overhead marks the start of every step for the CUDA graphs, and under default never does."""
+    import training.methods.stepper as stepper_module
+    from data.batching import Batch
+    from heads import MultitaskBert
+    from training.methods.stepper import Stepper
+    from training.run.config import TrainConfig
+
+    seen = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: seen.append(kw) or fn)
+    compile_layers(tiny_bert(), mode="reduce-overhead")
+    compile_layers(tiny_bert())
+    assert [kw.get("mode") for kw in seen] == ["reduce-overhead"] * 2 + [None] * 2
+
+    marks = []
+    monkeypatch.setattr(stepper_module, "mark_step", lambda: marks.append(1))
+    ids, mask = batch(3, 7, 0)
+    sst = Batch("sst", [{"input_ids": ids, "token_type_ids": torch.zeros_like(ids), "attention_mask": mask}],
+                torch.tensor([0, 3, 4]), ["a", "b", "c"], [0, 1, 2])
+    for mode, expected in (("default", 0), ("reduce-overhead", 3)):
+        marks.clear()
+        cfg = TrainConfig(compile=True, compile_mode=mode, device="cpu", precision="fp32")
+        stepper = Stepper.build(MultitaskBert(tiny_bert(), "cross"), cfg, 10)
+        for step in range(3):
+            assert stepper.step([sst], step) is not None
+        assert len(marks) == expected, mode

@@ -1,4 +1,5 @@
 """--compile: torch.compile the encoder layers, falling back to eager execution where it cannot.
+--compile-mode reduce-overhead: each layer's kernels replayed as CUDA graphs.
 
 Each encoder layer is compiled on its own (not the whole model): the frozen-prefix cache, SMART
 and PCGrad cut the encoder at arbitrary layers (Bert.encode(start, end)), and a layer is the
@@ -33,15 +34,24 @@ class _Fallback:
                     type(root).__name__, first[:300])
 
 
-def compile_layers(encoder: torch.nn.Module, backend: str | object = "inductor") -> None:
-    """Replace each layer's forward with a compiled one that falls back to the eager forward.
+def compile_layers(encoder: torch.nn.Module, backend: str | object = "inductor", mode: str = "default") -> None:
+    """Replace each layer's forward with a compiled one that falls back to the eager forward. mode is
+    torch.compile's: "reduce-overhead" replays each layer's kernels on CUDA as a CUDA graph, recorded once
+    per batch shape (the steps must then be marked: mark_step); on a CPU it compiles as "default" does.
 
     Call it after any deep copy of the model (SMART's EMA teacher): a copy would keep calling the
     original's compiled functions."""
     fallback = _Fallback()
+    options = {} if mode == "default" else {"mode": mode}
     for layer in encoder.layers:
-        layer.forward = _guarded(layer.forward, torch.compile(layer.forward, dynamic=True, backend=backend),
-                                 fallback)
+        compiled = torch.compile(layer.forward, dynamic=True, backend=backend, **options)
+        layer.forward = _guarded(layer.forward, compiled, fallback)
+
+
+def mark_step() -> None:
+    """A new training step begins: CUDA graphs recorded under "reduce-overhead" may reuse the memory of
+    the last step's outputs (without the mark they cannot tell a step's end from a graph's next call)."""
+    torch.compiler.cudagraph_mark_step_begin()
 
 
 def _guarded(eager, compiled, fallback: _Fallback):

@@ -20,6 +20,7 @@ from heads import KIND, MultitaskBert, task_loss
 from training.common.device import autocast
 from training.common.errors import ConfigError, NonFiniteLossError
 from training.methods import smart as smart_lib  # looked up at call time, so tests can wrap adversarial_loss
+from training.methods.compiling import mark_step
 from training.methods.ema import WeightEMA
 from training.methods.pcgrad import PCGrad
 from training.methods.smart import EMATeacher, SmartConfig, dropout_disabled
@@ -303,6 +304,8 @@ class Stepper:
         summed over the ranks (training/methods/distributed.py), so the update and the returned parts are
         those of the global batch."""
         self.model.train()
+        if self.cfg.compile and self.cfg.compile_mode == "reduce-overhead":
+            mark_step()  # the layers' CUDA graphs may reuse the last step's output memory
         self.optimizer.zero_grad(set_to_none=True)
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
         losses, parts = {}, {}

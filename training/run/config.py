@@ -260,6 +260,11 @@ class TrainConfig:
                         "warning says why and training goes on eagerly. Meant for CUDA: on CPU it measured slower "
                         "than eager (docs/benchmarks.md); the first steps are slow while it compiles", "run",
                         resume_may_differ=True)
+    compile_mode: str = opt("default", "with --compile, torch.compile's mode: default; reduce-overhead, each layer's "
+                            "kernels replayed as a CUDA graph (one recorded per batch shape: --pad-multiple keeps them "
+                            "few), for a GPU step bound by launching kernels, as a small model's is (not yet "
+                            "measured on a GPU; on a CPU it compiles as default does)", "run",
+                            choices=("default", "reduce-overhead"), feature="compile", resume_may_differ=True)
     out_dir: str = opt("runs/default", "run directory: checkpoint, metrics.jsonl, train.log", "run",
                        resume_may_differ=True, where="output")
     predictions_dir: str | None = opt(None, "where {sst,para,sts}-{dev,test}-output.csv and their manifest.json "
@@ -472,7 +477,7 @@ def field_errors(cfg: TrainConfig) -> list[str]:
 def _feature_errors(cfg: TrainConfig) -> list[str]:
     """A feature's options while the feature is off would be ignored without a word."""
     errors = []
-    for feature in ("pcgrad", "smart"):
+    for feature in dict.fromkeys(f.metadata["feature"] for f in options() if f.metadata["feature"]):
         given = [flag_of(f.name) for f in options() if f.metadata["feature"] == feature
                  and getattr(cfg, f.name) != default_of(f)]
         if given and not getattr(cfg, feature):

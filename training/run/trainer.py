@@ -240,7 +240,7 @@ class Run:
         self._log_model()
         if cfg.compile:  # after the Stepper: SMART's teacher is a deep copy and must stay eager
             from training.methods.compiling import compile_layers
-            compile_layers(self.model.encoder)
+            compile_layers(self.model.encoder, mode=cfg.compile_mode)
             log.info("--compile: encoder layers compiled lazily; the first steps of each shape family are slow")
         self.caches = CacheKeeper(cfg, self.model, self.data, self.tokenizer, self.device, self.amp_dtype, dist)
         return self
