@@ -154,6 +154,43 @@ def test_training_with_the_cache_follows_the_run_without_it(tmp_path, inputs):
     assert best_mem["overall"] == pytest.approx(best_off["overall"], abs=5e-3)
 
 
+def test_cuda_graphs_train_as_eager_does(frozen_setup, true_fp32):
+    """--compile --compile-mode reduce-overhead with --pad-multiple 8: six steps with each layer's kernels
+    replayed as CUDA graphs reach the eager run's losses and weights (fp32, dropout off; inductor's fused
+    kernels sum in other orders, hence the tolerances), and inductor skipped no graph. A graph replaying
+    stale inputs or outputs would be off by far more."""
+    from torch._dynamo.utils import counters
+
+    from data.batching import make_batch
+    from training.methods.compiling import compile_layers
+    from training.methods.stepper import Stepper
+    from training.run.config import TrainConfig
+    ckpt, tok, train = frozen_setup
+    counters.clear()
+    runs = {}
+    for compiled in (False, True):
+        model = frozen_model(ckpt, None)
+        for m in model.modules():
+            if isinstance(getattr(m, "p", None), float):
+                m.p = 0.0
+        model.to(CUDA)
+        cfg = TrainConfig(lr=1e-2, max_grad_norm=1.0, warmup_ratio=0.0, device="cuda", precision="fp32",
+                          compile=compiled, compile_mode="reduce-overhead", pad_multiple=8)
+        stepper = Stepper.build(model, cfg, 6, CUDA, None)
+        if compiled:
+            compile_layers(model.encoder, mode="reduce-overhead")
+        losses = []
+        for step in range(6):
+            task, idx = ("sst", "para", "sts")[step % 3], list(range((step // 3) * 8, (step // 3) * 8 + 8))
+            batch = make_batch(train[task], idx, tok, 8, 24).to(CUDA)
+            losses.append(stepper.step([batch], step)[task]["loss"])
+        runs[compiled] = losses, [p.detach().cpu() for p in model.parameters()]
+    assert counters["inductor"]["cudagraph_skips"] == 0, dict(counters["inductor"])
+    assert runs[True][0] == pytest.approx(runs[False][0], rel=1e-3, abs=1e-4)
+    for got, want in zip(runs[True][1], runs[False][1]):
+        torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-4)
+
+
 # ----------------------------------------------------------------------------- SMART, PCGrad, EMA
 
 def test_smart_step_objective(tiny_ckpt):
