@@ -117,11 +117,11 @@ class TrainConfig:
     epochs: int = opt(3, "passes over the training data", "schedule", range=_at_least(1))
     batch_size: int = opt(32, "examples per training step: one task's batch, or under --task-sampling mixed the "
                           "whole mixed batch (the global batch under torchrun)", "schedule", range=_at_least(1))
-    pad_multiple: int = opt(1, "pad each training batch to a multiple of N tokens (never past --max-length) instead of "
-                            "to its longest sequence alone: fewer distinct batch shapes for a GPU's kernel choices and "
-                            "torch.compile to meet, for the padding computed (and dropout's draws change with the shape, so the run "
-                            "differs from an unpadded one as another seed's would); 8 suits tensor cores", "schedule",
-                            metavar="N", range=_at_least(1))
+    pad_multiple: int = opt(1, "pad each training batch to a multiple of N tokens (never past --max-length) instead "
+                            "of to its longest sequence alone: fewer distinct batch shapes for a GPU's kernel choices "
+                            "and torch.compile to meet, for the padding computed (and dropout's draws change with the "
+                            "shape, so the run differs from an unpadded one as another seed's would); 8 suits tensor "
+                            "cores", "schedule", metavar="N", range=_at_least(1))
     eval_batch_size: int = opt(256, "examples per batch in dev evaluation and prediction", "schedule",
                                range=_at_least(1), resume_may_differ=True)
     eval_tokens: int | None = opt(None, "padded tokens (examples x longest) at most per evaluation and prediction batch, "
