@@ -656,6 +656,12 @@ def test_a_schedule_is_costed_at_the_depth_each_stretch_ran_at(tmp_path):
     assert K.run_cost(run, plan, full, target=0.6) == pytest.approx(1.0)  # before the move: no cache yet
     assert K.run_cost(run, plan, full, target=0.8) is None
     assert K.stretches(recipe, cost, sched, {**run, "depth_changes": [[15, 2]]}) is None  # depth 2: not measured
+    embeddings = loaded(tmp_path, arms={"": {}, "s": {"unfreeze_schedule": "adaptive:2steps"}}, points=[
+        {"label": "full", "depth": "none", "arm": ""}, {"label": "emb", "depth": -1, "arm": ""},
+        {"label": "sched", "depth": "none", "arm": "s"}])
+    figures = {**cost["points"], "emb": cost["points"]["half"]}
+    assert K.at_depth(embeddings, {"points": figures}, 0) == figures["emb"]  # 0 and -1: the embeddings alone
+    assert K.at_depth(embeddings, {"points": figures}, None) == figures["full"]
 
 
 def test_lp_ft_and_gradual_are_costed_from_the_heads_alone(tmp_path):
