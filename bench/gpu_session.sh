@@ -10,11 +10,16 @@
 # $OUT/gpu.tgz every 15 s and at the end, so that a command cut off still returns what it finished.
 #
 #   bash bench/gpu_session.sh                     # from the repository root, .gpu/prep carried
+#   STAGES="cuda-tests compile shape step-ops train" bash bench/gpu_session.sh   # some stages only
 #   GPU_DRY=--dry-run DEV=cpu EXTRA_SIZE="--max-train-examples 24 --epochs 1" bash bench/gpu_session.sh
 set -u
 cd "$(dirname "$0")/.." || exit 2
-export PYTHONUNBUFFERED=1 MINBERT_DATA_DIR=$PWD/.gpu/prep/course_data PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+# .gpu/prep on the path: the alias minilm-l6 resolves to its copy there (the machine has no wheel, no pip)
+export PYTHONUNBUFFERED=1 MINBERT_DATA_DIR=$PWD/.gpu/prep/course_data PYTHONPATH=$PWD:$PWD/.gpu/prep${PYTHONPATH:+:$PYTHONPATH}
 DRY=(${GPU_DRY:-})
+# the stages, in the order they run; STAGES picks some (a 10-minute call holds about 460 s of the first four)
+STAGES=" ${STAGES:-suite cuda-tests train bench step-ops shape compile recipes} "
+want() { [[ "$STAGES" == *" $1 "* ]]; }
 R=/tmp/gpu; mkdir -p "$R"; T0=$(date +%s)
 save() {
     [[ -n "${OUT:-}" ]] && tar -C /tmp -czf "$OUT/gpu.tgz.part" gpu 2>/dev/null && mv "$OUT/gpu.tgz.part" "$OUT/gpu.tgz"
@@ -23,22 +28,26 @@ save() {
 (while sleep 15; do save; done) & SAVER=$!
 # the console script `minbert`, which some tests call, without fetching anything
 python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >"$R/pip.log" 2>&1 || echo "pip -e failed" >>"$R/pip.log"
-OMP_NUM_THREADS=2 MINBERT_GPU_PYTEST_ARGS="-n 12 -vv" MINBERT_GPU_TESTS_LIMIT=${SUITE_LIMIT:-210} \
-    bash bench/gpu_check.sh "${DRY[@]}" "$R" tests >"$R/suite-driver.out" 2>&1 & SUITE=$!
-bash bench/gpu_check.sh "${DRY[@]}" "$R" env cuda-tests
-wait $SUITE; echo "suite+cuda-tests done at $(( $(date +%s) - T0 )) s"; save
-MINBERT_GPU_TRAIN_LIMIT=${TRAIN_LIMIT:-240} bash bench/gpu_check.sh "${DRY[@]}" "$R" train
-echo "train done at $(( $(date +%s) - T0 )) s"; save
-bash bench/gpu_check.sh "${DRY[@]}" "$R" bench
-echo "bench done at $(( $(date +%s) - T0 )) s"; save
+SUITE=
+if want suite; then
+    OMP_NUM_THREADS=2 MINBERT_GPU_PYTEST_ARGS="-n 12 -vv" MINBERT_GPU_TESTS_LIMIT=${SUITE_LIMIT:-210} \
+        bash bench/gpu_check.sh "${DRY[@]}" "$R" tests >"$R/suite-driver.out" 2>&1 & SUITE=$!
+fi
+if want cuda-tests; then bash bench/gpu_check.sh "${DRY[@]}" "$R" env cuda-tests; else bash bench/gpu_check.sh "${DRY[@]}" "$R" env; fi
+[[ -n "$SUITE" ]] && wait $SUITE; echo "suite+cuda-tests done at $(( $(date +%s) - T0 )) s"; save
+if want train; then
+    MINBERT_GPU_TRAIN_LIMIT=${TRAIN_LIMIT:-240} bash bench/gpu_check.sh "${DRY[@]}" "$R" train
+    echo "train done at $(( $(date +%s) - T0 )) s"; save
+fi
+if want bench; then bash bench/gpu_check.sh "${DRY[@]}" "$R" bench; echo "bench done at $(( $(date +%s) - T0 )) s"; save; fi
 # where a step's time goes on the device (issue 42, point 4): its ops, syncs and a torch.profiler view
-for prec in bf16 fp32; do
+want step-ops && for prec in bf16 fp32; do
     timeout 120 python3 bench/step_ops.py --device "${DEV:-cuda}" --profile 25 -- --smart --smart-lambda 0 \
         --pooling mean --ema-decay 0.998 --precision $prec --data-dir "$MINBERT_DATA_DIR" >"$R/step-ops-$prec.log" 2>&1
 done
 # the same at bert-base's shape (random weights, MiniLM's vocabulary): bert-base itself cannot be carried
-python3 bench/bert_base_shape.py /tmp/bert-base-shape >"$R/bert-base-shape.log" 2>&1
-for prec in bf16 fp32; do
+want step-ops && python3 bench/bert_base_shape.py /tmp/bert-base-shape >"$R/bert-base-shape.log" 2>&1
+want step-ops && for prec in bf16 fp32; do
     timeout 150 python3 bench/step_ops.py --device "${DEV:-cuda}" --profile 25 -- --model /tmp/bert-base-shape \
         --smart --smart-lambda 0 --pooling mean --ema-decay 0.998 --precision $prec --data-dir "$MINBERT_DATA_DIR" \
         >"$R/step-ops-bert-base-shape-$prec.log" 2>&1
@@ -46,14 +55,14 @@ done
 echo "step_ops done at $(( $(date +%s) - T0 )) s"; save
 # why the first bf16 epoch took twice the later ones: a new batch length's first steps, fp32 and bf16, padded
 # to the longest and to multiples of 32 (--pad-multiple), each arm in a fresh process
-timeout 200 python3 bench/shape_warmup.py --device "${DEV:-cuda}" --batches 120 --data-dir "$MINBERT_DATA_DIR" \
-    >"$R/shape-warmup.log" 2>&1
+want shape && timeout 200 python3 bench/shape_warmup.py --device "${DEV:-cuda}" --batches 120 \
+    --data-dir "$MINBERT_DATA_DIR" >"$R/shape-warmup.log" 2>&1
 echo "shape_warmup done at $(( $(date +%s) - T0 )) s"; save
 # CUDA graphs for the launch-bound step: each layer compiled under reduce-overhead (--compile-mode)
-timeout 240 python3 bench/precision_compile.py --device "${DEV:-cuda}" --steps 20 --warmup 5 \
+want compile && timeout 240 python3 bench/precision_compile.py --device "${DEV:-cuda}" --steps 20 --warmup 5 \
     --compile-mode reduce-overhead --data-dir "$MINBERT_DATA_DIR" >"$R/compile-reduce-overhead.log" 2>&1
 echo "reduce-overhead done at $(( $(date +%s) - T0 )) s"; save
-for prec in fp16 fp32; do
+want recipes && for prec in fp16 fp32; do
     left=$(( ${DEADLINE:-540} - ($(date +%s) - T0) ))
     (( left < 90 )) && { echo "no time for $prec ($left s left)"; continue; }
     run=/tmp/gpu-work-$prec; mkdir -p "$R/train-$prec"
