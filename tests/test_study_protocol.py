@@ -730,21 +730,28 @@ def test_the_size_depth_map_by_hand(tmp_path):
     from training.study.arms_figures import size_depth_figure, size_depth_grid
     from training.study.figures import pyplot
 
-    recipe = loaded(tmp_path, sizes=["all", 4], points=[
-        {"label": "all full", "depth": "none", "arm": "", "size": "all"},
-        {"label": "all one", "depth": 1, "arm": "", "size": "all"},
+    from training.study.arms_figures import column_name
+    arms = {"": {}, "e2": {"epochs": 2}, "e2s": {"epochs": 2, "pair_encoding": "siamese"}, "e8s": {"epochs": 8, "pair_encoding": "siamese"}}
+    recipe = loaded(tmp_path, sizes=["all", 4], arms=arms, points=[
+        {"label": "all full", "depth": "none", "arm": "e2", "size": "all"},
+        {"label": "all one", "depth": 1, "arm": "e2", "size": "all"},
+        {"label": "all one, siamese", "depth": 1, "arm": "e2s", "size": "all"},
         {"label": "4 full", "depth": "none", "arm": "", "size": 4, "vs": "all full"},
-        {"label": "4 one", "depth": 1, "arm": "", "size": 4, "vs": "4 full"}])
+        {"label": "4 one", "depth": 1, "arm": "", "size": 4, "vs": "4 full"},
+        {"label": "4 one, siamese", "depth": 1, "arm": "e8s", "size": 4, "vs": "4 full"}])
     rows = [{"label": "all one", "normalised": 0.8}, {"label": "4 full", "normalised": 0.5},
-            {"label": "4 one", "normalised": 0.9}, {"label": "all full", "normalised": 1.0}]
-    sizes, depths, grid = size_depth_grid(recipe, rows)
-    assert sizes == [4, "all"] and depths == [None, 1]
-    assert grid.tolist() == [[0.5, 0.9], [1.0, 0.8]]
+            {"label": "4 one", "normalised": 0.9}, {"label": "all full", "normalised": 1.0},
+            {"label": "all one, siamese", "normalised": 0.7}, {"label": "4 one, siamese", "normalised": 0.6}]
+    sizes, columns, grid = size_depth_grid(recipe, rows)
+    # a size's epochs do not make a column of their own; the siamese heads do
+    assert sizes == [4, "all"] and columns == [(None, ()), (1, ()), (1, (("pair_encoding", "siamese"),))]
+    assert grid.tolist() == [[0.5, 0.9, 0.6], [1.0, 0.8, 0.7]]
+    assert [column_name(c) for c in columns] == ["full", "1 frozen", "1 frozen\nsiamese"]
     plt = pyplot()
     if plt is not None:  # matplotlib is optional
-        path = size_depth_figure(plt, sizes, depths, grid, tmp_path / "map.png")
+        path = size_depth_figure(plt, sizes, columns, grid, tmp_path / "map.png")
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    sizes, depths, grid = size_depth_grid(recipe, rows[:1])
+    sizes, columns, grid = size_depth_grid(recipe, rows[:1])
     assert np.isnan(grid[0]).all() and grid[1, 1] == 0.8
 
 

@@ -43,9 +43,9 @@ def arms_figures(recipe, records: list[dict], rows: list[dict], baselines: dict 
                   front_figure(plt, recipe, records, overall, out / "front.png", costs),
                   curves_figure(plt, recipe, records, out / "curves.png")]
     paths.append(tuning_figure(plt, recipe, records, out / "tuning.png"))
-    sizes, depths, grid = size_depth_grid(recipe, overall)
+    sizes, columns, grid = size_depth_grid(recipe, overall)
     if len(sizes) > 1 and not np.isnan(grid).all():
-        paths.append(size_depth_figure(plt, sizes, depths, grid, out / "size_depth.png"))
+        paths.append(size_depth_figure(plt, sizes, columns, grid, out / "size_depth.png"))
     return paths
 
 
@@ -66,28 +66,44 @@ def figure_lines(paths: list[Path]) -> str:
     return "\n## Figures\n\n" + "\n\n".join(f"![{CAPTIONS[n]}]({n})" for n in names) + "\n"
 
 
+SIZE_FREE = ("epochs", "early_stop_patience")  # what a size's arm sets to give every size the same updates
+
+
+def size_column(recipe, point: dict) -> tuple:
+    """A point's column in the size x depth map: its depth and its arm's options but those a size sets
+    (heads-only with cross-encoding heads and with siamese ones are two columns)."""
+    options = recipe.arms.get(point["arm"], {})
+    return recipe.depth(point["depth"]), tuple(sorted((k, str(v)) for k, v in options.items() if k not in SIZE_FREE))
+
+
 def size_depth_grid(recipe, rows: list[dict]) -> tuple[list, list, np.ndarray]:
-    """(sizes, depths, normalised quality[size, depth]) of the overall rows of a recipe whose points name
-    their size: sizes ascending with the whole files last, depths in the recipe's order; nan where a
-    point has no reporting runs yet."""
+    """(sizes, columns, normalised quality[size, column]) of the overall rows of a recipe whose points
+    name their size: sizes ascending with the whole files last, columns (size_column) in the recipe's
+    order; nan where a point has no reporting runs yet."""
     sized = [p for p in recipe.points if "size" in p]
     sizes = sorted({p["size"] for p in sized}, key=lambda n: (n == "all", 0 if n == "all" else n))
-    depths = list(dict.fromkeys(recipe.depth(p["depth"]) for p in sized))
-    grid = np.full((len(sizes), len(depths)), np.nan)
+    columns = list(dict.fromkeys(size_column(recipe, p) for p in sized))
+    grid = np.full((len(sizes), len(columns)), np.nan)
     by_label = {r["label"]: r for r in rows}
     for p in sized:
         if p["label"] in by_label:
-            grid[sizes.index(p["size"]), depths.index(recipe.depth(p["depth"]))] = by_label[p["label"]]["normalised"]
-    return sizes, depths, grid
+            grid[sizes.index(p["size"]), columns.index(size_column(recipe, p))] = by_label[p["label"]]["normalised"]
+    return sizes, columns, grid
 
 
-def size_depth_figure(plt, sizes: list, depths: list, grid: np.ndarray, path: Path) -> Path:
+def column_name(column: tuple) -> str:
+    depth, options = column
+    name = "full" if depth is None else f"{depth} frozen"
+    return "\n".join([name] + [value for _, value in options])
+
+
+def size_depth_figure(plt, sizes: list, columns: list, grid: np.ndarray, path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(PANEL[0] * 1.3, PANEL[1]), dpi=DPI)
     ax.imshow(grid, cmap="viridis", vmin=0, vmax=1, aspect="auto")
     for i, j in np.ndindex(grid.shape):
         ax.text(j, i, "-" if np.isnan(grid[i, j]) else f"{grid[i, j]:.2f}", ha="center", va="center",
                 color="white" if not np.isnan(grid[i, j]) and grid[i, j] < 0.6 else "black")
-    ax.set_xticks(range(len(depths)), ["full" if d is None else f"{d} frozen" for d in depths])
+    ax.set_xticks(range(len(columns)), [column_name(c) for c in columns])
     ax.set_yticks(range(len(sizes)), [f"{n} per task" if n != "all" else "whole files" for n in sizes])
     ax.set_title("Normalised quality against the same size's full fine-tuning")
     fig.tight_layout()
