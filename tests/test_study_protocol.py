@@ -138,7 +138,10 @@ def test_a_borrowed_rate_equal_to_the_references_own_is_the_reference(tmp_path):
         "\nfull at one's: the rate it borrows is full's own, so its runs are full's (left out of the tables and "
         "figures, where its rows would be full's)."]
     from training.study.arms import point_rows
+    from training.study.arms_figures import point_curves
     assert {r["label"] for r in point_rows(recipe, tuning + reporting, None)} == {"full"}
+    curved = [{**r, "tune_curve": [[10, 0, 0.6], [20, 1, 0.7]]} for r in reporting]
+    assert [(j, label) for j, label, _ in point_curves(recipe, tuning + curved)] == [(0, "full")]  # not full's twin
     other = [tuning_record(1, "b", 0.003, 0.6), tuning_record(1, "b", 0.01, 0.55)]  # one's choice: 0.003
     protocol = Protocol(recipe, tuning + other + reporting + [_reporting(None, "", 0.003, 1, 0.69)])
     assert protocol.chosen("full at one's") == 0.003 and protocol.reporting("full at one's")

@@ -248,26 +248,36 @@ def mean_curve(curves: list[list]) -> list[tuple[int, float]]:
     return [(i + 1, float(np.mean([c[i][2] for c in curves if len(c) > i]))) for i in range(longest)]
 
 
+def point_curves(recipe, records: list[dict]) -> list[tuple[int, str, list]]:
+    """(the point's index, its label, its reporting runs' tuning-split curves) of each point with curves,
+    but a point whose runs are the reference's own (a borrowed rate that is the reference's)."""
+    protocol, reference = Protocol(recipe, records), recipe.points[0]["label"]
+    out = []
+    for j, point in enumerate(recipe.points):
+        curves = [run["tune_curve"] for run in protocol.reporting(point["label"]).values() if run.get("tune_curve")]
+        if curves and not protocol.same_runs(point["label"], reference):
+            out.append((j, point["label"], curves))
+    return out
+
+
 def curves_figure(plt, recipe, records: list[dict], path: Path) -> Path:
     """Two panels, so that 18 points stay legible: the plain depth points, and the other points beside full
     fine-tuning's mean (dashed); a point keeps its colour."""
-    protocol, plain = Protocol(recipe, records), plain_labels(recipe)
-    colour = point_colours(plt)
+    plain, colour = plain_labels(recipe), point_colours(plt)
     reference = recipe.points[0]["label"]
     fig, axes = plt.subplots(1, 2, figsize=(PANEL[0] * 2.6, PANEL[1] * 1.3), dpi=DPI, sharey=True)
     panels = [(axes[0], "The depth points", lambda label: label in plain),
               (axes[1], f"The other points ({reference} dashed)", lambda label: label not in plain)]
     for ax, title, shows in panels:
-        for j, point in enumerate(recipe.points):
-            curves = [run["tune_curve"] for run in protocol.reporting(point["label"]).values() if run.get("tune_curve")]
-            ours, theirs = shows(point["label"]), point["label"] == reference and ax is axes[1]
-            if not curves or not (ours or theirs):
+        for j, label, curves in point_curves(recipe, records):
+            ours, theirs = shows(label), label == reference and ax is axes[1]
+            if not (ours or theirs):
                 continue
             if ours:
                 for c in curves:  # each seed, thin: early stopping ends them at different evaluations
                     ax.plot(range(1, len(c) + 1), [e[2] for e in c], color=colour(j), alpha=0.3, linewidth=0.8)
             ax.plot(*zip(*mean_curve(curves)), marker="o" if ours else None, linestyle="-" if ours else "--",
-                    color=colour(j), label=point["label"])
+                    color=colour(j), label=label)
         ax.set_xlabel("evaluation (epoch)")
         ax.set_title(title)
         ax.grid(alpha=0.3)
