@@ -3,8 +3,8 @@ length new to the process) against a second pass over the same batches, per prec
 --pad-multiple.
 
 Why: on the first GPU lent (an H200, 2026-11-26) the first epoch under bf16 autocast took about twice the
-later ones (46-56 s against 24-26 s) while fp32's did not. Dynamic padding gives an epoch a hundred or so
-distinct batch lengths, and a GPU library picks its kernels per shape the first time it meets one (and
+later ones (46-56 s against 24-26 s) while fp32's did not. Dynamic padding gives an epoch many distinct
+batch lengths (74 on the data copy's training files), and a GPU library picks its kernels per shape the first time it meets one (and
 torch.compile compiles per shape); --pad-multiple N rounds the lengths up to a few. If the per-shape cost
 is what slows the first epoch, the first pass here costs much more than the second without it, and little
 more with it. Each arm runs in a fresh process: those choices are cached per process, so an arm run after
