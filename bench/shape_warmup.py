@@ -4,11 +4,11 @@ length new to the process) against a second pass over the same batches, per prec
 
 Why: on the first GPU lent (an H200, 2026-11-26) the first epoch under bf16 autocast took about twice the
 later ones (46-56 s against 24-26 s) while fp32's did not. Dynamic padding gives an epoch many distinct
-batch lengths (74 on the data copy's training files), and a GPU library picks its kernels per shape the first time it meets one (and
-torch.compile compiles per shape); --pad-multiple N rounds the lengths up to a few. If the per-shape cost
-is what slows the first epoch, the first pass here costs much more than the second without it, and little
-more with it. Each arm runs in a fresh process: those choices are cached per process, so an arm run after
-another would find its shapes already met.
+batch lengths (74 on the data copy's training files), and a GPU library picks its kernels per shape the
+first time it meets one (and torch.compile compiles per shape); --pad-multiple N rounds the lengths up to
+a few. If the per-shape cost is what slows the first epoch, the first pass here costs much more than the
+second without it, and little more with it. Each arm runs in a fresh process: those choices are cached
+per process, so an arm run after another would find its shapes already met.
 
     python bench/shape_warmup.py                         # MiniLM-L6, CPU, fp32 and bf16, multiples 1 and 32
     python bench/shape_warmup.py --device cuda --batches 120
