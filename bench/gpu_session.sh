@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# The GPU check in one 10-minute command, as it ran on the lent H200 (2026-11-26, 460 s) and since
-# extended by profiled steps: the full suite on 12 CPU workers beside `env` and `cuda-tests` (neither is
-# timed), then the timed stages alone (`train`, `bench`), the step's ops, syncs and torch.profiler view
-# (bench/step_ops.py, bf16 and fp32, MiniLM and bert-base's shape), what a new batch length's first steps
-# cost (bench/shape_warmup.py, with and without --pad-multiple), the step with each layer's kernels
-# replayed as CUDA graphs (precision_compile.py --compile-mode reduce-overhead), then, while time is left before
-# DEADLINE seconds, the best recipe under fp16 and fp32 (bf16 is the `train` stage's). Results in
-# /tmp/gpu (summary.md); with $OUT set (the lent machine's folder that comes back), a copy as
-# $OUT/gpu.tgz every 15 s and at the end, so that a command cut off still returns what it finished.
+# The GPU check, as it ran on the lent H200 (2026-11-26, 460 s in one 10-minute command) and since extended
+# (its stages no longer fit one call: STAGES picks them): the full suite on 12 CPU workers beside `env`
+# and `cuda-tests` (neither is timed); then, timed and alone, what a new batch length's first steps cost
+# (bench/shape_warmup.py, with and without --pad-multiple), the step with each layer's kernels replayed
+# as CUDA graphs (precision_compile.py --compile-mode reduce-overhead), `train`, `bench`, the step's ops,
+# syncs and torch.profiler view (bench/step_ops.py, bf16 and fp32, MiniLM and bert-base's shape), then,
+# while time is left before DEADLINE seconds, the best recipe under fp16 and fp32 (bf16 is the `train`
+# stage's). Results in /tmp/gpu (summary.md); with $OUT set (the lent machine's folder that comes back),
+# a copy as $OUT/gpu.tgz every 15 s and at the end, so that a command cut off still returns what it finished.
 #
 #   bash bench/gpu_session.sh                     # from the repository root, .gpu/prep carried
 #   STAGES="cuda-tests compile shape step-ops train" bash bench/gpu_session.sh   # some stages only
@@ -17,8 +17,8 @@ cd "$(dirname "$0")/.." || exit 2
 # .gpu/prep on the path: the alias minilm-l6 resolves to its copy there (the machine has no wheel, no pip)
 export PYTHONUNBUFFERED=1 MINBERT_DATA_DIR=$PWD/.gpu/prep/course_data PYTHONPATH=$PWD:$PWD/.gpu/prep${PYTHONPATH:+:$PYTHONPATH}
 DRY=(${GPU_DRY:-})
-# the stages, in the order they run; STAGES picks some (a 10-minute call holds about 460 s of the first four)
-STAGES=" ${STAGES:-suite cuda-tests train bench step-ops shape compile recipes} "
+# the stages, in the order they run (the questions the next GPU owes first); STAGES picks some
+STAGES=" ${STAGES:-suite cuda-tests shape compile train bench step-ops recipes} "
 want() { [[ "$STAGES" == *" $1 "* ]]; }
 R=/tmp/gpu; mkdir -p "$R"; T0=$(date +%s)
 save() {
@@ -35,6 +35,15 @@ if want suite; then
 fi
 if want cuda-tests; then bash bench/gpu_check.sh "${DRY[@]}" "$R" env cuda-tests; else bash bench/gpu_check.sh "${DRY[@]}" "$R" env; fi
 [[ -n "$SUITE" ]] && wait $SUITE; echo "suite+cuda-tests done at $(( $(date +%s) - T0 )) s"; save
+# why the first bf16 epoch took twice the later ones: a new batch length's first steps, fp32 and bf16, padded
+# to the longest and to multiples of 32 (--pad-multiple), each arm in a fresh process
+want shape && timeout 200 python3 bench/shape_warmup.py --device "${DEV:-cuda}" --batches 120 \
+    --data-dir "$MINBERT_DATA_DIR" >"$R/shape-warmup.log" 2>&1
+echo "shape_warmup done at $(( $(date +%s) - T0 )) s"; save
+# CUDA graphs for the launch-bound step: each layer compiled under reduce-overhead (--compile-mode)
+want compile && timeout 240 python3 bench/precision_compile.py --device "${DEV:-cuda}" --steps 20 --warmup 5 \
+    --compile-mode reduce-overhead --data-dir "$MINBERT_DATA_DIR" >"$R/compile-reduce-overhead.log" 2>&1
+echo "reduce-overhead done at $(( $(date +%s) - T0 )) s"; save
 if want train; then
     MINBERT_GPU_TRAIN_LIMIT=${TRAIN_LIMIT:-240} bash bench/gpu_check.sh "${DRY[@]}" "$R" train
     echo "train done at $(( $(date +%s) - T0 )) s"; save
@@ -53,15 +62,6 @@ want step-ops && for prec in bf16 fp32; do
         >"$R/step-ops-bert-base-shape-$prec.log" 2>&1
 done
 echo "step_ops done at $(( $(date +%s) - T0 )) s"; save
-# why the first bf16 epoch took twice the later ones: a new batch length's first steps, fp32 and bf16, padded
-# to the longest and to multiples of 32 (--pad-multiple), each arm in a fresh process
-want shape && timeout 200 python3 bench/shape_warmup.py --device "${DEV:-cuda}" --batches 120 \
-    --data-dir "$MINBERT_DATA_DIR" >"$R/shape-warmup.log" 2>&1
-echo "shape_warmup done at $(( $(date +%s) - T0 )) s"; save
-# CUDA graphs for the launch-bound step: each layer compiled under reduce-overhead (--compile-mode)
-want compile && timeout 240 python3 bench/precision_compile.py --device "${DEV:-cuda}" --steps 20 --warmup 5 \
-    --compile-mode reduce-overhead --data-dir "$MINBERT_DATA_DIR" >"$R/compile-reduce-overhead.log" 2>&1
-echo "reduce-overhead done at $(( $(date +%s) - T0 )) s"; save
 want recipes && for prec in fp16 fp32; do
     left=$(( ${DEADLINE:-540} - ($(date +%s) - T0) ))
     (( left < 90 )) && { echo "no time for $prec ($left s left)"; continue; }
