@@ -180,11 +180,12 @@ def start_depth(spec: ScheduleSpec, freeze_upto: int | None, num_layers: int) ->
 
 def _shallower(a: int | None, b: int | None) -> bool:
     """Whether depth a trains more of the encoder than depth b (None: nothing frozen, the shallowest)."""
-    return _rank(a) < _rank(b)
+    return depth_rank(a) < depth_rank(b)
 
 
-def _rank(depth: int | None) -> int:
-    return -2 if depth is None else max(depth, 0)  # -1 and 0 both freeze the embeddings alone
+def depth_rank(depth: int | None) -> int:
+    """A depth's place in the order shallow to deep, where -1 and 0 (both: the embeddings alone) are one."""
+    return -2 if depth is None else max(depth, 0)
 
 
 def trainable_at(param_depth: int, depth: int | None) -> bool:

@@ -25,7 +25,7 @@ import json
 import statistics
 from pathlib import Path
 
-from training.methods.freezing import parse_schedule, start_depth
+from training.methods.freezing import depth_rank, parse_schedule, start_depth
 from training.study.protocol import Protocol, tune_score
 from training.sweep.records import RunKey
 
@@ -79,11 +79,8 @@ def bound_for_schedule(recipe, measurement: dict, point: dict) -> dict | None:
 def at_depth(recipe, measurement: dict, depth) -> dict | None:
     """The figures of the plain point (no arm) that freezes `depth` layers, in one measurement (-1 and 0
     both freeze the embeddings alone: a schedule's records may say either)."""
-    def same(a, b) -> bool:
-        return a == b if a is None or b is None else max(a, 0) == max(b, 0)
-
     for p in recipe.points:
-        if p["arm"] == "" and same(recipe.depth(p["depth"]), depth) and "lr_of" not in p:
+        if p["arm"] == "" and depth_rank(recipe.depth(p["depth"])) == depth_rank(depth) and "lr_of" not in p:
             got = measured(recipe, measurement, p)
             if got is not None:
                 return got

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from training.study.arms_cost import epoch_kind
 from training.study.figures import DPI, PANEL, _save, pyplot
 from training.study.protocol import Protocol
 
@@ -66,14 +67,12 @@ def figure_lines(paths: list[Path]) -> str:
     return "\n## Figures\n\n" + "\n\n".join(f"![{CAPTIONS[n]}]({n})" for n in names) + "\n"
 
 
-SIZE_FREE = ("epochs", "early_stop_patience")  # what a size's arm sets to give every size the same updates
-
-
 def size_column(recipe, point: dict) -> tuple:
-    """A point's column in the size x depth map: its depth and its arm's options but those a size sets
-    (heads-only with cross-encoding heads and with siamese ones are two columns)."""
-    options = recipe.arms.get(point["arm"], {})
-    return recipe.depth(point["depth"]), tuple(sorted((k, str(v)) for k, v in options.items() if k not in SIZE_FREE))
+    """A point's column in the size x depth map: what its epochs cost (arms_cost.epoch_kind: its depth and its
+    arm's options but the epochs, early stopping and rate a size sets), so that heads-only with
+    cross-encoding heads and with siamese ones are two columns."""
+    depth, options = epoch_kind(recipe.depth(point["depth"]), recipe.arms.get(point["arm"], {}))
+    return depth, tuple(tuple(option) for option in options)
 
 
 def size_depth_grid(recipe, rows: list[dict]) -> tuple[list, list, np.ndarray]:
