@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from common import add_clock_arg, cpu_model, paired_ratios, pick_clock, step_bench_parser  # noqa: E402  (puts the repo on sys.path)
 
-from data.batching import CPU_EVAL_TOKENS, _sorted_spans, encode_task  # noqa: E402
+from data.batching import CPU_EVAL_TOKENS, EvalBatching, _sorted_spans, encode_task  # noqa: E402
 from data.loaders import COURSE_FILES, load_task_file  # noqa: E402
 from training.inference.metrics import evaluate  # noqa: E402
 from training.run.config import TrainConfig  # noqa: E402
@@ -80,7 +80,7 @@ def main(argv=None) -> None:
         k = r % len(names)
         for name in names[k:] + names[:k]:
             t0 = clock()
-            metrics[name] = evaluate(model, dev, tokenizer, args.batch_size, dev_cpu, max_tokens=arms[name])
+            metrics[name] = evaluate(model, dev, tokenizer, EvalBatching(args.batch_size, arms[name]), dev_cpu)
             if r >= args.warmup:
                 times[name].append(clock() - t0)
 

@@ -26,7 +26,7 @@ import time
 import torch
 from common import data_parser  # noqa: E402  (puts the repository on sys.path)
 
-from data.batching import encode_task  # noqa: E402
+from data.batching import EvalBatching, encode_task  # noqa: E402
 from data.loaders import load_task_file  # noqa: E402
 from heads import MultitaskBert  # noqa: E402
 from minbert import Tokenizer, load_bert, resolve_checkpoint  # noqa: E402
@@ -93,7 +93,7 @@ def build_arms(args, device, autocast):
     # .float(): an fp16 checkpoint (bench/gpu_prepare.py) becomes fp32 in both, as load_bert makes it
     ref = BertModel.from_pretrained(str(ckpt), attn_implementation="sdpa").float().to(device).eval()
     arms = {
-        "minbert": lambda: raw_outputs(ours, data, tokenizer, args.batch_size, device, autocast),
+        "minbert": lambda: raw_outputs(ours, data, tokenizer, EvalBatching(args.batch_size), device, autocast),
         # the batches are padded inside the pass, as raw_outputs pads its own
         "hf-file-order": lambda: hf_pass(ref, file_order_batches(data, tokenizer, args.batch_size), device, autocast),
         "hf-sorted": lambda: hf_pass(ref, sorted_batches(data, tokenizer, args.batch_size), device, autocast),

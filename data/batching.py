@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from minbert import Tokenizer
+from minbert.tokenizer import padded_length
 
 from .loaders import Example
 
@@ -130,22 +131,48 @@ def eval_token_budget(max_tokens: int | str | None, device_type: str) -> int | N
     return CPU_EVAL_TOKENS if device_type == "cpu" else None
 
 
-def eval_batches(data: TaskData, tokenizer: Tokenizer, batch_size: int, max_tokens: int | None = None) -> list[Batch]:
+def eval_batches(data: TaskData, tokenizer: Tokenizer, batch_size: int, max_tokens: int | None = None,
+                 multiple: int = 1, cap: int | None = None) -> list[Batch]:
     """Batches sorted by length (least padding); predictions are put back in file order by index.
 
     batch_size caps the examples per batch; max_tokens (None: no cap) caps its padded size,
-    examples x longest, so short sentences go in large batches and long ones in small ones: the
+    examples x padded length, so short sentences go in large batches and long ones in small ones: the
     tail of a length-sorted file no longer pads a full batch_size batch to its longest member,
-    and every batch's activations stay about the same size. A batch holds at least one example."""
-    return [make_batch(data, idx, tokenizer) for idx in eval_batch_indices(data, batch_size, max_tokens)]
+    and every batch's activations stay about the same size. A batch holds at least one example.
+    Each is padded to its longest rounded up to `multiple` tokens, at most `cap` (--pad-multiple)."""
+    return [make_batch(data, idx, tokenizer, multiple, cap)
+            for idx in eval_batch_indices(data, batch_size, max_tokens, multiple, cap)]
 
 
-def eval_batch_indices(data: TaskData, batch_size: int, max_tokens: int | None = None) -> list[list[int]]:
+def eval_batch_indices(data: TaskData, batch_size: int, max_tokens: int | None = None, multiple: int = 1,
+                       cap: int | None = None) -> list[list[int]]:
     """eval_batches' plan alone: each batch's example indices, for callers that build the batches
     themselves (from the frozen-prefix cache, whose states need no tokens)."""
     lengths = data.lengths
     order = np.argsort(lengths, kind="stable")
-    return [order[a:b].tolist() for a, b in _sorted_spans(lengths[order], batch_size, max_tokens)]
+    # rounding up keeps the order, so the budget counts the tokens each batch will really hold
+    padded = np.array([padded_length(int(n), multiple, cap) for n in lengths[order]], dtype=np.int64)
+    return [order[a:b].tolist() for a, b in _sorted_spans(padded, batch_size, max_tokens)]
+
+
+@dataclass(frozen=True)
+class EvalBatching:
+    """How evaluation and prediction cut a set into batches (eval_batches): at most `size` examples and
+    `max_tokens` padded tokens each ("auto": the device's budget, eval_token_budget; None: `size` alone),
+    each padded to its longest rounded up to a multiple of `multiple` tokens, never past `cap` (a run's
+    --pad-multiple and --max-length: under CUDA graphs each new batch shape records a graph of its own)."""
+    size: int
+    max_tokens: int | str | None = "auto"
+    multiple: int = 1
+    cap: int | None = None
+
+    def plan(self, data: TaskData, device_type: str) -> list[list[int]]:
+        """Each batch's example indices, shortest examples first."""
+        budget = eval_token_budget(self.max_tokens, device_type)
+        return eval_batch_indices(data, self.size, budget, self.multiple, self.cap)
+
+    def batch(self, data: TaskData, indices: Sequence[int], tokenizer: Tokenizer) -> Batch:
+        return make_batch(data, indices, tokenizer, self.multiple, self.cap)
 
 
 def _sorted_spans(sorted_lengths: np.ndarray, batch_size: int, max_tokens: int | None) -> list[tuple[int, int]]:

@@ -75,6 +75,29 @@ def test_api_predictions_equal_training_evaluates(run, tmp_path, capsys):
     capsys.readouterr()
 
 
+def test_eval_tokens_reaches_the_files_written_for_a_data_folder(run, tmp_path, monkeypatch):
+    """--eval-tokens caps the batches that write a data folder's prediction files as it caps --score's (it was
+    once dropped there): with 16, every batch of more than one example within 16 padded tokens, where
+    without it batches are larger; the files are the run's own either way."""
+    from data import batching
+    made: dict[str, list[tuple[int, int]]] = {}
+    real = batching.make_batch
+
+    def spy(*args):
+        batch = real(*args)
+        made.setdefault(name, []).append(tuple(batch.inputs[0]["input_ids"].shape))
+        return batch
+
+    monkeypatch.setattr(batching, "make_batch", spy)
+    for name, budget in (("16", ["--eval-tokens", 16]), ("none", [])):
+        evaluate(run.out_dir, "--data-dir", run.data_dir, "--predictions-dir", tmp_path / name, *budget)
+        for task in TASKS:
+            file = f"{task}-dev-output.csv"
+            assert (tmp_path / name / file).read_text() == (Path(run.out_dir) / "predictions" / file).read_text()
+    assert all(rows * width <= 16 for rows, width in made["16"] if rows > 1)
+    assert max(rows * width for rows, width in made["none"]) > 16
+
+
 def test_api_matches_a_forward_pass_written_out(run):
     """One example at a time (no padding, no sorting), the head's outputs turned into probabilities by
     hand; pairs averaged over (a, b) and (b, a) as the run's --predict-both-orders says."""

@@ -5,7 +5,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from data.batching import _sorted_spans, encode_task, eval_batches
+from data.batching import EvalBatching, _sorted_spans, encode_task, eval_batches
 from data.loaders import COURSE_FILES, load_task_file
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -69,15 +69,57 @@ def test_outputs_per_example_do_not_depend_on_the_batching(dev_subset):
     model, tok, dev = dev_subset
     cpu = torch.device("cpu")
     for task, data in dev.items():
-        alone = raw_outputs(model, data, tok, 1, cpu, max_tokens=None)
-        budget = raw_outputs(model, data, tok, 256, cpu, max_tokens=500)
+        alone = raw_outputs(model, data, tok, EvalBatching(1, None), cpu)
+        budget = raw_outputs(model, data, tok, EvalBatching(256, 500), cpu)
         assert len(eval_batches(data, tok, 256, max_tokens=500)) > 3  # really several batch compositions
         torch.testing.assert_close(budget, alone, atol=2e-5, rtol=0)
-    fixed = evaluate(model, dev, tok, 256, cpu, max_tokens=None)
-    budgeted = evaluate(model, dev, tok, 256, cpu, max_tokens=500)
+    fixed = evaluate(model, dev, tok, EvalBatching(256, None), cpu)
+    budgeted = evaluate(model, dev, tok, EvalBatching(256, 500), cpu)
     assert fixed.keys() == budgeted.keys()
     for k in fixed:
         assert abs(fixed[k] - budgeted[k]) <= 1e-6, (k, fixed[k], budgeted[k])
+
+
+def _task_of_lengths(lengths):
+    from data.batching import TaskData
+    from data.loaders import Example
+    return TaskData("sst", [Example(str(i), "x", None, 0) for i in range(len(lengths))],
+                    [[([1] * n, [0] * n) for n in lengths]])
+
+
+def test_padded_evaluation_plans_count_the_padded_tokens_by_hand():
+    data = _task_of_lengths([10, 3, 9, 5])  # sorted: 3 5 9 10 (indices 1 3 2 0)
+    # unpadded, budget 32: 3 x 9 = 27 fits, 4 x 10 = 40 does not
+    assert EvalBatching(8, 32).plan(data, "cpu") == [[1, 3, 2], [0]]
+    # to multiples of 8 the lengths are 8 8 16 16: 3 x 16 = 48 > 32, so two and two
+    assert EvalBatching(8, 32, multiple=8).plan(data, "cpu") == [[1, 3], [2, 0]]
+    # the cap (--max-length 12) bounds the rounding: 8 8 12 12; budget 36: 3 x 12 fits, 3 x 16 would not
+    assert EvalBatching(8, 36, multiple=8).plan(data, "cpu") == [[1, 3], [2, 0]]
+    assert EvalBatching(8, 36, multiple=8, cap=12).plan(data, "cpu") == [[1, 3, 2], [0]]
+    widths = [EvalBatching(8, 32, 8, 12).batch(data, idx, _tiny_tokenizer()).inputs[0]["input_ids"].shape[1]
+              for idx in ([1, 3], [2, 0])]
+    assert widths == [8, 12]
+
+
+def _tiny_tokenizer():
+    from minbert import load_tokenizer, resolve_checkpoint
+    return load_tokenizer(resolve_checkpoint("minilm-l6"))
+
+
+def test_padded_evaluation_batches_give_each_examples_unpadded_output(dev_subset):
+    """Padding every batch to a multiple of 16 tokens (--pad-multiple) changes the shapes, not the outputs:
+    the mask hides the extra positions (reference: the batches padded to their longest alone)."""
+    from training.inference.outputs import raw_outputs
+    model, tok, dev = dev_subset
+    cpu = torch.device("cpu")
+    widths = []
+    for data in dev.values():
+        plain = raw_outputs(model, data, tok, EvalBatching(16, 600), cpu)
+        plan = EvalBatching(16, 600, multiple=16, cap=128)
+        widths += [plan.batch(data, idx, tok).inputs[0]["input_ids"].shape[1] for idx in plan.plan(data, "cpu")]
+        torch.testing.assert_close(raw_outputs(model, data, tok, plan, cpu), plain, atol=2e-5, rtol=0)
+    assert len(set(widths)) > 1  # several shapes, each a multiple of 16:
+    assert set(widths) <= set(range(16, 129, 16))
 
 
 def test_auto_budget_is_the_cpu_measurement_on_cpu_and_none_elsewhere():

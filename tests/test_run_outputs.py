@@ -9,7 +9,7 @@ import pytest
 import torch
 from test_training import config, make_checkpoint, write_data
 
-from data.batching import encode_task, make_batch
+from data.batching import EvalBatching, encode_task, make_batch
 from data.loaders import Example
 from minbert import Tokenizer
 from training.methods.stepper import Stepper
@@ -209,11 +209,11 @@ def test_evaluation_and_prediction_show_progress(tmp_path, inputs, caplog):
     n = SHOW_PROGRESS_FROM + 5
     sst = encode_task("sst", [Example(f"s{i}", "apple river " * (1 + i % 3), None, i % 5) for i in range(n)], tok)
     with caplog.at_level("INFO", logger="progress"):
-        raw_outputs(model, sst, tok, 1, torch.device("cpu"))
+        raw_outputs(model, sst, tok, EvalBatching(1), torch.device("cpu"))
     assert f"predicting sst ({n} examples): {n}/{n} (100%)" in caplog.text
     caplog.clear()
     with caplog.at_level("INFO", logger="progress"):
-        raw_outputs(model, sst, tok, 2 * n, torch.device("cpu"))
+        raw_outputs(model, sst, tok, EvalBatching(2 * n), torch.device("cpu"))
     assert "predicting" not in caplog.text
 
 
@@ -222,16 +222,16 @@ def test_eval_tokens_sets_the_evaluation_batches_and_not_the_metrics(tmp_path, m
     metrics and prediction files do not depend on it."""
     from tiny_runs import tiny_run
 
-    import training.inference.outputs as inference
+    from data import batching
     sizes: dict[str, list[int]] = {}
-    real = inference.make_batch
+    real = batching.make_batch
 
-    def spy(data, indices, tokenizer):  # every evaluation batch is made here
-        batch = real(data, indices, tokenizer)
+    def spy(*args):  # every evaluation batch is made here (EvalBatching.batch)
+        batch = real(*args)
         sizes.setdefault(run, []).append(batch.inputs[0]["input_ids"].numel())
         return batch
 
-    monkeypatch.setattr(inference, "make_batch", spy)
+    monkeypatch.setattr(batching, "make_batch", spy)
     runs = {}
     for run, tokens in (("budget", 16), ("none", 0)):
         runs[run] = tiny_run(tmp_path, run, epochs=1, eval_batch_size=12, eval_tokens=tokens)[1]
@@ -239,6 +239,27 @@ def test_eval_tokens_sets_the_evaluation_batches_and_not_the_metrics(tmp_path, m
     assert runs["budget"] == pytest.approx(runs["none"], abs=1e-6)
     for csv in (tmp_path / "none" / "predictions").glob("*-output.csv"):
         assert csv.read_bytes() == (tmp_path / "budget" / "predictions" / csv.name).read_bytes()
+
+
+def test_pad_multiple_pads_the_evaluation_batches_too(tmp_path, monkeypatch):
+    """--pad-multiple reaches the run's evaluations and predictions: every batch they make is padded to a
+    multiple of N tokens or to --max-length (under CUDA graphs each new shape would record a graph)."""
+    from tiny_runs import tiny_run
+
+    from data import batching
+    widths: list[tuple[int, int]] = []
+    real = batching.make_batch
+
+    def spy(*args):  # every evaluation batch is made here (EvalBatching.batch)
+        batch = real(*args)
+        widths.append((batch.inputs[0]["input_ids"].shape[1], max(len(ids) for ids, _ in
+                                                                  (args[0].sequences[0][i] for i in args[1]))))
+        return batch
+
+    monkeypatch.setattr(batching, "make_batch", spy)
+    tiny_run(tmp_path, "padded", epochs=1, pad_multiple=8, max_length=20)
+    assert widths and all(w == min(-(-longest // 8) * 8, 20) for w, longest in widths)
+    assert any(w != longest for w, longest in widths)  # really padded past the longest
 
 
 def _board_scalars(folder: Path) -> dict[str, dict[int, float]]:

@@ -16,6 +16,7 @@ import pytest
 import tiny_runs
 import torch
 
+from data.batching import EvalBatching
 from training.run.config import TrainConfig, depth_error, freeze_depth, validate
 from training.study import aggregate as A
 from training.study import cli as C
@@ -347,14 +348,17 @@ def test_cached_dev_outputs_equal_uncached_ones(tmp_path):
     dev = load_data(cfg, tok).dev
     cache = build_frozen_cache(model, dev, tok, torch.device("cpu"), "memory", dtype="float32")
     for task, d in dev.items():
-        ref = raw_outputs(model, d, tok, 5, torch.device("cpu"))
-        got = raw_outputs(model, d, tok, 5, torch.device("cpu"), cache=cache)
+        ref = raw_outputs(model, d, tok, EvalBatching(5), torch.device("cpu"))
+        got = raw_outputs(model, d, tok, EvalBatching(5), torch.device("cpu"), cache=cache)
         torch.testing.assert_close(got, ref, rtol=0, atol=1e-5)
+        padded = raw_outputs(model, d, tok, EvalBatching(5, multiple=8), torch.device("cpu"), cache=cache)
+        torch.testing.assert_close(padded, ref, rtol=0, atol=1e-5)  # the cache's batches padded as the tokens
         assert not torch.equal(ref, torch.zeros_like(ref))
         if d.swapped is not None:  # the other order is not what the cache holds: it runs uncached
             assert not cache.covers(d.swapped)
-            torch.testing.assert_close(task_outputs(model, d, tok, 5, torch.device("cpu"), cache=cache),
-                                       task_outputs(model, d, tok, 5, torch.device("cpu")), rtol=0, atol=1e-5)
+            five = EvalBatching(5)
+            torch.testing.assert_close(task_outputs(model, d, tok, five, torch.device("cpu"), cache=cache),
+                                       task_outputs(model, d, tok, five, torch.device("cpu")), rtol=0, atol=1e-5)
 
 
 def test_without_matplotlib_the_tables_are_still_written(tmp_path, monkeypatch, caplog):

@@ -26,7 +26,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from data.batching import encode_task
+from data.batching import EvalBatching, encode_task
 from data.loaders import Example
 from heads import TASKS, MultitaskBert, predict, probabilities
 from training.common import device as _device
@@ -130,8 +130,13 @@ class Model:
             return torch.empty((0, 5) if task == "sst" else (0,))
         data = encode_task(task, examples, self.tokenizer, self.config.pair_encoding, self.config.max_length,
                            self.both_orders)
-        return task_outputs(self.network, data, self.tokenizer, batch_size or self.batch_size, self.device,
-                            self.autocast, self.max_tokens)
+        return task_outputs(self.network, data, self.tokenizer, self.batching(batch_size), self.device,
+                            self.autocast)
+
+    def batching(self, batch_size: int | None = None) -> EvalBatching:
+        """How the model's inputs are cut into batches: `batch_size` examples at most (else the model's own),
+        within its padded-token budget."""
+        return EvalBatching(batch_size or self.batch_size, self.max_tokens)
 
 
 def _examples(task: str, items) -> list[Example]:

@@ -7,7 +7,7 @@ import numpy as np
 import torch
 from scipy.stats import pearsonr
 
-from data.batching import TaskData
+from data.batching import EvalBatching, TaskData
 from training.inference.outputs import predict_sets
 
 METRIC = {"sst": "sst_acc", "para": "para_acc", "sts": "sts_pearson"}
@@ -38,7 +38,7 @@ def metrics_of(dev: dict[str, TaskData], preds: dict[str, np.ndarray]) -> dict[s
     return metrics
 
 
-def evaluate(model, dev: dict[str, TaskData], tokenizer, batch_size: int, device,
-             autocast=contextlib.nullcontext, max_tokens: int | str | None = "auto") -> dict[str, float]:
-    """Dev metrics; max_tokens: see inference.raw_outputs."""
-    return metrics_of(dev, predict_sets(model, dev, tokenizer, batch_size, device, autocast, max_tokens))
+def evaluate(model, dev: dict[str, TaskData], tokenizer, batching: EvalBatching, device,
+             autocast=contextlib.nullcontext) -> dict[str, float]:
+    """Dev metrics of `model`, its batches cut as `batching` says."""
+    return metrics_of(dev, predict_sets(model, dev, tokenizer, batching, device, autocast))

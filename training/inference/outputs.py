@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from data.batching import TaskData, eval_batch_indices, eval_token_budget, make_batch
+from data.batching import EvalBatching, TaskData
 from heads import MultitaskBert, predict
 from training.common.progress import progress
 
@@ -17,23 +17,23 @@ SHOW_PROGRESS_FROM = 20  # batches: below that a call is quick, and a line for e
 
 
 @torch.inference_mode()
-def raw_outputs(model: MultitaskBert, data: TaskData, tokenizer, batch_size: int, device,
-                autocast=contextlib.nullcontext, max_tokens: int | str | None = "auto", cache=None) -> torch.Tensor:
-    """The heads' outputs (logits / scores) in the order of data.examples, in fp32 on the CPU;
-    batches run sorted by length, at most batch_size examples and max_tokens padded tokens each
-    (None: batch_size alone; "auto": the device's budget, data.batching.eval_token_budget).
+def raw_outputs(model: MultitaskBert, data: TaskData, tokenizer, batching: EvalBatching, device,
+                autocast=contextlib.nullcontext, cache=None) -> torch.Tensor:
+    """The heads' outputs (logits / scores) in the order of data.examples, in fp32 on the CPU; batches
+    cut and padded as `batching` says (sorted by length).
     cache: a frozen-prefix cache (training.methods.frozen_cache) holding `data`'s states entering the first
     trainable layer; the batches then run only the layers above it."""
     was_training = model.training
     model.eval()
     out = None
     try:
-        groups = eval_batch_indices(data, batch_size, eval_token_budget(max_tokens, device.type))
+        groups = batching.plan(data, device.type)
         if len(groups) >= SHOW_PROGRESS_FROM:  # a dev or test set, not an API call on a few sentences
             groups = progress(groups, desc=f"predicting {data.task} ({len(data)} examples)", total=len(groups))
         cached = cache is not None and cache.covers(data)
         for indices in groups:  # the cache's states need no tokenising
-            batch = (cache.batch(data, indices) if cached else make_batch(data, indices, tokenizer)).to(device)
+            batch = (cache.batch(data, indices, batching.multiple, batching.cap) if cached
+                     else batching.batch(data, indices, tokenizer)).to(device)
             with autocast():
                 o = model(data.task, batch.inputs, cache.layer if cached else 0).float().cpu()
             if out is None:
@@ -44,28 +44,27 @@ def raw_outputs(model: MultitaskBert, data: TaskData, tokenizer, batch_size: int
     return out if out is not None else torch.empty(0)
 
 
-def task_outputs(model: MultitaskBert, data: TaskData, tokenizer, batch_size: int, device,
-                 autocast=contextlib.nullcontext, max_tokens: int | str | None = "auto", cache=None) -> torch.Tensor:
+def task_outputs(model: MultitaskBert, data: TaskData, tokenizer, batching: EvalBatching, device,
+                 autocast=contextlib.nullcontext, cache=None) -> torch.Tensor:
     """raw_outputs, except that where data has a `.swapped` copy (pairs in both orders) the two
     orders' outputs are averaged: the paraphrase logits, the similarity scores."""
-    out = raw_outputs(model, data, tokenizer, batch_size, device, autocast, max_tokens, cache)
+    out = raw_outputs(model, data, tokenizer, batching, device, autocast, cache)
     if data.swapped is not None:
-        out = (out + raw_outputs(model, data.swapped, tokenizer, batch_size, device, autocast, max_tokens, cache)) / 2
+        out = (out + raw_outputs(model, data.swapped, tokenizer, batching, device, autocast, cache)) / 2
     return out
 
 
-def predict_task(model: MultitaskBert, data: TaskData, tokenizer, batch_size: int, device,
-                 autocast=contextlib.nullcontext, max_tokens: int | str | None = "auto", cache=None) -> np.ndarray:
+def predict_task(model: MultitaskBert, data: TaskData, tokenizer, batching: EvalBatching, device,
+                 autocast=contextlib.nullcontext, cache=None) -> np.ndarray:
     """Predictions in the order of data.examples, from task_outputs."""
-    out = task_outputs(model, data, tokenizer, batch_size, device, autocast, max_tokens, cache)
+    out = task_outputs(model, data, tokenizer, batching, device, autocast, cache)
     return predict(data.task, out).double().numpy()
 
 
-def predict_sets(model, sets: dict[str, TaskData], tokenizer, batch_size: int, device,
-                 autocast=contextlib.nullcontext, max_tokens: int | str | None = "auto",
-                 cache=None) -> dict[str, np.ndarray]:
+def predict_sets(model, sets: dict[str, TaskData], tokenizer, batching: EvalBatching, device,
+                 autocast=contextlib.nullcontext, cache=None) -> dict[str, np.ndarray]:
     """predict_task for each task's set: task -> predictions in the order of its examples."""
-    return {task: predict_task(model, data, tokenizer, batch_size, device, autocast, max_tokens, cache)
+    return {task: predict_task(model, data, tokenizer, batching, device, autocast, cache)
             for task, data in sets.items()}
 
 

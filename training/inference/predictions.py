@@ -153,7 +153,7 @@ def write_all_predictions(model, splits, folder, overwrite: bool = False, source
     check_predictions_dir(folder, run, overwrite)
 
     def predict(sets):
-        return predict_sets(model.network, sets, model.tokenizer, model.batch_size, model.device, model.autocast)
+        return predict_sets(model.network, sets, model.tokenizer, model.batching(), model.device, model.autocast)
 
     dev, test = predict(splits.dev), predict(splits.test)
     metrics = metrics_of(splits.dev, dev) if dev else {}

@@ -15,6 +15,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from fractions import Fraction
 from pathlib import Path
 
+from data.batching import EvalBatching
 from data.loaders import COURSE_FILES, TASKS
 from training.common.errors import ConfigError
 from training.methods.freezing import freeze_depth, parse_schedule, parse_share
@@ -117,11 +118,12 @@ class TrainConfig:
     epochs: int = opt(3, "passes over the training data", "schedule", range=_at_least(1))
     batch_size: int = opt(32, "examples per training step: one task's batch, or under --task-sampling mixed the "
                           "whole mixed batch (the global batch under torchrun)", "schedule", range=_at_least(1))
-    pad_multiple: int = opt(1, "pad each training batch to a multiple of N tokens (never past --max-length) instead "
-                            "of to its longest sequence alone: fewer distinct batch shapes for a GPU's kernel choices "
-                            "and torch.compile to meet, for the padding computed (and dropout's draws change with the "
-                            "shape, so the run differs from an unpadded one as another seed's would); 8 suits tensor "
-                            "cores", "schedule", metavar="N", range=_at_least(1))
+    pad_multiple: int = opt(1, "pad each batch, in training and in evaluation and prediction, to a multiple of N "
+                            "tokens (never past --max-length) instead of to its longest sequence alone: fewer distinct "
+                            "batch shapes for a GPU's kernel choices, torch.compile and CUDA graphs to meet, for the "
+                            "padding computed (and dropout's draws change with the shape, so the run differs from an "
+                            "unpadded one as another seed's would); 8 suits tensor cores", "schedule", metavar="N",
+                            range=_at_least(1))
     eval_batch_size: int = opt(256, "examples per batch in dev evaluation and prediction", "schedule",
                                range=_at_least(1), resume_may_differ=True)
     eval_tokens: int | None = opt(None, "padded tokens (examples x longest) at most per evaluation and prediction batch, "
@@ -301,9 +303,11 @@ class TrainConfig:
         every step (Bregman-only SMART, --smart-lambda 0, perturbs nothing)."""
         return self.smart and self.smart_lambda > 0 and self.smart_perturb_at == "embeddings"
 
-    def eval_token_budget(self) -> int | str | None:
-        """--eval-tokens as inference.raw_outputs takes it: "auto" (the device's measured budget), None or N."""
-        return "auto" if self.eval_tokens is None else (self.eval_tokens or None)
+    def eval_batching(self) -> EvalBatching:
+        """How evaluation and prediction cut their batches: --eval-batch-size, --eval-tokens ("auto": the device's
+        measured budget; 0: none) and the training batches' padding (--pad-multiple, --max-length)."""
+        budget = "auto" if self.eval_tokens is None else (self.eval_tokens or None)
+        return EvalBatching(self.eval_batch_size, budget, self.pad_multiple, self.max_length)
 
     def predictions_folder(self) -> str:
         return self.predictions_dir or os.path.join(self.out_dir, "predictions")

@@ -520,8 +520,8 @@ class Run:
 
     def predict(self, sets: dict) -> dict:
         """Predictions of the model's weights as they are now, batched as --eval-batch-size/--eval-tokens say."""
-        return predict_sets(self.model, sets, self.tokenizer, self.cfg.eval_batch_size, self.device,
-                            self.stepper.autocast, self.cfg.eval_token_budget(), self.caches.dev)
+        return predict_sets(self.model, sets, self.tokenizer, self.cfg.eval_batching(), self.device,
+                            self.stepper.autocast, self.caches.dev)
 
     def evaluate(self) -> dict[str, float]:
         """Dev metrics of the model's weights as they are now."""
