@@ -818,6 +818,30 @@ def test_the_front_keeps_the_points_no_cheaper_one_matches():
     assert pareto_front(points) == [(0.5, 0.63), (2.0, 0.72), (5.0, 0.74)]
 
 
+def test_each_point_gets_its_familys_marker_and_the_crowded_top_its_panel(tmp_path):
+    from training.study.arms_figures import point_family, zoom_limits
+
+    recipe = loaded(tmp_path, arms={"": {}, "lora": {"peft": "lora:r=8"}, "ad": {"unfreeze_schedule": "adaptive"},
+                                    "long": {"epochs": 9}}, points=[
+        {"label": "full", "depth": "none", "arm": ""}, {"label": "one", "depth": 1, "arm": ""},
+        {"label": "lora", "depth": "none", "arm": "lora"}, {"label": "adaptive", "depth": "none", "arm": "ad"},
+        {"label": "one, longer", "depth": 1, "arm": "long"},
+        {"label": "full at one's", "depth": "none", "arm": "", "lr_of": "one"}])
+    assert [point_family(recipe, p) for p in recipe.points] == [
+        "fixed depth", "fixed depth", "parameter-efficient", "freezing schedule", "confound or twin",
+        "confound or twin"]  # a borrowed rate makes a plain arm a confound
+
+    def at(x, y, half=0.002):
+        return {"x": x, "y": y, "yerr": [[half], [half]]}
+    # within 0.02 of the best (0.74): four points, cost 2 to 5, means 0.725 to 0.74, intervals 0.004 at most
+    points = [at(0.5, 0.63), at(2.0, 0.725), at(3.0, 0.73, 0.004), at(5.0, 0.74), at(4.0, 0.735), at(1.0, 0.70)]
+    (x0, x1), (y0, y1) = zoom_limits(points)
+    assert (x0, x1) == (pytest.approx(2.0 / 1.15), pytest.approx(5.0 * 1.15))
+    assert (y0, y1) == (pytest.approx(0.725 - 0.0048), pytest.approx(0.74 + 0.0048))
+    assert zoom_limits(points[:4]) is None  # three near the top: the main panel shows them well enough
+    assert zoom_limits(points[1:5]) is None  # every point near the top: the main panel is the enlargement
+
+
 def test_the_mean_curve_follows_the_runs_still_training():
     from training.study.arms_figures import mean_curve
 

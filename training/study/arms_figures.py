@@ -10,7 +10,8 @@
   cost modelled from the cost measured apart (arms_cost.py: in full fine-tuning epochs, the range over the
   seeds as a horizontal bar), or, without that measurement, the median training seconds of its reporting
   runs (as the study measured them: runs shared the machine); a dashed line joins the front (the points no
-  cheaper point matches);
+  cheaper point matches); the marker says the point's kind (a fixed depth, a parameter-efficient method, a
+  freezing schedule, a confound or twin), and a second panel enlarges the crowded top;
 - curves.png: the learning curves, the tuning split's overall at each evaluation, each reporting seed
   (thin) and the mean of the seeds still training, one colour per point;
 - tuning.png: the tuning as a rate x point map, each cell the tuning-split score of a rate the point tried,
@@ -186,13 +187,26 @@ def depth_figure(plt, recipe, rows: list[dict], baselines: dict | None, path: Pa
     return _save(fig, plt, path)
 
 
-def front_figure(plt, recipe, records: list[dict], rows: list[dict], path: Path, costs: list[dict] | None = None
-                 ) -> Path:
-    protocol, modelled, placed = Protocol(recipe, records), {c["label"]: c for c in costs or []}, []
-    colour, index = point_colours(plt), {p["label"]: j for j, p in enumerate(recipe.points)}
-    fig, ax = plt.subplots(figsize=(PANEL[0] * 1.6, PANEL[1] * 1.3), dpi=DPI)
+#: the marker of each kind of point on front.png, so that a reader finds a family without the legend
+FAMILY_MARKERS = {"fixed depth": "o", "parameter-efficient": "s", "freezing schedule": "^", "confound or twin": "D"}
+
+
+def point_family(recipe, point: dict) -> str:
+    """Which of FAMILY_MARKERS' kinds a recipe point is, from its arm's options."""
+    options = recipe.arms.get(point.get("arm", ""), {})
+    if point["label"] in plain_labels(recipe):
+        return "fixed depth"
+    if "peft" in options:
+        return "parameter-efficient"
+    return "freezing schedule" if "unfreeze_schedule" in options else "confound or twin"
+
+
+def front_points(recipe, records: list[dict], rows: list[dict], costs: list[dict] | None) -> list[dict]:
+    """Each point front.png places: its label, family, x (modelled cost, else median training seconds) with
+    the seeds' range, y (mean dev overall) with its interval."""
+    protocol, modelled, points = Protocol(recipe, records), {c["label"]: c for c in costs or []}, []
+    by_label = {p["label"]: p for p in recipe.points}
     for r in rows:
-        err = mean_error(r)
         if modelled:
             if r["label"] not in modelled:
                 continue
@@ -204,23 +218,59 @@ def front_figure(plt, recipe, records: list[dict], rows: list[dict], path: Path,
             if not seconds:
                 continue
             x, xerr = float(np.median(seconds)), None
-        ax.errorbar([x], [r["mean"]], xerr=xerr, yerr=err, marker="o", capsize=3, color=colour(index[r["label"]]),
-                    label=r["label"])
-        placed.append((x, r["mean"]))
-    front = pareto_front(placed)
-    if len(front) > 1:
-        ax.plot(*zip(*front), linestyle="--", color="grey", linewidth=1, zorder=1)
-    ax.set_xscale("log")
-    ax.xaxis.set_major_formatter(plt.FuncFormatter(lambda v, _: f"{v:g}"))
-    ax.xaxis.set_minor_formatter(plt.FuncFormatter(lambda v, _: f"{v:g}" if f"{v:.0e}"[0] in "25" else ""))
-    ax.set_xlabel("end-to-end cost, in epochs of full fine-tuning (modelled from the cost measured apart)" if modelled
-                  else "training seconds of a run (median over the reporting seeds; runs shared the machine)")
-    ax.set_ylabel("dev overall (mean, 95% interval)")
-    ax.grid(alpha=0.3)
-    if placed:  # a study with no run timed yet has nothing to name
-        ax.legend(fontsize="x-small", loc="best")
-    ax.set_title("Quality against cost")
-    fig.tight_layout()
+        points.append({"label": r["label"], "family": point_family(recipe, by_label[r["label"]]), "x": x,
+                       "xerr": xerr, "y": r["mean"], "yerr": mean_error(r)})
+    return points
+
+
+def zoom_limits(points: list[dict], below: float = 0.02) -> tuple[tuple, tuple] | None:
+    """The crowded corner: the points within `below` of the best mean, their x and y extents padded, or None
+    when too few points sit there to need a panel of their own."""
+    best = max(p["y"] for p in points)
+    near = [p for p in points if p["y"] >= best - below]
+    if len(near) < 4 or len(near) == len(points):
+        return None
+    xs, ys = [p["x"] for p in near], [p["y"] for p in near]
+    reach = max((max(p["yerr"][0][0], p["yerr"][1][0]) for p in near if p["yerr"]), default=0.0)
+    return (min(xs) / 1.15, max(xs) * 1.15), (min(ys) - reach * 1.2, max(ys) + reach * 1.2)
+
+
+def front_figure(plt, recipe, records: list[dict], rows: list[dict], path: Path, costs: list[dict] | None = None
+                 ) -> Path:
+    points, colour = front_points(recipe, records, rows, costs), point_colours(plt)
+    index = {p["label"]: j for j, p in enumerate(recipe.points)}
+    zoom = zoom_limits(points) if points else None
+    fig, axes = plt.subplots(1, 2 if zoom else 1, figsize=(PANEL[0] * (2.6 if zoom else 1.6), PANEL[1] * 1.6),
+                             dpi=DPI, squeeze=False)
+    front = pareto_front([(p["x"], p["y"]) for p in points])
+    for k, ax in enumerate(axes[0]):
+        for p in points:
+            ax.errorbar([p["x"]], [p["y"]], xerr=p["xerr"], yerr=p["yerr"], marker=FAMILY_MARKERS[p["family"]],
+                        capsize=3, color=colour(index[p["label"]]), label=p["label"] if k == 0 else None)
+        if len(front) > 1:
+            ax.plot(*zip(*front), linestyle="--", color="grey", linewidth=1, zorder=1)
+        ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(plt.FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.xaxis.set_minor_formatter(plt.FuncFormatter(lambda v, _: f"{v:g}" if f"{v:.0e}"[0] in "25" else ""))
+        ax.set_xlabel("end-to-end cost, in epochs of full fine-tuning (modelled from the cost measured apart)"
+                      if costs else "training seconds of a run (median over the reporting seeds; runs shared the "
+                      "machine)", fontsize="small")
+        ax.grid(alpha=0.3)
+        if k == 1:
+            ax.set_xlim(*zoom[0])
+            ax.set_ylim(*zoom[1])
+            ax.set_title("the top, enlarged", fontsize="medium")
+    axes[0][0].set_ylabel("dev overall (mean, 95% interval)")
+    axes[0][0].set_title("Quality against cost", fontsize="medium")
+    if not points:  # a study with no run timed yet has nothing to name
+        fig.tight_layout()
+        return _save(fig, plt, path)
+    families = [f for f in FAMILY_MARKERS if any(p["family"] == f for p in points)]
+    axes[0][0].legend(handles=[plt.Line2D([], [], marker=FAMILY_MARKERS[f], color="black", linestyle="none",
+                                          label=f) for f in families], fontsize="x-small", loc="lower right")
+    rows = math.ceil(len(points) / 3)
+    fig.legend(fontsize="x-small", loc="lower center", ncol=3, frameon=False)
+    fig.tight_layout(rect=(0, min(0.5, 0.028 * rows + 0.01), 1, 1))
     return _save(fig, plt, path)
 
 
