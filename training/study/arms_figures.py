@@ -13,7 +13,7 @@
   cheaper point matches); the marker says the point's kind (a fixed depth, a parameter-efficient method, a
   freezing schedule, a confound or twin), and a second panel enlarges the crowded top;
 - curves.png: the learning curves, the tuning split's overall at each evaluation, each reporting seed
-  (thin) and the mean of the seeds still training, one colour per point;
+  (thin) and the mean of the seeds still training, one colour per point, a panel per kind of point;
 - tuning.png: the tuning as a rate x point map, each cell the tuning-split score of a rate the point tried,
   coloured by its distance below the point's best, the chosen rate boxed;
 - size_depth.png (a recipe whose points train on several sizes): the gap as a map, each size x depth
@@ -309,18 +309,22 @@ def point_curves(recipe, records: list[dict]) -> list[tuple[int, str, list]]:
     return out
 
 
+#: curves.png's panels: a title and the kinds of point (point_family) each shows
+CURVE_PANELS = [("The fixed depths", {"fixed depth"}),
+                ("Parameter-efficient methods and freezing schedules", {"parameter-efficient", "freezing schedule"}),
+                ("Confounds and twins", {"confound or twin"})]
+
+
 def curves_figure(plt, recipe, records: list[dict], path: Path) -> Path:
-    """Two panels, so that 18 points stay legible: the plain depth points, and the other points beside full
-    fine-tuning's mean (dashed); a point keeps its colour."""
-    plain, colour = plain_labels(recipe), point_colours(plt)
-    reference = recipe.points[0]["label"]
-    fig, axes = plt.subplots(1, 2, figsize=(PANEL[0] * 2.6, PANEL[1] * 1.3), dpi=DPI, sharey=True)
-    panels = [(axes[0], "The depth points", lambda label: label in plain),
-              (axes[1], f"The other points ({reference} dashed)", lambda label: label not in plain)]
-    for ax, title, shows in panels:
+    """A panel per kind of point, so that twenty points stay legible, each beside full fine-tuning's mean
+    (dashed) where it is not one of the panel's own; a point keeps its colour."""
+    colour, reference = point_colours(plt), recipe.points[0]["label"]
+    family = {p["label"]: point_family(recipe, p) for p in recipe.points}
+    fig, axes = plt.subplots(1, len(CURVE_PANELS), figsize=(PANEL[0] * 3.3, PANEL[1] * 1.3), dpi=DPI, sharey=True)
+    for ax, (title, kinds) in zip(axes, CURVE_PANELS):
         for j, label, curves in point_curves(recipe, records):
-            ours, theirs = shows(label), label == reference and ax is axes[1]
-            if not (ours or theirs):
+            ours = family[label] in kinds
+            if not (ours or label == reference):
                 continue
             if ours:
                 for c in curves:  # each seed, thin: early stopping ends them at different evaluations
@@ -328,12 +332,13 @@ def curves_figure(plt, recipe, records: list[dict], path: Path) -> Path:
             ax.plot(*zip(*mean_curve(curves)), marker="o" if ours else None, linestyle="-" if ours else "--",
                     color=colour(j), label=label)
         ax.set_xlabel("evaluation (epoch)")
-        ax.set_title(title)
+        ax.xaxis.set_major_locator(plt.MaxNLocator(integer=True))
+        ax.set_title(title, fontsize="medium")
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize="x-small")
     axes[0].set_ylabel("tuning-split overall (seeds thin; mean of the seeds still training)")
-    fig.suptitle("Learning curves")
+    fig.suptitle("Learning curves (full fine-tuning dashed where it is not a panel's own)")
     fig.tight_layout()
     return _save(fig, plt, path)
 
