@@ -3,7 +3,8 @@
 # (its stages no longer fit one call: STAGES picks them): the full suite on 12 CPU workers beside `env`
 # and `cuda-tests` (neither is timed); then, timed and alone, what a new batch length's first steps cost
 # (bench/shape_warmup.py, with and without --pad-multiple), the step with each layer's kernels replayed
-# as CUDA graphs (precision_compile.py --compile-mode reduce-overhead), `train`, `bench`, the step's ops,
+# as CUDA graphs (precision_compile.py --compile-mode reduce-overhead), what freezing saves there
+# (bench/study_cost.py), `train`, `bench`, the step's ops,
 # syncs and torch.profiler view (bench/step_ops.py, bf16 and fp32, MiniLM and bert-base's shape), then,
 # while time is left before DEADLINE seconds, the best recipe under fp16 and fp32 (bf16 is the `train`
 # stage's). Results in /tmp/gpu (summary.md); with $OUT set (the lent machine's folder that comes back),
@@ -18,7 +19,7 @@ cd "$(dirname "$0")/.." || exit 2
 export PYTHONUNBUFFERED=1 MINBERT_DATA_DIR=$PWD/.gpu/prep/course_data PYTHONPATH=$PWD:$PWD/.gpu/prep${PYTHONPATH:+:$PYTHONPATH}
 DRY=(${GPU_DRY:-})
 # the stages, in the order they run (the questions the next GPU owes first); STAGES picks some
-STAGES=" ${STAGES:-suite cuda-tests shape compile train bench step-ops recipes} "
+STAGES=" ${STAGES:-suite cuda-tests shape compile study-cost train bench step-ops recipes} "
 want() { [[ "$STAGES" == *" $1 "* ]]; }
 R=/tmp/gpu; mkdir -p "$R"; T0=$(date +%s)
 save() {
@@ -44,6 +45,15 @@ echo "shape_warmup done at $(( $(date +%s) - T0 )) s"; save
 want compile && timeout 240 python3 bench/precision_compile.py --device "${DEV:-cuda}" --steps 20 --warmup 5 \
     --compile-mode reduce-overhead --data-dir "$MINBERT_DATA_DIR" >"$R/compile-reduce-overhead.log" 2>&1
 echo "reduce-overhead done at $(( $(date +%s) - T0 )) s"; save
+# what freezing saves on a GPU, where a small model's step is bound by launching kernels rather than by
+# arithmetic: the freezing study's points end to end, interleaved, each in a fresh process (on the CPU, five
+# frozen layers of six ran an epoch 6x faster); STUDY_COST_ARGS shrinks it for a dry run
+# shellcheck disable=SC2086  # STUDY_COST_ARGS is a list of flags
+want study-cost && timeout 300 python3 bench/study_cost.py --data-dir "$MINBERT_DATA_DIR" \
+    ${STUDY_COST_ARGS:---examples 2000 --eval-examples 500 --epochs 2 --rounds 2} --points "full fine-tuning" \
+    "2/6 of the layers frozen" "half the layers frozen" "5/6 of the layers frozen" "heads only" \
+    "LoRA r=8 (all linear maps)" --json "$R/study-cost.json" >"$R/study-cost.log" 2>&1
+echo "study_cost done at $(( $(date +%s) - T0 )) s"; save
 if want train; then
     MINBERT_GPU_TRAIN_LIMIT=${TRAIN_LIMIT:-240} bash bench/gpu_check.sh "${DRY[@]}" "$R" train
     echo "train done at $(( $(date +%s) - T0 )) s"; save
@@ -76,7 +86,7 @@ want recipes && for prec in fp16 fp32; do
 done
 kill $SAVER 2>/dev/null; save
 cat "$R/summary.md"
-cat "$R/shape-warmup.log" "$R/compile-reduce-overhead.log" 2>/dev/null
+cat "$R/shape-warmup.log" "$R/compile-reduce-overhead.log" "$R/study-cost.log" 2>/dev/null
 for f in "$R"/step-ops-*.log; do  # not parts of gpu_check.sh: their headline lines here
     [[ -f "$f" ]] && { echo "== $(basename "$f")"; grep -E "^# |^all |host syncs|profiled|device busy" "$f"; }
 done

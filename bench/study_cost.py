@@ -60,6 +60,7 @@ def one_run(base: dict, options: dict, out: Path, threads: int | None) -> dict:
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     epochs = [r for r in rows if "train_seconds" in r]
     return {"wall": m["wall_seconds"], "epochs": [r["train_seconds"] for r in epochs], "rss": m["peak_rss_mib"],
+            "cuda_mib": m.get("cuda_peak_mib"),
             "cache": sum(r.get("frozen_cache_seconds") or 0 for r in epochs),
             "curve": [(r["epoch"], r["dev_overall"]) for r in rows if r.get("dev_overall") is not None]}
 
@@ -122,23 +123,32 @@ def summary(runs: list[dict], options: dict) -> dict:
             "s_per_epoch": list(quartiles([s for run in runs for s in run["epochs"]])),
             "run_s": statistics.median(r["wall"] for r in runs),
             "cache_s": statistics.median(r["cache"] for r in runs),
-            "peak_rss_mib": statistics.median(r["rss"] for r in runs)}
+            "peak_rss_mib": statistics.median(r["rss"] for r in runs),
+            "cuda_peak_mib": None if any(r["cuda_mib"] is None for r in runs)
+            else statistics.median(r["cuda_mib"] for r in runs)}
+
+
+def machine() -> str:
+    """What the runs ran on: the GPU where the trainer's --device auto picks one, else the CPU."""
+    import torch
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else cpu_model()
 
 
 def write_json(path: Path, args, figures: dict[str, dict]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({
-        "machine": cpu_model(), "date": str(datetime.date.today()), "threads": args.threads,
+        "machine": machine(), "date": str(datetime.date.today()), "threads": args.threads,
         "examples_per_task": args.examples, "epochs": args.epochs, "rounds": args.rounds,
         "points": figures}, indent=1) + "\n")
 
 
 def report(args, names: list[str], runs: dict[str, list[dict]], figures: dict[str, dict]) -> None:
     full = runs[names[0]]  # the recipe's first point: full fine-tuning
-    print(f"\n# {cpu_model()}, {args.threads or 'default'} thread(s), {datetime.date.today()}; {args.examples} "
+    print(f"\n# {machine()}, {args.threads or 'default'} thread(s), {datetime.date.today()}; {args.examples} "
           f"training and {args.eval_examples} dev examples per task, {args.epochs} epochs, {args.rounds} rounds")
     print(f"{'point':48s} {'s/epoch median [IQR]':>24s} {'run s':>7s} {'cache s':>7s} {'peak MiB':>8s} "
-          f"{f'to {args.share:.0%} of full':>14s}")
+          f"{f'to {args.share:.0%} of full':>14s}"
+          + ("  GPU peak MiB" if any(f["cuda_peak_mib"] is not None for f in figures.values()) else ""))
     for name in names:
         fig = figures[name]
         med, q1, q3 = fig["s_per_epoch"]
@@ -147,7 +157,8 @@ def report(args, names: list[str], runs: dict[str, list[dict]], figures: dict[st
         print(f"{name:48s} {med:8.1f} [{q1:6.1f}-{q3:6.1f}] {fig['run_s']:7.1f} {fig['cache_s']:7.1f} "
               f"{fig['peak_rss_mib']:8.0f} "
               f"{(f'{statistics.median(got):10.1f} s' if got else 'not reached'):>14s}"
-              + (f" ({len(got)}/{len(reach)} rounds)" if got and len(got) < len(reach) else ""))
+              + (f" ({len(got)}/{len(reach)} rounds)" if got and len(got) < len(reach) else "")
+              + (f"  {fig['cuda_peak_mib']:.0f}" if fig["cuda_peak_mib"] is not None else ""))
     for name in names:
         if name + NOCACHE in runs:
             on, off = figures[name]["s_per_epoch"][0], figures[name + NOCACHE]["s_per_epoch"][0]
