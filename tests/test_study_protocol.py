@@ -758,6 +758,78 @@ def test_the_size_depth_map_by_hand(tmp_path):
     assert np.isnan(grid[0]).all() and grid[1, 1] == 0.8
 
 
+def _sized_study(tmp_path, overall_of: dict, preds_of: dict | None = None):
+    """Full fine-tuning and one frozen layer on the whole files and on 4 examples per task, three seeds;
+    overall_of[(label, seed)] is a run's dev overall, preds_of the same run's sst predictions."""
+    recipe = loaded(tmp_path, sizes=["all", 4], seeds=[1, 2, 3], points=[
+        {"label": "all full", "depth": "none", "arm": "", "size": "all"},
+        {"label": "all one", "depth": 1, "arm": "", "size": "all"},
+        {"label": "4 full", "depth": "none", "arm": "", "size": 4, "vs": "all full"},
+        {"label": "4 one", "depth": 1, "arm": "", "size": 4, "vs": "4 full"}])
+    points = {p["label"]: (recipe.depth(p["depth"]), p["size"]) for p in recipe.points}
+    records = []
+    for (label, seed), overall in overall_of.items():
+        depth, size = points[label]
+        r = _reporting(depth, "", 0.001, seed, overall) | {"size": size}
+        if preds_of:
+            r["dev_predictions"] = _write_predictions(tmp_path, f"{label}-{seed}", {"sst": preds_of[label, seed]})
+        records.append(r)
+    for depth, size in points.values():  # tuning: 0.001 inside the grid at every point
+        records += [tuning_record(depth, "", lr, score) | {"size": size}
+                    for lr, score in [(0.0003, 0.4), (0.001, 0.5), (0.003, 0.45)]]
+    return recipe, records
+
+
+def test_the_gap_against_size_by_hand(tmp_path):
+    from scipy import stats as sps
+
+    big = {"full": [0.70, 0.72, 0.71], "one": [0.68, 0.69, 0.69]}  # gaps -0.02, -0.03, -0.02
+    small = {"full": [0.60, 0.62, 0.61], "one": [0.60, 0.615, 0.605]}  # gaps 0, -0.005, -0.005
+    overall_of = {(f"{size} {kind}", seed + 1): v for size, runs in (("all", big), ("4", small))
+                  for kind, values in runs.items() for seed, v in enumerate(values)}
+    recipe, records = _sized_study(tmp_path, overall_of)
+    # one comparison: one frozen layer's gap on the whole files against its gap on 4 examples (full
+    # fine-tuning at 4 examples is measured against the whole files': no gap of its own)
+    assert [(a["label"], b["label"], c["label"], d["label"]) for a, b, c, d in A.gap_pairs(recipe)] == [
+        ("all one", "all full", "4 one", "4 full")]
+    rows = {r["metric"]: r for r in A.gap_changes(recipe, records, tmp_path, {"sst": np.zeros(3)})}
+    gaps_big, gaps_small = np.array([-0.02, -0.03, -0.02]), np.array([0.0, -0.005, -0.005])
+    row = rows["overall"]
+    assert row["gap"] == pytest.approx(gaps_big.mean()) and row["gap_smaller"] == pytest.approx(gaps_small.mean())
+    assert row["diff"] == pytest.approx(-0.02)
+    # Welch, written out: se from each size's own variance, Welch-Satterthwaite degrees of freedom
+    va, vb = gaps_big.var(ddof=1) / 3, gaps_small.var(ddof=1) / 3
+    df = (va + vb) ** 2 / (va ** 2 / 2 + vb ** 2 / 2)
+    half = sps.t.ppf(0.975, df) * np.sqrt(va + vb)
+    assert row["ci"] == (pytest.approx(-0.02 - half), pytest.approx(-0.02 + half))
+    assert row["t_p"] == pytest.approx(sps.ttest_ind(gaps_big, gaps_small, equal_var=False).pvalue)
+    assert row["t_p_holm"] == pytest.approx(row["t_p"]) and "boot_p" not in row  # one comparison; no predictions
+    assert rows["sts_pearson"]["diff"] == pytest.approx(-0.04)  # 2 x overall - 1 in these records
+    from training.study.arms_report import gap_lines
+    line = next(x for x in gap_lines(list(rows.values())) if x.startswith("| all one | 4 one | overall |"))
+    assert "| 3 + 3 | -0.0233 | -0.0033 | -0.0200 [" in line
+
+
+def test_the_gap_against_size_resamples_the_same_examples_for_both_sizes(tmp_path):
+    """At both sizes one frozen layer is right on example 0 where full fine-tuning is wrong, and alike
+    elsewhere: each size's gap is the share of example 0 in a resample, random, but the same at both sizes
+    when both are scored on the same resamples, so the change is 0 in every one of them."""
+    labels = np.array([0, 1, 2, 3, 4, 0])
+    full, one = [4, 1, 2, 3, 4, 4], [0, 1, 2, 3, 4, 4]
+    runs = {(f"{size} {kind}", seed): 0.5 for size in ("all", "4") for kind in ("full", "one") for seed in (1, 2, 3)}
+    preds_of = {(label, seed): (one if label.endswith("one") else full) for label, seed in runs}
+    recipe, records = _sized_study(tmp_path, runs, preds_of)
+    row = next(r for r in A.gap_changes(recipe, records, tmp_path, {"sst": labels}, reps=500) if r["metric"] == "sst_acc")
+    assert row["boot_ci"] == (0.0, 0.0) and row["boot_p"] == 1.0
+    # the whole files' one frozen layer right on example 5 too: its gap is the share of examples 0 and 5 in a
+    # resample, the smaller size's that of example 0, so the change is the share of example 5: 0 exactly
+    # when a resample draws it not once, (5/6)^6 of the time, so the bootstrap p is twice that
+    preds_of |= {("all one", s): labels.tolist() for s in (1, 2, 3)}
+    recipe, records = _sized_study(tmp_path, runs, preds_of)
+    row = next(r for r in A.gap_changes(recipe, records, tmp_path, {"sst": labels}, reps=4000) if r["metric"] == "sst_acc")
+    assert row["boot_ci"][0] == 0.0 and row["boot_p"] == pytest.approx(2 * (5 / 6) ** 6, abs=0.05)
+
+
 def test_the_tuning_map_by_hand(tmp_path):
     from training.study.arms_figures import tuning_figure, tuning_grid
     from training.study.figures import pyplot

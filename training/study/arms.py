@@ -202,6 +202,84 @@ def versus(recipe, records: list[dict], results: Path, dev_labels: dict[str, np.
     return out
 
 
+# --------------------------------------------------------------------------- the gap against size
+
+
+def size_column(recipe, point: dict) -> tuple:
+    """What makes points of different sizes the same point: what its epochs cost (arms_cost.epoch_kind: its
+    depth and its arm's options but the epochs, early stopping and rate a size sets), so that heads-only with
+    cross-encoding heads and with siamese ones are two columns of the size x depth map."""
+    depth, options = epoch_kind(recipe.depth(point["depth"]), recipe.arms.get(point["arm"], {}))
+    return depth, tuple(tuple(option) for option in options)
+
+
+def welch(a, b, level: float = LEVEL) -> tuple[float, tuple[float, float], float]:
+    """mean(a) - mean(b) of two independent samples: the difference, Welch's t interval and two-sided p."""
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
+    diff, se = float(a.mean() - b.mean()), math.sqrt(va + vb)
+    if se == 0:
+        return diff, (diff, diff), (math.nan if diff == 0 else 0.0)
+    df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
+    half = float(sps.t.ppf((1 + level) / 2, df)) * se
+    return diff, (diff - half, diff + half), float(2 * sps.t.sf(abs(diff) / se, df))
+
+
+def gap_pairs(recipe) -> list[tuple[dict, dict, dict, dict]]:
+    """(point, its reference, the same column's point at a smaller size, that one's reference) for every point
+    measured against a point of its own size (not full fine-tuning against the whole files'), the larger size
+    the largest its column has (the whole files where they are in)."""
+    by_label = {p["label"]: p for p in recipe.points}
+    gapped = []
+    for p in recipe.points:
+        ref = by_label[p.get("vs", recipe.points[0]["label"])]
+        if "size" in p and ref is not p and ref.get("size") == p["size"]:
+            gapped.append((p, ref))
+    order = sorted({p["size"] for p, _ in gapped}, key=lambda n: (n == "all", 0 if n == "all" else n))
+    out = []
+    for column in dict.fromkeys(size_column(recipe, p) for p, _ in gapped):
+        mine = sorted((pr for pr in gapped if size_column(recipe, pr[0]) == column),
+                      key=lambda pr: order.index(pr[0]["size"]))
+        out += [(*mine[-1], *smaller) for smaller in mine[:-1]]
+    return out
+
+
+def gap_changes(recipe, records: list[dict], results: Path, dev_labels: dict[str, np.ndarray], reps: int = 2000,
+                seed: int = 0) -> list[dict]:
+    """Does a point's gap to its reference change with the training-set size? For each of gap_pairs, per
+    metric: the gap at either size (the mean over the seeds of the point minus its reference, paired by seed),
+    the larger size's gap minus the smaller's with Welch's t interval and p (the sizes' seeds draw different
+    subsets: two independent samples of gaps), and the bootstrap over dev examples (every run of the four
+    points scored on the same resampled examples); Holm over the comparisons, per metric and test."""
+    protocol, out = Protocol(recipe, records), []
+    for big, big_ref, small, small_ref in gap_pairs(recipe):
+        runs = {}
+        for name, (point, ref) in (("big", (big, big_ref)), ("small", (small, small_ref))):
+            mine, theirs = protocol.reporting(point["label"]), protocol.reporting(ref["label"])
+            seeds = sorted(s for s in mine if s in theirs)
+            runs[name] = ([theirs[s] for s in seeds], [mine[s] for s in seeds])
+        if min(len(runs["big"][0]), len(runs["small"][0])) < 2:
+            continue
+        # the same seed resamples the same examples: the two gaps' replicates pair up
+        boot = {name: _bootstrap(results, *runs[name], dev_labels, reps, seed) for name in runs}
+        for metric in METRICS:
+            gaps = {name: [b["dev"][metric] - a["dev"][metric] for a, b in zip(*runs[name])] for name in runs}
+            diff, ci, p = welch(gaps["big"], gaps["small"])
+            row = {"label": big["label"], "smaller": small["label"], "metric": metric, "diff": diff, "ci": ci,
+                   "t_p": p, "gap": float(np.mean(gaps["big"])), "gap_smaller": float(np.mean(gaps["small"])),
+                   "seeds": (len(gaps["big"]), len(gaps["small"]))}
+            if all(metric in b for b in boot.values()):
+                change = boot["big"][metric] - boot["small"][metric]
+                row |= {"boot_ci": interval(change, LEVEL), "boot_p": bootstrap_p(change)}
+            out.append(row)
+    for metric in METRICS:
+        mine = [r for r in out if r["metric"] == metric]
+        for test in ("t_p", "boot_p"):
+            for r, p in zip(mine, holm([r.get(test, math.nan) for r in mine])):
+                r[f"{test}_holm"] = p
+    return out
+
+
 # --------------------------------------------------------------------------- the embeddings question
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from training.study.arms_cost import epoch_kind
+from training.study.arms import size_column
 from training.study.figures import DPI, PANEL, _save, pyplot
 from training.study.protocol import Protocol
 
@@ -66,14 +66,6 @@ def figure_lines(paths: list[Path]) -> str:
     if not names:
         return ""
     return "\n## Figures\n\n" + "\n\n".join(f"![{CAPTIONS[n]}]({n})" for n in names) + "\n"
-
-
-def size_column(recipe, point: dict) -> tuple:
-    """A point's column in the size x depth map: what its epochs cost (arms_cost.epoch_kind: its depth and its
-    arm's options but the epochs, early stopping and rate a size sets), so that heads-only with
-    cross-encoding heads and with siamese ones are two columns."""
-    depth, options = epoch_kind(recipe.depth(point["depth"]), recipe.arms.get(point["arm"], {}))
-    return depth, tuple(tuple(option) for option in options)
 
 
 def size_depth_grid(recipe, rows: list[dict]) -> tuple[list, list, np.ndarray]:

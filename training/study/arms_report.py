@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from data.loaders import COURSE_FILES, load_task_file
-from training.study.arms import METRICS, point_rows, split_scores, twins_due, versus
+from training.study.arms import METRICS, gap_changes, point_rows, split_scores, twins_due, versus
 from training.study.arms_cost import cost_lines, cost_rows, first_depth, read_cost, scale_line
 from training.study.baselines import labels_digest, read_baselines
 from training.study.protocol import Protocol
@@ -172,6 +172,25 @@ def compare_lines(compare: list[list[str]], tests: list[dict]) -> list[str]:
     return lines + [f"| {number[t['label'], t['vs']]} | {_test_cells(t)} |" for t in tests]
 
 
+def gap_lines(changes: list[dict]) -> list[str]:
+    """The size study's question: does freezing's gap to full fine-tuning change with the training-set size?"""
+    lines = ["Does a point's gap to the full fine-tuning of its own size change with the size? For each point and "
+             "the same point at a smaller size (the same depth and heads): either gap (the point minus its size's "
+             "full fine-tuning, paired by seed, mean over the seeds), and the larger size's gap minus the smaller's "
+             "(negative: the gap grows with the data) with Welch's t interval over the two sizes' seeds (they draw "
+             "different subsets) and the bootstrap over dev examples (all four points' runs scored on the same "
+             "resampled examples); Holm over these comparisons, per metric and test.", "",
+             "| point | smaller size | metric | seeds | gap | gap, smaller size | change [95% t CI] | t p | Holm "
+             "| bootstrap 95% CI | bootstrap p | Holm |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for c in changes:
+        lines.append(f"| {c['label']} | {c['smaller']} | {c['metric']} | {c['seeds'][0]} + {c['seeds'][1]} "
+                     f"| {_f(c['gap'], sign=True)} | {_f(c['gap_smaller'], sign=True)} "
+                     f"| {_f(c['diff'], sign=True)} {_ci(c['ci'], sign=True)} | {_p(c['t_p'])} | {_p(c['t_p_holm'])} "
+                     f"| {_ci(c.get('boot_ci', (math.nan, math.nan)), sign=True)} | {_p(c.get('boot_p', math.nan))} "
+                     f"| {_p(c.get('boot_p_holm', math.nan))} |")
+    return lines
+
+
 def spread_lines(tests: list[dict], rows: list[dict], reference: str) -> list[str]:
     """Each point's spread of the overall score over seeds against its reference's."""
     sd = {r["label"]: r for r in rows if r["metric"] == "overall"}
@@ -331,13 +350,17 @@ def arms_markdown(recipe, results: Path, data_dir: str | None = None) -> tuple[s
 
 
 def comparison_sections(recipe, records, results, labels, baselines, rows, tests, reference) -> list[str]:
-    """Against the reference, the spread over seeds, the recipe's pairs, the unseen-piece split."""
+    """Against the reference, the spread over seeds, the recipe's pairs, the gap against size, the unseen-piece
+    split."""
     lines = ["", f"## Against {reference}", ""] + versus_lines(tests, reference)
     lines += ["", "## Spread over seeds", ""] + spread_lines(tests, rows, reference)
     if recipe.compare:
         pairs = [(label, against) for label, against, _ in recipe.compare]
         lines += ["", "## The questions the pairs ask", ""]
         lines += compare_lines(recipe.compare, versus(recipe, records, results, labels, reference, pairs=pairs))
+    changes = gap_changes(recipe, records, results, labels)
+    if changes:
+        lines += ["", "## The gap against the training-set size", ""] + gap_lines(changes)
     if baselines and baselines.get("unseen"):
         lines += ["", "## Dev examples with word pieces training never saw", ""]
         lines += unseen_lines(split_scores(recipe, records, results, labels, baselines["unseen"], reference), reference)
