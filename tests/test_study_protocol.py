@@ -902,6 +902,12 @@ def test_each_point_gets_its_familys_marker_and_the_crowded_top_its_panel(tmp_pa
     assert [point_family(recipe, p) for p in recipe.points] == [
         "fixed depth", "fixed depth", "parameter-efficient", "freezing schedule", "confound or twin",
         "confound or twin"]  # a borrowed rate makes a plain arm a confound
+    sized = loaded(tmp_path, sizes=["all", 4], arms={"": {}, "e2": {"epochs": 2}, "e2s": {"epochs": 2,
+                                                                                       "pair_encoding": "siamese"}},
+                   points=[{"label": "all full", "depth": "none", "arm": "e2", "size": "all"},
+                           {"label": "all one, siamese", "depth": 1, "arm": "e2s", "size": "all"}])
+    # a size study's arm that sets the epochs alone is still a fixed depth; other heads are a confound
+    assert [point_family(sized, p) for p in sized.points] == ["fixed depth", "confound or twin"]
 
     def at(x, y, half=0.002):
         return {"x": x, "y": y, "yerr": [[half], [half]]}

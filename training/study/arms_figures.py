@@ -184,9 +184,11 @@ FAMILY_MARKERS = {"fixed depth": "o", "parameter-efficient": "s", "freezing sche
 
 
 def point_family(recipe, point: dict) -> str:
-    """Which of FAMILY_MARKERS' kinds a recipe point is, from its arm's options."""
+    """Which of FAMILY_MARKERS' kinds a recipe point is, from its arm's options (a size study's arms set its
+    sizes' epochs: a point whose arm sets nothing else is a fixed depth)."""
     options = recipe.arms.get(point.get("arm", ""), {})
-    if point["label"] in plain_labels(recipe):
+    if point["label"] in plain_labels(recipe) or ("size" in point and "lr_of" not in point
+                                                  and not size_column(recipe, point)[1]):
         return "fixed depth"
     if "peft" in options:
         return "parameter-efficient"
@@ -312,8 +314,11 @@ def curves_figure(plt, recipe, records: list[dict], path: Path) -> Path:
     (dashed) where it is not one of the panel's own; a point keeps its colour."""
     colour, reference = point_colours(plt), recipe.points[0]["label"]
     family = {p["label"]: point_family(recipe, p) for p in recipe.points}
-    fig, axes = plt.subplots(1, len(CURVE_PANELS), figsize=(PANEL[0] * 3.3, PANEL[1] * 1.3), dpi=DPI, sharey=True)
-    for ax, (title, kinds) in zip(axes, CURVE_PANELS):
+    panels = [(title, kinds) for title, kinds in CURVE_PANELS if kinds & set(family.values())]
+    fig, axes = plt.subplots(1, len(panels), figsize=(PANEL[0] * 1.1 * len(panels), PANEL[1] * 1.3), dpi=DPI,
+                             sharey=True, squeeze=False)
+    axes = axes[0]
+    for ax, (title, kinds) in zip(axes, panels):
         for j, label, curves in point_curves(recipe, records):
             ours = family[label] in kinds
             if not (ours or label == reference):
