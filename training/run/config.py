@@ -14,12 +14,15 @@ import os
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from fractions import Fraction
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from data.batching import EvalBatching
 from data.loaders import COURSE_FILES, TASKS
 from training.common.errors import ConfigError
 from training.methods.freezing import freeze_depth, parse_schedule, parse_share
 from training.methods.peft import parse_peft
+
+if TYPE_CHECKING:
+    from data.batching import EvalBatching
 
 log = logging.getLogger(__name__)
 
@@ -306,6 +309,8 @@ class TrainConfig:
     def eval_batching(self) -> EvalBatching:
         """How evaluation and prediction cut their batches: --eval-batch-size, --eval-tokens ("auto": the device's
         measured budget; 0: none) and the training batches' padding (--pad-multiple, --max-length)."""
+        from data.batching import EvalBatching  # here: it imports torch, which --help must not wait for
+
         budget = "auto" if self.eval_tokens is None else (self.eval_tokens or None)
         return EvalBatching(self.eval_batch_size, budget, self.pad_multiple, self.max_length)
 
