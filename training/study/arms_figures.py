@@ -40,7 +40,7 @@ def arms_figures(recipe, records: list[dict], rows: list[dict], baselines: dict 
     overall = [r for r in rows if r["metric"] == "overall"]
     paths = []
     if overall:
-        paths += [quality_figure(plt, overall, baselines, out / "quality.png"),
+        paths += [quality_figure(plt, overall, baselines, out / "quality.png", recipe.points[0]["label"]),
                   depth_figure(plt, recipe, rows, baselines, out / "depth.png"),
                   front_figure(plt, recipe, records, overall, out / "front.png", costs),
                   curves_figure(plt, recipe, records, out / "curves.png")]
@@ -114,13 +114,17 @@ def seeds_and_mean(ax, row: dict, x_seeds: float, x_mean: float, size: int, caps
     ax.errorbar([x_mean], [row["mean"]], yerr=mean_error(row), marker="o", color="C0", capsize=capsize, zorder=3)
 
 
-def quality_figure(plt, rows: list[dict], baselines: dict | None, path: Path) -> Path:
+def quality_figure(plt, rows: list[dict], baselines: dict | None, path: Path, reference: str | None = None) -> Path:
     fig, ax = plt.subplots(figsize=(PANEL[0] * 2, PANEL[1] * 1.2), dpi=DPI)
     for i, r in enumerate(rows):
         seeds_and_mean(ax, r, i, i + 0.15, size=12, capsize=4)
+    ref = next((r for r in rows if r["label"] == reference), None)
+    if ref:  # the point the others are measured against
+        ax.axhline(ref["mean"], color="C0", linestyle=":", linewidth=1, label=f"{reference}'s mean")
     if baselines:
         ax.axhline(baselines["trivial"]["overall"], color="C3", linestyle="--", linewidth=1,
                    label="trivial predictor (majority class, constant)")
+    if ref or baselines:
         ax.legend(fontsize="small", loc="lower left")
     ax.set_xticks(range(len(rows)), [r["label"] for r in rows], rotation=30, ha="right", fontsize="small")
     ax.set_ylabel("dev overall (course score)")
