@@ -194,12 +194,18 @@ def versus(recipe, records: list[dict], results: Path, dev_labels: dict[str, np.
             spread = spread_ratio(a, b)
             row |= {"sd_ratio": spread["ratio"], "sd_ratio_ci": spread["ratio_ci"], "spread_p": spread["p"]}
             out.append(row)
+    return holm_per_metric(out, ("t_p", "boot_p", "spread_p"))
+
+
+def holm_per_metric(rows: list[dict], tests: tuple[str, ...]) -> list[dict]:
+    """rows with each test's p Holm-adjusted over the rows of the same metric (one family per metric and test),
+    as `{test}_holm`; a row without a test's p counts as nan."""
     for metric in METRICS:
-        mine = [r for r in out if r["metric"] == metric]
-        for test in ("t_p", "boot_p", "spread_p"):
+        mine = [r for r in rows if r["metric"] == metric]
+        for test in tests:
             for r, p in zip(mine, holm([r.get(test, math.nan) for r in mine])):
                 r[f"{test}_holm"] = p
-    return out
+    return rows
 
 
 # --------------------------------------------------------------------------- the gap against size
@@ -251,17 +257,26 @@ def gap_changes(recipe, records: list[dict], results: Path, dev_labels: dict[str
     the larger size's gap minus the smaller's with Welch's t interval and p (the sizes' seeds draw different
     subsets: two independent samples of gaps), and the bootstrap over dev examples (every run of the four
     points scored on the same resampled examples); Holm over the comparisons, per metric and test."""
-    protocol, out = Protocol(recipe, records), []
+    protocol, out, booted = Protocol(recipe, records), [], {}
+
+    def paired_runs(point: dict, ref: dict) -> tuple[list[dict], list[dict]]:
+        mine, theirs = protocol.reporting(point["label"]), protocol.reporting(ref["label"])
+        seeds = sorted(s for s in mine if s in theirs)
+        return [theirs[s] for s in seeds], [mine[s] for s in seeds]
+
+    def bootstrap_of(point: dict, ref: dict, runs) -> dict[str, np.ndarray]:
+        """A gap's replicates, once per pair of points (the largest size's gap meets every smaller size);
+        the same seed resamples the same examples, so two gaps' replicates pair up."""
+        key = point["label"], ref["label"]
+        if key not in booted:
+            booted[key] = _bootstrap(results, *runs, dev_labels, reps, seed)
+        return booted[key]
+
     for big, big_ref, small, small_ref in gap_pairs(recipe):
-        runs = {}
-        for name, (point, ref) in (("big", (big, big_ref)), ("small", (small, small_ref))):
-            mine, theirs = protocol.reporting(point["label"]), protocol.reporting(ref["label"])
-            seeds = sorted(s for s in mine if s in theirs)
-            runs[name] = ([theirs[s] for s in seeds], [mine[s] for s in seeds])
+        runs = {"big": paired_runs(big, big_ref), "small": paired_runs(small, small_ref)}
         if min(len(runs["big"][0]), len(runs["small"][0])) < 2:
             continue
-        # the same seed resamples the same examples: the two gaps' replicates pair up
-        boot = {name: _bootstrap(results, *runs[name], dev_labels, reps, seed) for name in runs}
+        boot = {"big": bootstrap_of(big, big_ref, runs["big"]), "small": bootstrap_of(small, small_ref, runs["small"])}
         for metric in METRICS:
             gaps = {name: [b["dev"][metric] - a["dev"][metric] for a, b in zip(*runs[name])] for name in runs}
             diff, ci, p = welch(gaps["big"], gaps["small"])
@@ -272,12 +287,7 @@ def gap_changes(recipe, records: list[dict], results: Path, dev_labels: dict[str
                 change = boot["big"][metric] - boot["small"][metric]
                 row |= {"boot_ci": interval(change, LEVEL), "boot_p": bootstrap_p(change)}
             out.append(row)
-    for metric in METRICS:
-        mine = [r for r in out if r["metric"] == metric]
-        for test in ("t_p", "boot_p"):
-            for r, p in zip(mine, holm([r.get(test, math.nan) for r in mine])):
-                r[f"{test}_holm"] = p
-    return out
+    return holm_per_metric(out, ("t_p", "boot_p"))
 
 
 # --------------------------------------------------------------------------- the embeddings question

@@ -154,9 +154,14 @@ def versus_lines(tests: list[dict], reference: str) -> list[str]:
 
 def _test_cells(t: dict) -> str:
     """metric | seeds | difference [CI] | t p | Holm | bootstrap CI | bootstrap p | Holm, of one versus() row."""
-    return (f"{t['metric']} | {len(t['seeds'])} | {_f(t['diff'], sign=True)} {_ci(t['ci'], sign=True)} | {_p(t['t_p'])} "
-            f"| {_p(t['t_p_holm'])} | {_ci(t.get('boot_ci', (math.nan, math.nan)), sign=True)} "
-            f"| {_p(t.get('boot_p', math.nan))} | {_p(t.get('boot_p_holm', math.nan))}")
+    return f"{t['metric']} | {len(t['seeds'])} | {_difference_cells(t)}"
+
+
+def _difference_cells(t: dict) -> str:
+    """difference [CI] | t p | Holm | bootstrap CI | bootstrap p | Holm, of a versus() or gap_changes() row."""
+    return (f"{_f(t['diff'], sign=True)} {_ci(t['ci'], sign=True)} | {_p(t['t_p'])} | {_p(t['t_p_holm'])} "
+            f"| {_ci(t.get('boot_ci', (math.nan, math.nan)), sign=True)} | {_p(t.get('boot_p', math.nan))} "
+            f"| {_p(t.get('boot_p_holm', math.nan))}")
 
 
 def compare_lines(compare: list[list[str]], tests: list[dict]) -> list[str]:
@@ -184,10 +189,7 @@ def gap_lines(changes: list[dict]) -> list[str]:
              "| bootstrap 95% CI | bootstrap p | Holm |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for c in changes:
         lines.append(f"| {c['label']} | {c['smaller']} | {c['metric']} | {c['seeds'][0]} + {c['seeds'][1]} "
-                     f"| {_f(c['gap'], sign=True)} | {_f(c['gap_smaller'], sign=True)} "
-                     f"| {_f(c['diff'], sign=True)} {_ci(c['ci'], sign=True)} | {_p(c['t_p'])} | {_p(c['t_p_holm'])} "
-                     f"| {_ci(c.get('boot_ci', (math.nan, math.nan)), sign=True)} | {_p(c.get('boot_p', math.nan))} "
-                     f"| {_p(c.get('boot_p_holm', math.nan))} |")
+                     f"| {_f(c['gap'], sign=True)} | {_f(c['gap_smaller'], sign=True)} | {_difference_cells(c)} |")
     return lines
 
 
