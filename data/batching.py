@@ -131,17 +131,15 @@ def eval_token_budget(max_tokens: int | str | None, device_type: str) -> int | N
     return CPU_EVAL_TOKENS if device_type == "cpu" else None
 
 
-def eval_batches(data: TaskData, tokenizer: Tokenizer, batch_size: int, max_tokens: int | None = None,
-                 multiple: int = 1, cap: int | None = None) -> list[Batch]:
+def eval_batches(data: TaskData, tokenizer: Tokenizer, batch_size: int, max_tokens: int | None = None) -> list[Batch]:
     """Batches sorted by length (least padding); predictions are put back in file order by index.
 
     batch_size caps the examples per batch; max_tokens (None: no cap) caps its padded size,
-    examples x padded length, so short sentences go in large batches and long ones in small ones: the
+    examples x longest, so short sentences go in large batches and long ones in small ones: the
     tail of a length-sorted file no longer pads a full batch_size batch to its longest member,
     and every batch's activations stay about the same size. A batch holds at least one example.
-    Each is padded to its longest rounded up to `multiple` tokens, at most `cap` (--pad-multiple)."""
-    return [make_batch(data, idx, tokenizer, multiple, cap)
-            for idx in eval_batch_indices(data, batch_size, max_tokens, multiple, cap)]
+    (EvalBatching cuts the same plan with each batch padded to a multiple: --pad-multiple.)"""
+    return [make_batch(data, idx, tokenizer) for idx in eval_batch_indices(data, batch_size, max_tokens)]
 
 
 def eval_batch_indices(data: TaskData, batch_size: int, max_tokens: int | None = None, multiple: int = 1,
