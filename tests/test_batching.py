@@ -96,14 +96,11 @@ def test_padded_evaluation_plans_count_the_padded_tokens_by_hand():
     # the cap (--max-length 12) bounds the rounding: 8 8 12 12; budget 36: 3 x 12 fits, 3 x 16 would not
     assert EvalBatching(8, 36, multiple=8).plan(data, "cpu") == [[1, 3], [2, 0]]
     assert EvalBatching(8, 36, multiple=8, cap=12).plan(data, "cpu") == [[1, 3, 2], [0]]
-    widths = [EvalBatching(8, 32, 8, 12).batch(data, idx, _tiny_tokenizer()).inputs[0]["input_ids"].shape[1]
+    from minbert import load_tokenizer, resolve_checkpoint
+    tok = load_tokenizer(resolve_checkpoint("minilm-l6"))
+    widths = [EvalBatching(8, 32, 8, 12).batch(data, idx, tok).inputs[0]["input_ids"].shape[1]
               for idx in ([1, 3], [2, 0])]
     assert widths == [8, 12]
-
-
-def _tiny_tokenizer():
-    from minbert import load_tokenizer, resolve_checkpoint
-    return load_tokenizer(resolve_checkpoint("minilm-l6"))
 
 
 def test_padded_evaluation_batches_give_each_examples_unpadded_output(dev_subset):
