@@ -37,9 +37,10 @@ fi
 if want cuda-tests; then bash bench/gpu_check.sh "${DRY[@]}" "$R" env cuda-tests; else bash bench/gpu_check.sh "${DRY[@]}" "$R" env; fi
 [[ -n "$SUITE" ]] && wait $SUITE; echo "suite+cuda-tests done at $(( $(date +%s) - T0 )) s"; save
 # why the first bf16 epoch took twice the later ones: a new batch length's first steps, fp32 and bf16, padded
-# to the longest and to multiples of 32 (--pad-multiple), each arm in a fresh process
+# to the longest and to multiples of 32 (--pad-multiple), each arm in a fresh process; on the H100 (2026-11-26)
+# bf16 paid 341 ms per new length, in cuDNN's attention: the arms without it ask whether that is all of it
 want shape && timeout 200 python3 bench/shape_warmup.py --device "${DEV:-cuda}" --batches 120 \
-    --data-dir "$MINBERT_DATA_DIR" >"$R/shape-warmup.log" 2>&1
+    --cudnn-attention on off --data-dir "$MINBERT_DATA_DIR" >"$R/shape-warmup.log" 2>&1
 echo "shape_warmup done at $(( $(date +%s) - T0 )) s"; save
 # CUDA graphs for the launch-bound step: each layer compiled under reduce-overhead (--compile-mode)
 want compile && timeout 240 python3 bench/precision_compile.py --device "${DEV:-cuda}" --steps 20 --warmup 5 \
@@ -47,10 +48,11 @@ want compile && timeout 240 python3 bench/precision_compile.py --device "${DEV:-
 echo "reduce-overhead done at $(( $(date +%s) - T0 )) s"; save
 # what freezing saves on a GPU, where a small model's step is bound by launching kernels rather than by
 # arithmetic: the freezing study's points end to end, interleaved, each in a fresh process (on the CPU, five
-# frozen layers of six ran an epoch 6x faster); STUDY_COST_ARGS shrinks it for a dry run
+# frozen layers of six ran an epoch 6x faster); STUDY_COST_ARGS shrinks it for a dry run. On the H100 one
+# round with the cache off as well took 270 s (about 25 s a run): two rounds fit only without those arms
 # shellcheck disable=SC2086  # STUDY_COST_ARGS is a list of flags
-want study-cost && timeout 300 python3 bench/study_cost.py --data-dir "$MINBERT_DATA_DIR" \
-    ${STUDY_COST_ARGS:---examples 2000 --eval-examples 500 --epochs 2 --rounds 2} --points "full fine-tuning" \
+want study-cost && timeout 330 python3 bench/study_cost.py --data-dir "$MINBERT_DATA_DIR" \
+    ${STUDY_COST_ARGS:---examples 2000 --eval-examples 500 --epochs 2 --rounds 2 --no-cache-off} --points "full fine-tuning" \
     "2/6 of the layers frozen" "half the layers frozen" "5/6 of the layers frozen" "heads only" \
     "LoRA r=8 (all linear maps)" --json "$R/study-cost.json" >"$R/study-cost.log" 2>&1
 echo "study_cost done at $(( $(date +%s) - T0 )) s"; save

@@ -10,8 +10,15 @@ a few. If the per-shape cost is what slows the first epoch, the first pass here 
 second without it, and little more with it. Each arm runs in a fresh process: those choices are cached
 per process, so an arm run after another would find its shapes already met.
 
+On the H100 (2026-11-26) it did: bf16's first pass cost 341 ms more per new length, and torch.profiler put
+80% of those steps' host time in cuDNN's attention (aten::_cudnn_attention_forward and _backward), which
+builds a graph per shape; fp32 never takes that kernel. `--cudnn-attention on off` adds, for bf16 and fp16,
+an arm with sdpa's cuDNN backend switched off (torch.backends.cuda.enable_cudnn_sdp(False)): the other
+kernels need no per-shape build, so if the graph building is the cost, that arm's first pass costs about
+what its second does, and its second shows what the other kernels cost a step.
+
     python bench/shape_warmup.py                         # MiniLM-L6, CPU, fp32 and bf16, multiples 1 and 32
-    python bench/shape_warmup.py --device cuda --batches 120
+    python bench/shape_warmup.py --device cuda --batches 120 --cudnn-attention on off
 
 Prints, per arm: the batch lengths new to the first pass (two warm-up steps on the first batch take the
 one-time costs, the optimiser's state and the like, out of it), the first and second pass's seconds,
@@ -45,9 +52,12 @@ def parse_args(argv=None):
                    help="autocast precisions, one arm each (default: %(default)s)")
     p.add_argument("--multiples", nargs="+", type=int, default=[1, 32],
                    help="--pad-multiple values, one arm each (default: %(default)s)")
+    p.add_argument("--cudnn-attention", nargs="+", default=["on"], choices=["on", "off"],
+                   help="sdpa's cuDNN backend on CUDA, one arm each under bf16 and fp16 (fp32 never takes it) "
+                        "(default: %(default)s)")
     p.add_argument("--device", default="cpu", help="cpu or cuda (default: %(default)s)")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
-    p.add_argument("--arm", nargs=2, metavar=("PRECISION", "MULTIPLE"),
+    p.add_argument("--arm", nargs=3, metavar=("PRECISION", "MULTIPLE", "CUDNN"),
                    help=argparse.SUPPRESS)  # internal: run one arm in this process and print its JSON
     return p.parse_args(argv)
 
@@ -60,8 +70,9 @@ def epoch_batches(cfg: TrainConfig, tokenizer, n: int) -> list:
     return [(train[tb.task], tb.indices) for tb in schedule]
 
 
-def run_arm(args, precision: str, multiple: int) -> dict:
+def run_arm(args, precision: str, multiple: int, cudnn: str = "on") -> dict:
     """Two passes of training steps over the same batches, in this process; seconds of each."""
+    torch.backends.cuda.enable_cudnn_sdp(cudnn == "on")
     cfg = TrainConfig(model=args.model, data_dir=args.data_dir, batch_size=args.batch_size, device=args.device,
                       precision=precision, pad_multiple=multiple, warmup_ratio=0.0)
     dev = pick_device(args.device)
@@ -83,7 +94,13 @@ def run_arm(args, precision: str, multiple: int) -> dict:
         if dev.type == "cuda":
             torch.cuda.synchronize()
         passes.append(time.perf_counter() - t0)
-    return {"precision": precision, "multiple": multiple, "lengths": len(lengths), "passes": passes}
+    return {"precision": precision, "multiple": multiple, "cudnn": cudnn, "lengths": len(lengths), "passes": passes}
+
+
+def arms(args) -> list[tuple[str, int, str]]:
+    """(precision, multiple, cuDNN attention) per arm; fp32 once per multiple (cuDNN's attention is bf16/fp16 only)."""
+    return [(precision, multiple, cudnn) for precision in args.precisions for multiple in args.multiples
+            for cudnn in (args.cudnn_attention if precision != "fp32" else ["on"])]
 
 
 def main(argv=None) -> None:
@@ -91,21 +108,20 @@ def main(argv=None) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.arm:
-        print(json.dumps(run_arm(args, args.arm[0], int(args.arm[1]))))
+        print(json.dumps(run_arm(args, args.arm[0], int(args.arm[1]), args.arm[2])))
         return
     common = list(argv if argv is not None else sys.argv[1:])  # each arm's process gets the same flags
     print(f"# {args.model}, {args.batches} training batches of {args.batch_size} per pass, {args.device}, "
           f"torch {torch.__version__}; each arm in a fresh process")
-    print(f"{'arm':<16}{'lengths':>8}{'first s':>9}{'second s':>10}{'ratio':>7}{'excess ms per length':>22}")
-    for precision in args.precisions:
-        for multiple in args.multiples:
-            out = subprocess.run([sys.executable, __file__, *common, "--arm", precision, str(multiple)],
-                                 capture_output=True, text=True, cwd=REPO, check=True)
-            r = json.loads(out.stdout.strip().splitlines()[-1])
-            first, second = r["passes"]
-            excess = f"{(first - second) / r['lengths'] * 1e3:.1f}" if r["lengths"] else "-"
-            print(f"{precision + ' x' + str(multiple):<16}{r['lengths']:>8}{first:>9.2f}{second:>10.2f}"
-                  f"{first / second:>7.2f}{excess:>22}")
+    print(f"{'arm':<22}{'lengths':>8}{'first s':>9}{'second s':>10}{'ratio':>7}{'excess ms per length':>22}")
+    for precision, multiple, cudnn in arms(args):
+        out = subprocess.run([sys.executable, __file__, *common, "--arm", precision, str(multiple), cudnn],
+                             capture_output=True, text=True, cwd=REPO, check=True)
+        r = json.loads(out.stdout.strip().splitlines()[-1])
+        first, second = r["passes"]
+        excess = f"{(first - second) / r['lengths'] * 1e3:.1f}" if r["lengths"] else "-"
+        label = f"{precision} x{multiple}" + (" no-cudnn" if cudnn == "off" else "")
+        print(f"{label:<22}{r['lengths']:>8}{first:>9.2f}{second:>10.2f}{first / second:>7.2f}{excess:>22}")
 
 
 if __name__ == "__main__":

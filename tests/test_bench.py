@@ -49,18 +49,19 @@ def test_step_ops_counts_the_step_and_names_where_it_waits_for_the_device(tmp_pa
 def test_shape_warmup_runs_each_arm_and_a_multiple_leaves_fewer_lengths(tmp_path):
     """bench/shape_warmup.py on the tiny model: one row per arm, each arm's process built its batches with
     --pad-multiple, so the multiple of 8 leaves fewer new lengths than padding to the longest (the tiny
-    files' examples are 4 to 9 tokens long: their batches pad to 8 or 16, at most 2 lengths)."""
+    files' examples are 4 to 9 tokens long: their batches pad to 8 or 16, at most 2 lengths). fp32 gets no
+    arm without cuDNN's attention (it never takes it); bf16 gets one per multiple, labelled."""
     sys.path.insert(0, str(BENCH.parent / "tests"))
     from tiny_runs import inputs
     data, enc = inputs(tmp_path)
     r = subprocess.run([sys.executable, str(BENCH / "shape_warmup.py"), "--model", str(enc), "--data-dir", str(data),
-                        "--batch-size", "4", "--batches", "8", "--precisions", "fp32", "--multiples", "1", "8",
-                        "--threads", "1"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+                        "--batch-size", "4", "--batches", "8", "--precisions", "fp32", "bf16", "--multiples", "1", "8",
+                        "--cudnn-attention", "off", "--threads", "1"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
-    rows = {line.split()[0] + line.split()[1]: line.split()[2:] for line in r.stdout.splitlines()
-            if line.startswith("fp32 x")}
-    assert set(rows) == {"fp32x1", "fp32x8"}, r.stdout
-    assert int(rows["fp32x8"][0]) <= 2 < int(rows["fp32x1"][0]), r.stdout
+    rows = {line[:22].strip(): line[22:].split() for line in r.stdout.splitlines() if line[:4] in ("fp32", "bf16")}
+    assert set(rows) == {"fp32 x1", "fp32 x8", "bf16 x1 no-cudnn", "bf16 x8 no-cudnn"}, r.stdout
+    assert int(rows["fp32 x8"][0]) <= 2 < int(rows["fp32 x1"][0]), r.stdout
     assert all(float(v[1]) > 0 and float(v[2]) > 0 for v in rows.values())
 
 
