@@ -94,7 +94,9 @@ def run_arm(args, precision: str, multiple: int, cudnn: str = "on") -> dict:
         if dev.type == "cuda":
             torch.cuda.synchronize()
         passes.append(time.perf_counter() - t0)
-    return {"precision": precision, "multiple": multiple, "cudnn": cudnn, "lengths": len(lengths), "passes": passes}
+    cudnn_used = "on" if torch.backends.cuda.cudnn_sdp_enabled() else "off"  # as this process ran it
+    return {"precision": precision, "multiple": multiple, "cudnn": cudnn_used, "lengths": len(lengths),
+            "passes": passes}
 
 
 def arms(args) -> list[tuple[str, int, str]]:
@@ -120,7 +122,7 @@ def main(argv=None) -> None:
         r = json.loads(out.stdout.strip().splitlines()[-1])
         first, second = r["passes"]
         excess = f"{(first - second) / r['lengths'] * 1e3:.1f}" if r["lengths"] else "-"
-        label = f"{precision} x{multiple}" + (" no-cudnn" if cudnn == "off" else "")
+        label = f"{precision} x{multiple}" + (" no-cudnn" if r["cudnn"] == "off" else "")
         print(f"{label:<22}{r['lengths']:>8}{first:>9.2f}{second:>10.2f}{first / second:>7.2f}{excess:>22}")
 
 
