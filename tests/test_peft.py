@@ -58,6 +58,20 @@ def test_lora_linear_is_the_formula_written_out():
     torch.testing.assert_close(lora(x), want, rtol=0, atol=1e-6)
     torch.testing.assert_close(lora.rows(x, 4, 12), want[..., 4:12], rtol=0, atol=1e-6)  # the K/V rows alone
     assert lora.weight is base.weight and lora.bias is base.bias  # the pretrained Parameters themselves
+    # the gradients too (the layer adds every block's update in one product): the formula's, by autograd
+    xg, cot = x.clone().requires_grad_(), torch.randn(2, 5, 12)
+    (lora(xg) * cot).sum().backward()
+    As = [a.detach().clone().requires_grad_() for a in lora.lora_A]
+    Bs = [b.detach().clone().requires_grad_() for b in lora.lora_B]
+    xw = x.clone().requires_grad_()
+    ref = (xw @ W.T + b).clone()
+    for (lo, hi), A, B in zip(lora.blocks, As, Bs):
+        ref[..., lo:hi] = ref[..., lo:hi] + 2.0 * (xw @ A.T) @ B.T
+    (ref * cot).sum().backward()
+    for got, want_g in [(xg.grad, xw.grad), *((p.grad, q.grad) for p, q in zip(lora.lora_A, As)),
+                        *((p.grad, q.grad) for p, q in zip(lora.lora_B, Bs))]:
+        torch.testing.assert_close(got, want_g, rtol=1e-5, atol=1e-5)
+    lora.zero_grad()
     # frozen W and an input without a gradient (a cached frozen prefix's states): the factors still get theirs
     base.requires_grad_(False)
     lora.rows(x[:, :1], 0, 12).sum().backward()
