@@ -19,6 +19,7 @@ from test_frozen_cache import _model as frozen_model
 from test_frozen_cache import setup as frozen_setup  # noqa: F401 (a fixture)
 from test_parity import IMPLS, PAIRS, SENTS, _compare, _dropout_free_pair, minilm_dir  # noqa: F401 (a fixture)
 from test_pcgrad_loop import _setup as pcgrad_setup
+from test_peft import check_lora_formula
 from test_pcgrad_loop import check_surgery
 from test_resume import CHILD, _args, _epoch_records, files  # noqa: F401 (a fixture)
 from test_smart_loop import BIG_BALL, check_step_objective
@@ -192,6 +193,12 @@ def test_cuda_graphs_train_as_eager_does(frozen_setup, true_fp32):
 
 
 # ----------------------------------------------------------------------------- SMART, PCGrad, EMA
+
+def test_lora_layer_is_its_formula(true_fp32):
+    # LoRA adds every block's update inside one GEMM (addmm): output and gradients against the formula
+    check_lora_formula("cuda")
+    check_lora_formula("cuda", autocast=torch.bfloat16, tol=5e-2)
+
 
 def test_smart_step_objective(tiny_ckpt):
     check_step_objective(*smart_setup(tiny_ckpt, device=CUDA, smart=True, smart_lambda=3.0, smart_mu=2.0,

@@ -44,38 +44,47 @@ def randomise_lora(module, seed=5):
 
 # ----------------------------------------------------------------------------- the LoRA layer
 
-def test_lora_linear_is_the_formula_written_out():
-    # y = W x + b + (alpha / r) B_s A_s x on each adapted block s of rows; the others W x + b alone
+def check_lora_formula(device="cpu", autocast=None, tol=1e-5):
+    """LoRALinear's output and gradients against y = W x + b + (alpha / r) B_s A_s x on each adapted block s
+    of rows (the others W x + b alone), written out in fp32 and differentiated by autograd, on `device`
+    (under autocast to `autocast` when given); returns the layer, its input and the formula's output."""
     torch.manual_seed(0)
     base = torch.nn.Linear(8, 12)
-    W, b = base.weight.detach().clone(), base.bias.detach().clone()
     lora = LoRALinear(base, [(0, 4), (8, 12)], r=3, alpha=6.0, dropout=0.0)
     randomise_lora(torch.nn.ModuleList([lora]))
-    x = torch.randn(2, 5, 8)
-    want = x @ W.T + b
-    for (lo, hi), A, B in zip(lora.blocks, lora.lora_A, lora.lora_B):
-        want[..., lo:hi] += (6.0 / 3) * (x @ A.detach().T) @ B.detach().T
-    torch.testing.assert_close(lora(x), want, rtol=0, atol=1e-6)
-    torch.testing.assert_close(lora.rows(x, 4, 12), want[..., 4:12], rtol=0, atol=1e-6)  # the K/V rows alone
-    assert lora.weight is base.weight and lora.bias is base.bias  # the pretrained Parameters themselves
-    # the gradients too (the layer adds every block's update in one product): the formula's, by autograd
-    xg, cot = x.clone().requires_grad_(), torch.randn(2, 5, 12)
-    (lora(xg) * cot).sum().backward()
+    lora.to(device)  # moves base's Parameters too: they are the layer's own
+    W, b = base.weight.detach().clone(), base.bias.detach().clone()
+    x, cot = torch.randn(2, 5, 8, device=device), torch.randn(2, 5, 12, device=device)
     As = [a.detach().clone().requires_grad_() for a in lora.lora_A]
-    Bs = [b.detach().clone().requires_grad_() for b in lora.lora_B]
-    xw = x.clone().requires_grad_()
-    ref = (xw @ W.T + b).clone()
+    Bs = [b_.detach().clone().requires_grad_() for b_ in lora.lora_B]
+    xw, xg = x.clone().requires_grad_(), x.clone().requires_grad_()
+    want = xw @ W.T + b
     for (lo, hi), A, B in zip(lora.blocks, As, Bs):
-        ref[..., lo:hi] = ref[..., lo:hi] + 2.0 * (xw @ A.T) @ B.T
-    (ref * cot).sum().backward()
-    for got, want_g in [(xg.grad, xw.grad), *((p.grad, q.grad) for p, q in zip(lora.lora_A, As)),
-                        *((p.grad, q.grad) for p, q in zip(lora.lora_B, Bs))]:
-        torch.testing.assert_close(got, want_g, rtol=1e-5, atol=1e-5)
+        want[..., lo:hi] = want[..., lo:hi] + (6.0 / 3) * (xw @ A.T) @ B.T
+    (want * cot).sum().backward()
+    with torch.autocast(torch.device(device).type, dtype=autocast, enabled=autocast is not None):
+        got = lora(xg)
+    (got.float() * cot).sum().backward()
+    torch.testing.assert_close(got.float(), want.detach(), rtol=tol, atol=tol)
+    for mine, ref in [(xg.grad, xw.grad), *((p.grad, q.grad) for p, q in zip(lora.lora_A, As)),
+                      *((p.grad, q.grad) for p, q in zip(lora.lora_B, Bs))]:
+        torch.testing.assert_close(mine, ref, rtol=tol, atol=tol)
     lora.zero_grad()
+    return lora, x, want.detach()
+
+
+def test_lora_linear_is_the_formula_written_out():
+    # the layer adds every block's update in one product: its output and gradients are the formula's
+    lora, x, want = check_lora_formula()
+    check_lora_formula(autocast=torch.bfloat16, tol=5e-2)  # bf16 keeps 8 bits: outputs of about 1-5, sums of 8
+    torch.testing.assert_close(lora.rows(x, 4, 12), want[..., 4:12], rtol=0, atol=1e-6)  # the K/V rows alone
+    base = torch.nn.Linear(8, 12)
+    assert LoRALinear(base, [(0, 12)], r=2, alpha=2.0, dropout=0.0).weight is base.weight  # the Parameters themselves
     # frozen W and an input without a gradient (a cached frozen prefix's states): the factors still get theirs
-    base.requires_grad_(False)
+    lora.weight.requires_grad_(False)
+    lora.bias.requires_grad_(False)
     lora.rows(x[:, :1], 0, 12).sum().backward()
-    assert all(p.grad is not None for p in (*lora.lora_A, *lora.lora_B)) and base.weight.grad is None
+    assert all(p.grad is not None for p in (*lora.lora_A, *lora.lora_B)) and lora.weight.grad is None
 
 
 @pytest.mark.parametrize("targets", [TARGETS, ("q", "v"), ("k", "ffn_out")])
