@@ -49,8 +49,9 @@ class LoRALinear(nn.Linear):
         if self.merged:
             return y
         # Every block's A x in one product, scaled while it has r columns per block rather than out, then
-        # added to y inside one GEMM: separate updates per block, a scale over (..., out), an add and a cat
-        # of the blocks cost a LoRA step a third of its time on a CPU (bench/peft_cost.py). Out of place:
+        # added to y inside one GEMM: an update per block, a scale over (..., out), an add and a cat of the
+        # pieces made a LoRA step dispatch 1202 operations against full fine-tuning's 625 (bf16; 949 this
+        # way: bench/step_ops.py), which is what a GPU step, bound by launching them, costs. Out of place:
         # an in-place add into y failed autograd under torchrun above a cached prefix.
         u = F.linear(self.lora_drop(x), self.stacked_A()) * self.scale  # (..., blocks * r)
         B = self.stacked_B()[lo:hi]  # (hi - lo, blocks * r)

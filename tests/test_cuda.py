@@ -19,8 +19,8 @@ from test_frozen_cache import _model as frozen_model
 from test_frozen_cache import setup as frozen_setup  # noqa: F401 (a fixture)
 from test_parity import IMPLS, PAIRS, SENTS, _compare, _dropout_free_pair, minilm_dir  # noqa: F401 (a fixture)
 from test_pcgrad_loop import _setup as pcgrad_setup
-from test_peft import check_lora_formula
 from test_pcgrad_loop import check_surgery
+from test_peft import check_lora_formula
 from test_resume import CHILD, _args, _epoch_records, files  # noqa: F401 (a fixture)
 from test_smart_loop import BIG_BALL, check_step_objective
 from test_smart_loop import _setup as smart_setup
@@ -192,7 +192,7 @@ def test_cuda_graphs_train_as_eager_does(frozen_setup, true_fp32):
         torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-4)
 
 
-# ----------------------------------------------------------------------------- SMART, PCGrad, EMA
+# ----------------------------------------------------------------------------- LoRA, SMART, PCGrad, EMA
 
 def test_lora_layer_is_its_formula(true_fp32):
     # LoRA adds every block's update inside one GEMM (addmm): output and gradients against the formula
