@@ -138,3 +138,13 @@ def test_the_cost_benchmark_writes_what_it_prints_and_the_study_reads_it(tmp_pat
     assert cost["points"]["full fine-tuning"]["kind"] == [None, []]
     assert cost["points"]["half the layers frozen"]["kind"] == [1, []]
     assert cost["points"]["half the layers frozen (cache off)"]["kind"] == [1, [["frozen_cache", "off"]]]
+
+
+def test_same_bits_runs_carry_the_flags_of_the_points_a_study_has_left():
+    """--flags reaches the run both commits make (a study's SMART or schedule points are checked as they run)."""
+    from same_bits import parse_args, run_command
+    args = parse_args(["old", "new", "--depths", "4", "--flags=--smart --smart-lambda 0"])
+    cmd = run_command(args, "4", Path("out"))
+    assert cmd[-3:] == ["--smart", "--smart-lambda", "0"], cmd
+    assert cmd[cmd.index("--freeze-upto") + 1] == "4" and cmd[cmd.index("--precision") + 1] == "bf16"
+    assert "--smart" not in run_command(parse_args(["old", "new"]), "none", Path("out"))
