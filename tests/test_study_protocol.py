@@ -670,7 +670,9 @@ def test_a_schedule_is_costed_at_the_depth_each_stretch_ran_at(tmp_path):
 def test_lp_ft_and_gradual_are_costed_from_the_heads_alone(tmp_path):
     """Their runs record the moves after step 0, not the start with the heads alone (every layer frozen):
     the first stretch is costed at the heads-only point's figures, and the planning bound (training every
-    layer) does not hang on the cache option these schedules set."""
+    layer) does not hang on the cache option these schedules set. Under --frozen-cache auto a stretch is
+    costed as the trainer ran it: cached (and built) only if its steps visit at least as many training
+    examples as the cache holds, else at the depth's figures with the cache off, nothing built."""
     from training.study import arms_cost as K
 
     arms = {"": {}, "lp": {"unfreeze_schedule": "lp-ft:1epoch", "frozen_cache": "auto"},
@@ -681,17 +683,27 @@ def test_lp_ft_and_gradual_are_costed_from_the_heads_alone(tmp_path):
         {"label": "gr", "depth": "none", "arm": "gr"}])
     figures = {"full": {"s_per_epoch": [10.0, 9.0, 11.0], "cache_s": 0.0},
                "one": {"s_per_epoch": [4.0, 3.0, 5.0], "cache_s": 3.0},
-               "heads": {"s_per_epoch": [1.0, 1.0, 1.0], "cache_s": 6.0}}
+               "heads": {"s_per_epoch": [1.0, 1.0, 1.0], "cache_s": 6.0},
+               "one (cache off)": {"s_per_epoch": [6.0, 6.0, 6.0], "cache_s": 0.0},
+               "heads (cache off)": {"s_per_epoch": [2.0, 2.0, 2.0], "cache_s": 0.0}}
     cost = {"points": figures}
     lp = next(p for p in recipe.points if p["label"] == "lp")
-    run = {"tune_curve": [[10, 0, 0.6], [20, 1, 0.7]], "depth_changes": [[10, None]]}
+    data = {"n_train": {"sst": 100, "para": 100}, "settings": {"batch_size": 32}}  # 10 steps visit 320 >= 200
+    run = {"tune_curve": [[10, 0, 0.6], [20, 1, 0.7]], "depth_changes": [[10, None]], **data}
     assert K.first_depth(recipe, lp) == 2  # the recipe resolved on 2 layers: the heads alone
     plan = K.stretches(recipe, cost, lp, run)
     assert plan == [(0, figures["heads"]), (10, figures["full"])]
     assert K.run_cost(run, plan, figures["full"]) == pytest.approx((6 + 1 + 10) / 10)  # a heads epoch, a full one
     gr = next(p for p in recipe.points if p["label"] == "gr")
-    run = {"tune_curve": [[10, 0, 0.6], [20, 1, 0.7]], "depth_changes": [[5, 1], [10, None]]}
-    plan = K.stretches(recipe, cost, gr, run)  # the heads alone, then one layer frozen, then nothing
+    run = {"tune_curve": [[10, 0, 0.6], [20, 1, 0.7]], "depth_changes": [[5, 1], [10, None]], **data}
+    plan = K.stretches(recipe, cost, gr, run)  # the heads alone, then one layer frozen, then nothing: 5 steps
+    assert plan == [(0, figures["heads (cache off)"]), (5, figures["one (cache off)"]), (10, figures["full"])]
+    assert K.run_cost(run, plan, figures["full"]) == pytest.approx((0.5 * 2 + 0.5 * 6 + 10) / 10)  # nothing built
+    at_160 = {**run, "n_train": {"sst": 80, "para": 80}}  # 5 steps of 32 visit 160: as many as the cache holds
+    assert K.stretches(recipe, cost, gr, at_160) == [(0, figures["heads"]), (5, figures["one"]), (10, figures["full"])]
+    disk = loaded(tmp_path, arms={**arms, "gr": {"unfreeze_schedule": "gradual:5steps", "frozen_cache": "disk"}},
+                  points=recipe.points)
+    plan = K.stretches(disk, cost, gr, run)  # disk caches every stretch, however short
     assert plan == [(0, figures["heads"]), (5, figures["one"]), (10, figures["full"])]
     assert K.run_cost(run, plan, figures["full"]) == pytest.approx((6 + 3 + 0.5 * 1 + 0.5 * 4 + 10) / 10)
     assert K.bound_for_schedule(recipe, cost, lp) == figures["full"] == K.bound_for_schedule(recipe, cost, gr)

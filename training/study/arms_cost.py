@@ -14,7 +14,9 @@ scale of the benchmark's data drops out: an epoch and the cache's building both 
 A run whose freezing schedule moved the frozen depth (its record's depth_changes) costs each stretch of
 steps, from the schedule's start (the heads alone for lp-ft and gradual), at that depth's seconds per
 epoch (the plain point measured at that depth), plus the building of each deeper prefix it reached (as the
-fixed depth builds it: an upper bound, the schedule's cache may be deepened from the last). A point the
+fixed depth builds it: an upper bound, the schedule's cache may be deepened from the last); a stretch the
+trainer did not cache (under --frozen-cache auto, one too short to repay its cache) at that depth's figures
+with the cache off, nothing built. A point the
 benchmark did not measure takes the figures of a measured point whose epochs cost the same (the same depth
 and arm options, the rate, the epochs and early stopping aside); else it has none. Evaluations are left
 out (the same tuning split for every point).
@@ -26,6 +28,7 @@ import statistics
 from pathlib import Path
 
 from training.methods.freezing import depth_rank, parse_schedule, start_depth
+from training.run.config import TrainConfig
 from training.study.protocol import Protocol, tune_score
 from training.sweep.records import RunKey
 
@@ -76,14 +79,15 @@ def bound_for_schedule(recipe, measurement: dict, point: dict) -> dict | None:
     return _of_kind(recipe, measurement, epoch_kind(None, options))
 
 
-def at_depth(recipe, measurement: dict, depth) -> dict | None:
+def at_depth(recipe, measurement: dict, depth, cache: bool = True) -> dict | None:
     """The figures of the plain point (no arm) that freezes `depth` layers, in one measurement (-1 and 0
-    both freeze the embeddings alone: a schedule's records may say either)."""
+    both freeze the embeddings alone: a schedule's records may say either); cache=False: its run with the
+    cache off (the benchmark's "(cache off)" twin, no building), where the depth has one."""
     for p in recipe.points:
         if p["arm"] == "" and depth_rank(recipe.depth(p["depth"])) == depth_rank(depth) and "lr_of" not in p:
             got = measured(recipe, measurement, p)
             if got is not None:
-                return got
+                return got if cache else measurement["points"].get(f"{p['label']} (cache off)", got)
     return None
 
 
@@ -94,8 +98,22 @@ def stretches(recipe, measurement: dict, point: dict, record: dict) -> list[tupl
         figures = measured(recipe, measurement, point)
         return None if figures is None else [(0, figures)]
     moves = [(0, first_depth(recipe, point))] + [(step, depth) for step, depth in record["depth_changes"]]
-    out = [(step, at_depth(recipe, measurement, depth)) for step, depth in moves]
+    ends = [step for step, _ in moves[1:]] + [None]  # the last stretch runs to the end, as a fixed depth would
+    out = [(step, at_depth(recipe, measurement, depth, cached(recipe, point, record, end and end - step)))
+           for (step, depth), end in zip(moves, ends)]
     return None if any(f is None for _, f in out) else out
+
+
+def cached(recipe, point: dict, record: dict, steps: int | None) -> bool:
+    """Whether the trainer cached a stretch of `steps` updates of a scheduled run (CacheKeeper.worth_caching):
+    always, but under --frozen-cache auto, where only a stretch whose steps visit at least as many training
+    examples as the cache holds (gradual unfreezing's thirds of an epoch are not: they run the frozen prefix
+    on each batch, and build nothing)."""
+    if steps is None or {**recipe.train, **recipe.arms.get(point["arm"], {})}.get("frozen_cache") != "auto":
+        return True
+    settings = record.get("settings", {})
+    batch = settings.get("batch_size", TrainConfig.batch_size) * settings.get("grad_accum_steps", 1)
+    return batch * steps >= sum(record["n_train"].values())
 
 
 def first_depth(recipe, point: dict) -> int | None:
