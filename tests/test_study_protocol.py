@@ -12,6 +12,8 @@ from scipy import stats as sps
 import pytest
 import tiny_runs
 
+from data.loaders import load_task_file
+from training.run.config import TrainConfig
 from training.study import arms as A
 from training.study import baselines as B
 from training.study import cli as C
@@ -976,6 +978,8 @@ def test_the_work_left_by_hand(tmp_path):
     # a size study's point: its size per task, or its own runs' count; the whole files only once a run says
     assert K._examples(recipe, records, {"size": 4}) == 12 and K._examples(recipe, records, {"size": "all"}) == 135
     assert K._examples(recipe, [], {"size": "all"}) is None
+    assert K._examples(recipe, [], {"size": "all"}, files_examples=99) == 99  # a dry run counts the files
+    assert K._examples(recipe, records, {"size": "all"}, files_examples=99) == 135  # a run's own count first
 
 
 
@@ -1006,6 +1010,14 @@ def test_a_dry_run_says_what_is_left(tmp_path, capsys):
     out = capsys.readouterr().out
     assert out.count("todo  ") == 4  # two rates for each of the two tuned points, on the tuning seed
     assert "  full: 2 + 2 runs, no estimate" in out and "  full at one's: 0 + 2 runs" in out
+    # the whole files' training examples, counted from the files: each file's rows less its tuning split
+    recipe = load_recipe(str(path))
+    rows = {t: len(load_task_file(Path(data) / f, t, labelled=True).examples)
+            for t, f in (("sst", "ids-sst-train.csv"), ("para", "quora-train.csv"), ("sts", "sts-train.csv"))
+            if t in recipe.tasks}
+    share = recipe.tuning_split["share"]
+    want = sum(n - min(max(round(share * n), 1), n - 1) for n in rows.values())
+    assert C.files_examples(recipe, TrainConfig(data_dir=str(data))) == want > 0
     # results made with other settings (here another spelling of the data folder): training refuses to mix
     # them in, but a dry run only reads them
     (tmp_path / "out").mkdir()

@@ -223,20 +223,22 @@ def cost_lines(rows: list[dict], measurements: list[dict], reference: str, scale
     return lines
 
 
-def remaining_work(recipe, records: list[dict], measurements: list[dict]) -> list[dict]:
+def remaining_work(recipe, records: list[dict], measurements: list[dict], files_examples: int | None = None
+                   ) -> list[dict]:
     """Per point with work left: its runs planned and not done, its reporting runs still waiting for its
     rate, and what they should cost in seconds of one idle core of the first measurement that says its
     scale (None where nothing measured the point's epochs): each run the point's mean epochs so far (else
     its most) at its measured seconds per epoch, plus its cache's building, scaled to the training files;
     a freezing schedule at full fine-tuning's figures, a bound ("at_most"). A planning figure, not a result:
-    a rate grid's extensions are not foreseen."""
+    a rate grid's extensions are not foreseen. files_examples: the whole files' training examples, for
+    their points before any of their runs says it."""
     protocol, done = Protocol(recipe, records), {RunKey.of(r) for r in records}
     owner = _owners(recipe, protocol)
     planned = [k for k in protocol.plan() if k not in done]
     out = []
     for point in recipe.points:
         todo = sum(owner.get(k) == point["label"] for k in planned)
-        n_train = _examples(recipe, records, point)
+        n_train = _examples(recipe, records, point, files_examples)
         waiting = 0 if protocol.chosen(point["label"]) is not None else len(recipe.seeds)
         if not todo and not waiting:
             continue
@@ -257,14 +259,14 @@ def remaining_work(recipe, records: list[dict], measurements: list[dict]) -> lis
     return out
 
 
-def _examples(recipe, records: list[dict], point: dict) -> int | None:
+def _examples(recipe, records: list[dict], point: dict, files_examples: int | None = None) -> int | None:
     """How many training examples a run of the point trains on: a finished run of its size says it, else a
-    size in examples per task; None for the whole files before any of their runs."""
+    size in examples per task; for the whole files before any of their runs, files_examples (None: unknown)."""
     size = point.get("size", recipe.sizes[0])
     done = [r["n_train"] for r in records if r.get("n_train") and r["size"] == size]
     if done:
         return sum(done[0].values())
-    return None if size == "all" else size * len(recipe.tasks)
+    return files_examples if size == "all" else size * len(recipe.tasks)
 
 
 def _owners(recipe, protocol) -> dict:

@@ -19,6 +19,7 @@ import logging
 import sys
 from pathlib import Path
 
+from data.loaders import load_task_file
 from training.args import Parser, add_option
 from training.common.errors import ConfigError
 from training.common.progress import setup_logging
@@ -32,7 +33,7 @@ from training.study.recipe import Recipe, available, load_recipe
 from training.study.tables import MARKDOWN, write_csv
 from training.sweep.engine import Workers, default_runs_dir, model_layers, work, writable_problem
 from training.sweep.records import RESULTS, RunKey, read_results, settings_clash, settings_of
-from training.sweep.subsets import Grid, training_subsets
+from training.sweep.subsets import Grid, training_subsets, tuning_count
 
 log = logging.getLogger(__name__)
 PROG = "python -m training.study"
@@ -119,7 +120,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         for k in recipe.plan(records):
             print(f"{'done' if k in finished else 'todo'}  {k.name}")
         if recipe.kind == "arms":
-            print_remaining(recipe, records, read_cost(results))
+            print_remaining(recipe, records, read_cost(results), files_examples(recipe, base))
         return 0
     rc = 0
     if not args.report_only:
@@ -135,9 +136,19 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     return rc
 
 
-def print_remaining(recipe: Recipe, records: list[dict], measurements: list[dict]) -> None:
-    """What is left of an arms study, point by point, with its cost where the cost benchmark measured it."""
-    rows, known = remaining_work(recipe, records, measurements), 0.0
+def files_examples(recipe: Recipe, base) -> int:
+    """The training examples a run on the whole files trains on, counted from the files (the tuning split
+    held out): what a dry run plans the whole files' points with before any of their runs says it."""
+    share = (recipe.tuning_split or {}).get("share")
+    counts = [len(load_task_file(base.file(task, "train"), task, labelled=True).examples) for task in recipe.tasks]
+    return sum(n - (tuning_count(n, share) if share else 0) for n in counts)
+
+
+def print_remaining(recipe: Recipe, records: list[dict], measurements: list[dict],
+                    whole_files: int | None = None) -> None:
+    """What is left of an arms study, point by point, with its cost where the cost benchmark measured it
+    (whole_files: the whole files' training examples, for their points' estimate before any run)."""
+    rows, known = remaining_work(recipe, records, measurements, whole_files), 0.0
     print("\nleft to do (planned so far + reporting runs waiting for their point's rate):")
     for r in rows:
         hours = ("no estimate (not measured, or no run yet gives the files' size)" if r["seconds"] is None

@@ -96,10 +96,15 @@ def tuning_split(labels: Sequence[Hashable], share: float, seed: int) -> tuple[l
     """(tuning indices, the rest), both sorted: a stratified share of the examples, fixed by its own seed
     (not a run's), held out of training to choose each run's epoch and each arm's learning rate, so that
     the dev sets only report. The share is rounded to whole examples, at least one."""
-    n = min(max(round(share * len(labels)), 1), len(labels) - 1)
+    n = tuning_count(len(labels), share)
     tune = stratified_nested_subsets(labels, [n], seed)[n]
     held = set(tune)
     return tune, [i for i in range(len(labels)) if i not in held]
+
+
+def tuning_count(n: int, share: float) -> int:
+    """How many of n examples the tuning split takes: the share, rounded, at least one and not all."""
+    return min(max(round(share * n), 1), n - 1)
 
 
 def strata(task: str, labels: Sequence) -> list[int]:
