@@ -16,10 +16,9 @@ steps, from the schedule's start (the heads alone for lp-ft and gradual), at tha
 epoch (the plain point measured at that depth), plus the building of each deeper prefix it reached (as the
 fixed depth builds it: an upper bound, the schedule's cache may be deepened from the last); a stretch the
 trainer did not cache (under --frozen-cache auto, one too short to repay its cache) at that depth's figures
-with the cache off, nothing built. A point the
-benchmark did not measure takes the figures of a measured point whose epochs cost the same (the same depth
-and arm options, the rate, the epochs and early stopping aside); else it has none. Evaluations are left
-out (the same tuning split for every point).
+with the cache off, nothing built. A point the benchmark did not measure takes the figures of a measured
+point whose epochs cost the same (the same depth and arm options, the rate, the epochs and early stopping
+aside); else it has none. Evaluations are left out (the same tuning split for every point).
 """
 from __future__ import annotations
 
@@ -111,9 +110,11 @@ def cached(recipe, point: dict, record: dict, steps: int | None) -> bool:
     on each batch, and build nothing)."""
     if steps is None or {**recipe.train, **recipe.arms.get(point["arm"], {})}.get("frozen_cache") != "auto":
         return True
-    settings = record.get("settings", {})
+    settings, n_train = record.get("settings", {}), record.get("n_train")
+    if not n_train:  # a record that does not say how many examples the cache would hold
+        return True
     batch = settings.get("batch_size", TrainConfig.batch_size) * settings.get("grad_accum_steps", 1)
-    return batch * steps >= sum(record["n_train"].values())
+    return batch * steps >= sum(n_train.values())
 
 
 def first_depth(recipe, point: dict) -> int | None:
