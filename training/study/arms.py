@@ -142,7 +142,7 @@ def twins_due(recipe, rows: list[dict]) -> list[str]:
     same depth and options (epochs and early stopping aside) trains for more epochs. Points that take
     another's rate (lr_of) are confound arms at a fixed rate, outside the rule."""
     def epochs_and_kind(point: dict) -> tuple[int, list]:
-        options = {**recipe.train, **recipe.arms.get(point["arm"], {})}
+        options = recipe.options(point)
         return options.get("epochs", 1), [epoch_kind(recipe.depth(point["depth"]), options), point.get("size")]
 
     shape = {p["label"]: epochs_and_kind(p) for p in recipe.points}

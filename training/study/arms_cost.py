@@ -108,7 +108,7 @@ def cached(recipe, point: dict, record: dict, steps: int | None) -> bool:
     always, but under --frozen-cache auto, where only a stretch whose steps visit at least as many training
     examples as the cache holds (gradual unfreezing's thirds of an epoch are not: they run the frozen prefix
     on each batch, and build nothing)."""
-    if steps is None or {**recipe.train, **recipe.arms.get(point["arm"], {})}.get("frozen_cache") != "auto":
+    if steps is None or recipe.options(point).get("frozen_cache") != "auto":
         return True
     settings, n_train = record.get("settings", {}), record.get("n_train")
     if not n_train:  # a record that does not say how many examples the cache would hold
@@ -252,7 +252,7 @@ def remaining_work(recipe, records: list[dict], measurements: list[dict], files_
         if found and n_train:
             (m, figures), runs = found[0], [r for k, r in protocol.runs.items() if owner.get(k) == point["label"]]
             epochs = (statistics.mean(r["epochs_run"] for r in runs) if runs
-                      else recipe.arms.get(point["arm"], {}).get("epochs", recipe.train.get("epochs", 1)))
+                      else recipe.options(point).get("epochs", 1))
             seconds = ((todo + waiting) * (figures["cache_s"] + epochs * figures["s_per_epoch"][0])
                        * _scale(m, n_train, len(recipe.tasks)))
         out.append({"label": point["label"], "todo": todo, "waiting": waiting, "seconds": seconds,

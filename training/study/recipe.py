@@ -81,6 +81,10 @@ class Recipe:
         """The rate every run gets unless its arm says otherwise: the recipe's, else --lr's default."""
         return self.train.get("lr", TrainConfig.lr)
 
+    def options(self, point: dict) -> dict:
+        """The settings a point's runs train with beside the recipe's defaults: its arm's over the train ones."""
+        return {**self.train, **self.arms.get(point["arm"], {})}
+
     def depth(self, d) -> int | None:
         """A recipe depth as a number of frozen layers (None: full fine-tuning)."""
         return None if d == "none" else freeze_depth(d, self.layers)
