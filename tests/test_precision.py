@@ -299,6 +299,24 @@ def test_a_run_logs_and_records_what_auto_chose(tmp_path, monkeypatch, caplog, c
     assert "loss_scale" not in epochs[0]
 
 
+@pytest.mark.parametrize("precision, caps, warned", [
+    ("bf16", {}, "--precision bf16 on a CPU without AMX or AVX512-BF16: torch emulates bf16"),
+    ("bf16", {"avx512_bf16": True}, None),
+    ("bf16", {"amx": True}, None),
+    ("fp16", {"avx512_bf16": True}, "--precision fp16 on a CPU without AMX-FP16: torch emulates float16"),
+    ("fp32", {}, None),
+])
+def test_a_run_warns_once_where_its_half_precision_is_emulated(tmp_path, monkeypatch, caplog, precision, caps,
+                                                               warned):
+    fake_device(monkeypatch, **caps)
+    monkeypatch.setattr(torch.cpu, "_is_amx_fp16_supported", lambda: False, raising=False)
+    with caplog.at_level(logging.WARNING, logger="training.run.trainer"):
+        tiny_runs.tiny_run(tmp_path, precision=precision, epochs=1)
+    found = [r.getMessage() for r in caplog.records if "emulates" in r.getMessage()]
+    assert [m[:len(warned)] for m in found] == ([warned] if warned else [])
+    assert device_mod.emulated_precision(precision, torch.device("meta")) is None  # a CPU's matter alone
+
+
 def test_fp16_without_autocast_support_is_refused_in_one_line(tmp_path, monkeypatch, capsys):
     """A torch build without CPU float16 autocast warns and computes fp32: fp16 is refused instead."""
     import contextlib

@@ -15,6 +15,7 @@ import tiny_runs
 from data.loaders import load_task_file
 from training.run.config import TrainConfig
 from training.study import arms as A
+from training.study import arms_report as R
 from training.study import baselines as B
 from training.study import cli as C
 from training.study.protocol import Protocol, ladder, run_arm, split_run_arm
@@ -310,6 +311,18 @@ def test_the_threshold_is_the_best_midpoint():
 # ----------------------------------------------------------------------------- a tiny arms study, for real
 
 
+def cpu_flags() -> set[str]:
+    """The CPU's instruction sets as the kernel lists them (Linux, where CI runs)."""
+    lines = Path("/proc/cpuinfo").read_text().splitlines()
+    return set(next(x for x in lines if x.startswith("flags")).split(":", 1)[1].split())
+
+
+def test_a_report_names_each_cpu_with_its_bf16_instructions_where_recorded():
+    assert R.cpu_label({"cpu": "AMD EPYC"}) == "AMD EPYC"  # a record from before the field
+    assert R.cpu_label({"cpu": "AMD EPYC", "cpu_bf16": None}) == "AMD EPYC (bf16 emulated)"
+    assert R.cpu_label({"cpu": "Xeon", "cpu_bf16": "AMX tiles"}) == "Xeon (AMX tiles)"
+
+
 def test_a_tiny_arms_study_reports_the_kept_models_dev_scores(tmp_path):
     from data.loaders import COURSE_FILES, load_task_file
     from training.inference.metrics import METRIC, score
@@ -324,6 +337,10 @@ def test_a_tiny_arms_study_reports_the_kept_models_dev_scores(tmp_path):
     records = sweep_records.read_results(out / "results.jsonl")
     roles = {r["seed"]: r["seed_role"] for r in records}
     assert roles == {7: "tuning", 1: "reporting", 2: "reporting"}
+    flags = cpu_flags()  # the machine's bf16 instructions, as the kernel lists them
+    bf16 = "AMX tiles" if "amx_tile" in flags else "AVX512-BF16" if "avx512_bf16" in flags else None
+    assert {r["cpu_bf16"] for r in records} == {bf16}
+    assert f"CPU(s): {records[0]['cpu']} ({bf16 or 'bf16 emulated'})." in (out / "arms" / "report.md").read_text()
     for r in records:
         assert r["commit"] and r["cpu"] and r["split"]["n_tune"] == {"sst": 3, "para": 3, "sts": 3}
         assert r["lr"] == split_run_arm(r["arm"])[1]

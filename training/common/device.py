@@ -63,11 +63,17 @@ def native_bf16(device: torch.device) -> str | None:
         except TypeError:  # torch < 2.4: no emulation flag, and no emulation either
             native = torch.cuda.is_bf16_supported()
         return f"{torch.cuda.get_device_name(device)} computes bf16 natively" if native else None
-    if device.type == "cpu":
-        for probe, what in CPU_BF16:
-            found = getattr(torch.cpu, probe, None)
-            if found is not None and found():
-                return f"the CPU computes bf16 natively ({what})"
+    if device.type == "cpu" and cpu_bf16() is not None:
+        return f"the CPU computes bf16 natively ({cpu_bf16()})"
+    return None
+
+
+def cpu_bf16() -> str | None:
+    """The CPU's bf16 instructions, the best it has (AMX tiles or AVX512-BF16), or None: emulated there."""
+    for probe, what in CPU_BF16:
+        found = getattr(torch.cpu, probe, None)
+        if found is not None and found():
+            return what
     return None
 
 
@@ -85,6 +91,23 @@ def resolve_precision(precision: str, device: torch.device) -> tuple[str, str]:
                         f"dynamic loss scaling")
     what = "the CPU has neither AMX nor AVX512-BF16" if device.type == "cpu" else f"a {device.type} device"
     return "fp32", f"--precision auto: {what}"
+
+
+def emulated_precision(precision: str, device: torch.device) -> str | None:
+    """A warning where a named half precision runs emulated on a CPU, slower than fp32 (auto never picks
+    one there), else None. bf16 without AMX or AVX512-BF16 computes its matmuls by converting: a MiniLM
+    training step measured 16x slower than fp32's on an AMD EPYC with AVX2 only (bench/cpu_step.py,
+    docs/benchmarks.md)."""
+    if device.type != "cpu":
+        return None
+    if precision == "bf16" and native_bf16(device) is None:
+        return ("--precision bf16 on a CPU without AMX or AVX512-BF16: torch emulates bf16 there, many times "
+                "slower than fp32 (16x a MiniLM step on an AVX2-only EPYC); --precision auto picks fp32 here")
+    amx_fp16 = getattr(torch.cpu, "_is_amx_fp16_supported", lambda: False)  # private; absent in some builds
+    if precision == "fp16" and not amx_fp16():
+        return ("--precision fp16 on a CPU without AMX-FP16: torch emulates float16 there, slower than fp32; "
+                "fp16 is meant for CUDA devices without bf16 (use bf16 or fp32 on a CPU)")
+    return None
 
 
 def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:

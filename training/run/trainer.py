@@ -30,6 +30,7 @@ from minbert.checkpoint import copy_tokenizer_files
 from training.common.device import (
     DTYPES,
     GlobalRng,
+    emulated_precision,
     fp16_autocast_problem,
     pick_device,
     resolve_precision,
@@ -264,10 +265,9 @@ class Run:
                  peft, self.device, f"{self.precision} autocast" if self.amp_dtype else "fp32")
         # once, with why: a run under auto must say what it used (each epoch's record names it too)
         log.info("precision %s (%s)", self.precision, self.precision_reason)
-        amx_fp16 = getattr(torch.cpu, "_is_amx_fp16_supported", lambda: False)  # private; absent in some builds
-        if self.precision == "fp16" and self.device.type == "cpu" and not amx_fp16():
-            log.warning("--precision fp16 on a CPU without AMX-FP16: torch emulates float16 there, slower than "
-                        "fp32; fp16 is meant for CUDA devices without bf16 (use bf16 or fp32 on a CPU)")
+        slow = emulated_precision(self.precision, self.device)
+        if slow:
+            log.warning(slow)
 
     def _written_dirs(self) -> list[Path]:
         """Where this run writes files through temp names (see rundir.remove_stale_temp_files)."""

@@ -45,13 +45,21 @@ def dev_labels(records: list[dict], tasks: list[str], results: Path, data_dir: s
     return labels
 
 
+def cpu_label(record: dict) -> str:
+    """The CPU a run ran on, with its bf16 instructions where the record names them (older ones do not)."""
+    name = record.get("cpu") or "?"
+    if "cpu_bf16" not in record:
+        return name
+    return f"{name} ({record['cpu_bf16'] or 'bf16 emulated'})"
+
+
 def protocol_lines(recipe, records: list[dict]) -> list[str]:
     s = records[0]["settings"] if records else {}
     split = recipe.tuning_split
     n_train = next((r["n_train"] for r in records), {})
     n_tune = next((r["split"]["n_tune"] for r in records if "split" in r), {})
     commits = sorted({(r.get("commit") or "?")[:10] for r in records})
-    cpus = sorted({r.get("cpu") or "?" for r in records})
+    cpus = sorted({cpu_label(r) for r in records})
     grid = recipe.lr_grid
     return [
         f"Model `{s.get('model', '?')}` ({recipe.layers} layers), tasks {', '.join(recipe.tasks)} trained together; "

@@ -216,10 +216,11 @@ def result_record(grid: Grid, base: TrainConfig, key: RunKey, subsets: dict, run
 
 def provenance() -> dict:
     """Where a record was made: the code's commit (and whether its tree had uncommitted changes) and the
-    CPU, since a study's runs span days, code changes and machines."""
+    CPU with its bf16 instructions (None: bf16 emulated), since a study's runs span days, code changes and
+    machines, and one CPU model name covers machines with and without them."""
     import subprocess
 
-    from training.common.device import cpu_model
+    from training.common.device import cpu_bf16, cpu_model
 
     here = Path(__file__).resolve().parent
     try:
@@ -229,7 +230,7 @@ def provenance() -> dict:
                                     capture_output=True, text=True, timeout=30).stdout.strip())
     except (OSError, subprocess.SubprocessError):
         commit, dirty = None, None
-    return {"commit": commit, "dirty": dirty, "cpu": cpu_model()}
+    return {"commit": commit, "dirty": dirty, "cpu": cpu_model(), "cpu_bf16": cpu_bf16()}
 
 
 def write_dev_predictions(out: Path, key: RunKey, predictions: dict) -> str:
