@@ -317,6 +317,20 @@ def cpu_flags() -> set[str]:
     return set(next(x for x in lines if x.startswith("flags")).split(":", 1)[1].split())
 
 
+def test_the_protocol_says_how_long_each_kind_of_point_trains(tmp_path):
+    patience = {"epochs": 2, "batch_size": 4, "early_stop_patience": 1}
+    assert R.epochs_phrase(loaded(tmp_path, train=patience), {}) == \
+        "up to 2 epochs with early stopping after 1 evaluations without a gain"
+    # arms that set their own length: each kind named, the most points' first, ties in the recipe's order
+    arms = {"": {}, "b": {"epochs": 5, "early_stop_patience": None}}
+    points = [{"label": "full", "depth": "none", "arm": ""}, {"label": "one", "depth": 1, "arm": "b"},
+              {"label": "two", "depth": 2, "arm": "b"}]
+    assert R.epochs_phrase(loaded(tmp_path, train=patience, arms=arms, points=points), {}) == \
+        "by point: 5 epochs without early stopping; up to 2 epochs with early stopping after 1 evaluations without a gain"
+    # the records' settings stand in for what the recipe leaves at the trainer's defaults
+    assert R.epochs_phrase(loaded(tmp_path), {"epochs": 2, "early_stop_patience": None}) == "2 epochs without early stopping"
+
+
 def test_a_report_names_each_cpu_with_its_bf16_instructions_where_recorded():
     assert R.cpu_label({"cpu": "AMD EPYC"}) == "AMD EPYC"  # a record from before the field
     assert R.cpu_label({"cpu": "AMD EPYC", "cpu_bf16": None}) == "AMD EPYC (bf16 emulated)"

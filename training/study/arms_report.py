@@ -53,6 +53,18 @@ def cpu_label(record: dict) -> str:
     return f"{name} ({record['cpu_bf16'] or 'bf16 emulated'})"
 
 
+def epochs_phrase(recipe, settings: dict) -> str:
+    """How long the points train: the recipe's epochs and early stopping, or each kind its arms set, the
+    most points' first (a recipe whose arms override them trains its points for different lengths)."""
+    lengths = [(o.get("epochs", settings.get("epochs")),
+                o.get("early_stop_patience", settings.get("early_stop_patience")))
+               for o in map(recipe.options, recipe.points)]
+    kinds = sorted(set(lengths), key=lambda k: (-lengths.count(k), lengths.index(k)))
+    said = [f"up to {e} epochs with early stopping after {p} evaluations without a gain" if p else
+            f"{e} epochs without early stopping" for e, p in kinds]
+    return said[0] if len(said) == 1 else f"by point: {'; '.join(said)}"
+
+
 def protocol_lines(recipe, records: list[dict]) -> list[str]:
     s = records[0]["settings"] if records else {}
     split = recipe.tuning_split
@@ -63,8 +75,7 @@ def protocol_lines(recipe, records: list[dict]) -> list[str]:
     grid = recipe.lr_grid
     return [
         f"Model `{s.get('model', '?')}` ({recipe.layers} layers), tasks {', '.join(recipe.tasks)} trained together; "
-        f"batch {s.get('batch_size', '?')}, up to {s.get('epochs', '?')} epochs with early stopping after "
-        f"{s.get('early_stop_patience') or '-'} evaluations without a gain, pooling {s.get('pooling', '?')}, "
+        f"batch {s.get('batch_size', '?')}, {epochs_phrase(recipe, s)}, pooling {s.get('pooling', '?')}, "
         f"precision {s.get('precision', '?')}.",
         "",
         f"Protocol: a stratified {split['share']:.0%} of each training file (seed {split['seed']}) is held out as "
