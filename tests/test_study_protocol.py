@@ -4,6 +4,7 @@ computed by hand, and a tiny arms study run for real whose records and predictio
 against an independent scoring of the dev files."""
 import gzip
 import json
+import logging
 import math
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import numpy as np
 from scipy import stats as sps
 import pytest
 import tiny_runs
+import torch
 
 from data.loaders import load_task_file
 from training.run.config import TrainConfig
@@ -329,6 +331,26 @@ def test_the_protocol_says_how_long_each_kind_of_point_trains(tmp_path):
         "by point: 5 epochs without early stopping; up to 2 epochs with early stopping after 1 evaluations without a gain"
     # the records' settings stand in for what the recipe leaves at the trainer's defaults
     assert R.epochs_phrase(loaded(tmp_path), {"epochs": 2, "early_stop_patience": None}) == "2 epochs without early stopping"
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_a_study_warns_once_before_any_run_where_its_precision_is_emulated(tmp_path, monkeypatch, caplog, native):
+    data, enc = tiny_runs.inputs(tmp_path)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: native)
+    train = {"epochs": 2, "batch_size": 4, "device": "cpu", "precision": "bf16"}
+    path = arms_recipe(tmp_path, train=train, arms={"": {}, "b": {"precision": "fp32"}})
+    args = [str(path), "--model", str(enc), "--data-dir", str(data), "--out", str(tmp_path / "out")]
+    with caplog.at_level(logging.WARNING, logger="training.study.cli"):
+        assert C.main(args + ["--dry-run"]) == 0
+        assert C.main(args + ["--report-only"]) == 0  # trains nothing: nothing to warn of
+    warned = [r.getMessage() for r in caplog.records if "emulates" in r.getMessage()]
+    assert warned == ([] if native else [f"{path} trains its runs so: --precision bf16 on a CPU without AMX or "
+                                         f"AVX512-BF16: torch emulates bf16 there, many times slower than fp32 "
+                                         f"(16x a MiniLM step on an AVX2-only EPYC); --precision auto picks fp32 "
+                                         f"here. Copy the recipe with \"precision\": \"auto\" to train in what "
+                                         f"this machine computes fastest (with another --out: results of other "
+                                         f"settings do not mix)"])
 
 
 def test_a_report_names_each_cpu_with_its_bf16_instructions_where_recorded():

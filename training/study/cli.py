@@ -115,6 +115,8 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         print(f"{prog}: error: {errors[0]}" + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""),
               file=sys.stderr)
         return 2
+    if not args.report_only:
+        warn_if_emulated(recipe, base)
     if args.dry_run:
         finished = {RunKey.of(r) for r in records}
         for k in recipe.plan(records):
@@ -134,6 +136,20 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         return 2
     log.info("report: %s", path)
     return rc
+
+
+def warn_if_emulated(recipe: Recipe, base: TrainConfig) -> None:
+    """Say once, before any run, where the recipe's precision is one this machine only emulates (bf16 on a
+    CPU without AMX or AVX512-BF16): every run, and the dry run's estimates, are then many times slower."""
+    from training.common.device import emulated_precision, pick_device  # torch, once there is work
+
+    arms = recipe.all_arms().values()
+    for precision in dict.fromkeys([base.precision, *(a["precision"] for a in arms if "precision" in a)]):
+        slow = emulated_precision(precision, pick_device(base.device))
+        if slow:
+            log.warning("%s trains its runs so: %s. Copy the recipe with \"precision\": \"auto\" to train in "
+                        "what this machine computes fastest (with another --out: results of other settings "
+                        "do not mix)", recipe.path, slow)
 
 
 def files_examples(recipe: Recipe, base) -> int:
