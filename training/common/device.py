@@ -63,9 +63,8 @@ def native_bf16(device: torch.device) -> str | None:
         except TypeError:  # torch < 2.4: no emulation flag, and no emulation either
             native = torch.cuda.is_bf16_supported()
         return f"{torch.cuda.get_device_name(device)} computes bf16 natively" if native else None
-    if device.type == "cpu" and cpu_bf16() is not None:
-        return f"the CPU computes bf16 natively ({cpu_bf16()})"
-    return None
+    what = cpu_bf16() if device.type == "cpu" else None
+    return f"the CPU computes bf16 natively ({what})" if what else None
 
 
 def cpu_bf16() -> str | None:
