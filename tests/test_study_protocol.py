@@ -328,7 +328,7 @@ def test_the_protocol_says_how_long_each_kind_of_point_trains(tmp_path):
     points = [{"label": "full", "depth": "none", "arm": ""}, {"label": "one", "depth": 1, "arm": "b"},
               {"label": "two", "depth": 2, "arm": "b"}]
     assert R.epochs_phrase(loaded(tmp_path, train=patience, arms=arms, points=points), {}) == \
-        "by point: 5 epochs without early stopping; up to 2 epochs with early stopping after 1 evaluations without a gain"
+        "by point (5 epochs without early stopping; up to 2 epochs with early stopping after 1 evaluations without a gain)"
     # the records' settings stand in for what the recipe leaves at the trainer's defaults
     assert R.epochs_phrase(loaded(tmp_path), {"epochs": 2, "early_stop_patience": None}) == "2 epochs without early stopping"
 

@@ -62,7 +62,7 @@ def epochs_phrase(recipe, settings: dict) -> str:
     kinds = sorted(set(lengths), key=lambda k: (-lengths.count(k), lengths.index(k)))
     said = [f"up to {e} epochs with early stopping after {p} evaluations without a gain" if p else
             f"{e} epochs without early stopping" for e, p in kinds]
-    return said[0] if len(said) == 1 else f"by point: {'; '.join(said)}"
+    return said[0] if len(said) == 1 else f"by point ({'; '.join(said)})"
 
 
 def protocol_lines(recipe, records: list[dict]) -> list[str]:
