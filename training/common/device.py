@@ -99,7 +99,7 @@ def emulated_precision(precision: str, device: torch.device) -> str | None:
     docs/benchmarks.md)."""
     if device.type != "cpu":
         return None
-    if precision == "bf16" and native_bf16(device) is None:
+    if precision == "bf16" and cpu_bf16() is None:
         return ("--precision bf16 on a CPU without AMX or AVX512-BF16: torch emulates bf16 there, many times "
                 "slower than fp32 (16x a MiniLM step on an AVX2-only EPYC); --precision auto picks fp32 here")
     amx_fp16 = getattr(torch.cpu, "_is_amx_fp16_supported", lambda: False)  # private; absent in some builds

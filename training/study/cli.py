@@ -143,9 +143,9 @@ def warn_if_emulated(recipe: Recipe, base: TrainConfig) -> None:
     CPU without AMX or AVX512-BF16): every run, and the dry run's estimates, are then many times slower."""
     from training.common.device import emulated_precision, pick_device  # torch, once there is work
 
-    arms = recipe.all_arms().values()
+    arms, device = recipe.all_arms().values(), pick_device(base.device)
     for precision in dict.fromkeys([base.precision, *(a["precision"] for a in arms if "precision" in a)]):
-        slow = emulated_precision(precision, pick_device(base.device))
+        slow = emulated_precision(precision, device)
         if slow:
             log.warning("%s trains its runs so: %s. Copy the recipe with \"precision\": \"auto\" to train in "
                         "what this machine computes fastest (with another --out: results of other settings "
