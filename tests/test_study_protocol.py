@@ -359,6 +359,16 @@ def test_a_report_names_each_cpu_with_its_bf16_instructions_where_recorded():
     assert R.cpu_label({"cpu": "Xeon", "cpu_bf16": "AMX tiles"}) == "Xeon (AMX tiles)"
 
 
+def test_a_report_says_which_runs_trained_on_a_gpu():
+    on_cpu = {"cpu": "AMD EPYC", "cpu_bf16": "AVX512-BF16", "cuda_peak_mib": None, "gpu": None}
+    on_gpu = {"cpu": "Intel Xeon", "cpu_bf16": "AMX tiles", "cuda_peak_mib": 1061.9, "gpu": "NVIDIA H100"}
+    before_the_field = {"cpu": "Intel Xeon", "cuda_peak_mib": 900.0}  # on a GPU, unnamed
+    records = [on_cpu, on_gpu, on_cpu, on_gpu, on_gpu, before_the_field]
+    assert R.machines_phrase(records) == ("CPU AMD EPYC (AVX512-BF16) (2 runs); GPU (unnamed) (1 run); "
+                                          "GPU NVIDIA H100 (3 runs)")
+    assert R.machines_phrase([]) == "-"
+
+
 def test_a_tiny_arms_study_reports_the_kept_models_dev_scores(tmp_path):
     from data.loaders import COURSE_FILES, load_task_file
     from training.inference.metrics import METRIC, score
@@ -376,7 +386,9 @@ def test_a_tiny_arms_study_reports_the_kept_models_dev_scores(tmp_path):
     flags = cpu_flags()  # the machine's bf16 instructions, as the kernel lists them
     bf16 = "AMX tiles" if "amx_tile" in flags else "AVX512-BF16" if "avx512_bf16" in flags else None
     assert {r["cpu_bf16"] for r in records} == {bf16}
-    assert f"CPU(s): {records[0]['cpu']} ({bf16 or 'bf16 emulated'})." in (out / "arms" / "report.md").read_text()
+    assert {r["gpu"] for r in records} == {None}  # trained on the CPU
+    said = f"trained on CPU {records[0]['cpu']} ({bf16 or 'bf16 emulated'}) ({len(records)} runs)."
+    assert said in (out / "arms" / "report.md").read_text()
     for r in records:
         assert r["commit"] and r["cpu"] and r["split"]["n_tune"] == {"sst": 3, "para": 3, "sts": 3}
         assert r["lr"] == split_run_arm(r["arm"])[1]

@@ -135,6 +135,11 @@ def autocast(device: torch.device, dtype: torch.dtype | None):
     return torch.autocast(device.type, dtype=dtype)
 
 
+def gpu_name() -> str | None:
+    """The CUDA GPU a run trained on (the current device's name), or None where there is none."""
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else None
+
+
 def cpu_model() -> str:
     """The CPU's model name (what a benchmark's or a study's figures were measured on)."""
     try:

@@ -53,6 +53,14 @@ def cpu_label(record: dict) -> str:
     return f"{name} ({record['cpu_bf16'] or 'bf16 emulated'})"
 
 
+def machines_phrase(records: list[dict]) -> str:
+    """Where the runs trained: the CPUs of those that trained on the CPU, the GPUs of the others, with how
+    many runs each (a study's runs may span machines; a CUDA memory peak marks a run that trained on a GPU)."""
+    places = [f"GPU {r.get('gpu') or '(unnamed)'}" if r.get("cuda_peak_mib") is not None else f"CPU {cpu_label(r)}"
+              for r in records]
+    return "; ".join(f"{p} ({places.count(p)} run{'s' * (places.count(p) > 1)})" for p in sorted(set(places))) or "-"
+
+
 def epochs_phrase(recipe, settings: dict) -> str:
     """How long the points train: the recipe's epochs and early stopping, or each kind its arms set, the
     most points' first (a recipe whose arms override them trains its points for different lengths)."""
@@ -71,7 +79,6 @@ def protocol_lines(recipe, records: list[dict]) -> list[str]:
     n_train = next((r["n_train"] for r in records), {})
     n_tune = next((r["split"]["n_tune"] for r in records if "split" in r), {})
     commits = sorted({(r.get("commit") or "?")[:10] for r in records})
-    cpus = sorted({cpu_label(r) for r in records})
     grid = recipe.lr_grid
     return [
         f"Model `{s.get('model', '?')}` ({recipe.layers} layers), tasks {', '.join(recipe.tasks)} trained together; "
@@ -87,7 +94,7 @@ def protocol_lines(recipe, records: list[dict]) -> list[str]:
         f"{grid.get('max_extensions', 2)} times each way).",
         "",
         f"Runs: {len(records)} recorded of {len(recipe.plan(records))} planned so far; code at commit(s) "
-        f"{', '.join(commits) or '-'}; CPU(s): {'; '.join(cpus) or '-'}.",
+        f"{', '.join(commits) or '-'}; trained on {machines_phrase(records)}.",
     ]
 
 
