@@ -154,6 +154,21 @@ def test_a_borrowed_rate_equal_to_the_references_own_is_the_reference(tmp_path):
     assert one_point_lines(recipe, tuning + other + reporting, "full") == []
 
 
+def test_a_point_whose_runs_trained_on_two_machines_says_so(tmp_path):
+    from training.study.arms_report import mixed_machine_lines
+
+    recipe = loaded(tmp_path)
+    tuning = [tuning_record(d, a, lr, sc) for d, a in [(None, ""), (1, "b")]
+              for lr, sc in [(0.0003, 0.4), (0.001, 0.5), (0.003, 0.45)]]
+    on_cpu = {"cpu": "EPYC", "cpu_bf16": None, "cuda_peak_mib": None}
+    on_gpu = {"cpu": "Xeon", "cpu_bf16": "AMX tiles", "cuda_peak_mib": 900.0, "gpu": "H100"}
+    full = [{**_reporting(None, "", 0.001, seed, 0.7), **on_cpu} for seed in (1, 2)]
+    one = [{**_reporting(1, "b", 0.001, 1, 0.7), **on_cpu}, {**_reporting(1, "b", 0.001, 2, 0.7), **on_gpu}]
+    assert mixed_machine_lines(recipe, tuning + full + one) == [
+        "\none: its reporting runs trained on CPU EPYC (bf16 emulated) (1 run); GPU H100 (1 run)."]
+    assert mixed_machine_lines(recipe, tuning + full) == []  # one machine: nothing to say
+
+
 @pytest.mark.parametrize("over, says", [
     ({"lr_grid": {"lrs": [0.001], "tuning_seeds": [1]}}, "tuning_seeds"),  # a reporting seed
     ({"tuning_split": {"share": 0.7, "seed": 0}}, "tuning_split"),

@@ -53,11 +53,17 @@ def cpu_label(record: dict) -> str:
     return f"{name} ({record['cpu_bf16'] or 'bf16 emulated'})"
 
 
+def machine_label(record: dict) -> str:
+    """Where a run trained: its GPU (a CUDA memory peak marks a run that trained on one; records before the
+    gpu field leave it unnamed), else its CPU."""
+    if record.get("cuda_peak_mib") is not None:
+        return f"GPU {record.get('gpu') or '(unnamed)'}"
+    return f"CPU {cpu_label(record)}"
+
+
 def machines_phrase(records: list[dict]) -> str:
-    """Where the runs trained: the CPUs of those that trained on the CPU, the GPUs of the others, with how
-    many runs each (a study's runs may span machines; a CUDA memory peak marks a run that trained on a GPU)."""
-    places = [f"GPU {r.get('gpu') or '(unnamed)'}" if r.get("cuda_peak_mib") is not None else f"CPU {cpu_label(r)}"
-              for r in records]
+    """Where the runs trained, with how many runs each (a study's runs may span machines)."""
+    places = [machine_label(r) for r in records]
     return "; ".join(f"{p} ({places.count(p)} run{'s' * (places.count(p) > 1)})" for p in sorted(set(places))) or "-"
 
 
@@ -289,6 +295,19 @@ def one_point_lines(recipe, records: list[dict], reference: str) -> list[str]:
             f"tables and figures, where its rows would be {reference}'s)." for label in same]
 
 
+def mixed_machine_lines(recipe, records: list[dict]) -> list[str]:
+    """A note for each point whose reporting runs trained on more than one machine (a study that took runs
+    from a lent GPU, say): which, and how many runs each, so that no reader takes its spread for the seeds'
+    alone (bench/device_twin.py measures what the machines do to a score)."""
+    protocol = Protocol(recipe, records)
+    lines = []
+    for point in recipe.points:
+        runs = list(protocol.reporting(point["label"]).values())
+        if len({machine_label(r) for r in runs}) > 1:
+            lines.append(f"\n{point['label']}: its reporting runs trained on {machines_phrase(runs)}.")
+    return lines
+
+
 def schedule_lines(recipe, records: list[dict], costs: list[dict], quality: dict[str, dict], reference: str,
                    share: float = 0.99) -> list[str]:
     """The freezing schedules against the reference: end to end (each run's kept model) and at equal quality
@@ -352,6 +371,7 @@ def arms_markdown(recipe, results: Path, data_dir: str | None = None) -> tuple[s
               "then the other points in the recipe's order); the sections below give the rest (per task, spread, the "
               "bootstrap over dev examples, cost to a share of the score).", ""]
     lines += summary_lines(rows, tests, costs, baselines, reference) + one_point_lines(recipe, records, reference)
+    lines += mixed_machine_lines(recipe, records)
     lines += ["", "## Baselines (dev)", ""] + baseline_lines(baselines)
     lines += ["", "## Tuning (the tuning split; tuning seeds only)", ""] + tuning_lines(recipe, records)
     lines += ["", "## Dev scores of the reporting seeds", "",
