@@ -1105,3 +1105,24 @@ def test_a_dry_run_says_what_is_left(tmp_path, capsys):
                                                                  {"data_dir": "elsewhere"}}) + "\n")
     assert C.main(args) == 0 and "done  " in capsys.readouterr().out
     assert C.main(args[:-1]) == 2 and "other settings" in capsys.readouterr().err
+
+
+def test_a_missing_prediction_file_costs_the_bootstrap_not_the_report(tmp_path, caplog):
+    """A record whose dev predictions did not travel with it (a record carried to a lent GPU without
+    dev-predictions/): its pairs go without the bootstrap, the file named once; the rest stands."""
+    import gzip
+
+    from training.study import arms
+
+    (tmp_path / "p").mkdir()
+    with gzip.open(tmp_path / "p" / "a.json.gz", "wt") as f:
+        json.dump({"sst": [0, 1, 2]}, f)
+    here, gone = {"dev_predictions": "p/a.json.gz"}, {"dev_predictions": "p/b.json.gz"}
+    labels = {"sst": np.array([0.0, 1.0, 1.0])}
+    with caplog.at_level(logging.WARNING, logger="training.study.arms"):
+        assert arms._bootstrap(tmp_path, [here], [gone], labels, 10, 0) == {}
+        assert list(arms._predictions(tmp_path, {1: here, 2: gone})) == [1]
+        assert set(arms._bootstrap(tmp_path, [here], [here], labels, 10, 0)) == {"sst_acc"}
+    warned = [r.getMessage() for r in caplog.records]
+    assert warned == [f"{tmp_path / 'p' / 'b.json.gz'}: missing; its run's comparisons go without the bootstrap "
+                      f"over dev examples"]

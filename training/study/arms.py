@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
 import math
 from pathlib import Path
 
@@ -18,6 +19,8 @@ from training.inference.metrics import METRIC, score
 from training.results.statistics import bootstrap_diffs, interval, mean_sd, overall_diffs, paired_tests
 from training.study.arms_cost import epoch_kind
 from training.study.protocol import Protocol
+
+log = logging.getLogger(__name__)
 
 LEVEL = 0.95
 METRICS = ("sst_acc", "para_acc", "sts_pearson", "overall")
@@ -157,6 +160,25 @@ def twins_due(recipe, rows: list[dict]) -> list[str]:
 
 
 # --------------------------------------------------------------------------- against full fine-tuning
+
+
+def stored_predictions(results: Path, record: dict) -> bool:
+    """Whether the run's dev predictions are at hand. A record copied without its file (a study's record
+    carried elsewhere without dev-predictions/) has none there: the comparisons with that run go without
+    the bootstrap over dev examples, and the report says which file is missing, rather than stop."""
+    name = record.get("dev_predictions")
+    if not name:
+        return False
+    path = Path(results) / name
+    if path.is_file():
+        return True
+    if path not in _MISSING:
+        _MISSING.add(path)
+        log.warning("%s: missing; its run's comparisons go without the bootstrap over dev examples", path)
+    return False
+
+
+_MISSING: set[Path] = set()  # the missing prediction files already warned of
 
 
 def read_predictions(results: Path, record: dict) -> dict[str, np.ndarray]:
@@ -341,7 +363,7 @@ def split_scores(recipe, records: list[dict], results: Path, dev_labels: dict[st
 
 def _predictions(results: Path, runs: dict[int, dict]) -> dict[int, dict[str, np.ndarray]]:
     """Each seed's dev predictions, for the runs that stored them."""
-    return {s: read_predictions(results, r) for s, r in runs.items() if r.get("dev_predictions")}
+    return {s: read_predictions(results, r) for s, r in runs.items() if stored_predictions(results, r)}
 
 
 def _unseen_mask(n: int, unseen: list[int]) -> np.ndarray:
@@ -357,7 +379,7 @@ def _score(task: str, preds: np.ndarray, labels: np.ndarray, where: np.ndarray) 
 
 def _bootstrap(results: Path, a_runs: list[dict], b_runs: list[dict], dev_labels: dict[str, np.ndarray],
                reps: int, seed: int) -> dict[str, np.ndarray]:
-    if not all(r.get("dev_predictions") for r in a_runs + b_runs):
+    if not all([stored_predictions(results, r) for r in a_runs + b_runs]):  # a list: each missing one named
         return {}
     a_preds = [read_predictions(results, r) for r in a_runs]
     b_preds = [read_predictions(results, r) for r in b_runs]
