@@ -1,36 +1,43 @@
 #!/usr/bin/env bash
 # Train a study's missing runs on a lent GPU, for its record kept elsewhere (bench/README.md, "A study's
 # runs on a lent GPU"). Here, first: copy the record's results.jsonl, baselines.json and dev-predictions/
-# (the report after each run reads them; 1.4 MiB for the whole-file study) into .gpu/study/NAME/, with
-# .gpu/prep from bench/gpu_prepare.py, then carry .gpu. There: the carried course files are linked at
-# DATA_AS, the record's data folder, so that the runs' settings are the record's; WORKERS studies share
-# the one GPU (MiniLM's step leaves it mostly idle: on an H100 two workers trained full fine-tuning's
-# whole-file runs in 78-105 s each, four SMART's in 219-233 s); each stops DEADLINE seconds after the
+# (the report after each run reads them; 1.4 MiB for the whole-file study) into .gpu/study/NAME/ for
+# each study, with .gpu/prep from bench/gpu_prepare.py, then carry .gpu. There: the carried course files
+# are linked at DATA_AS, the record's data folder, so that the runs' settings are the record's; WORKERS
+# workers per study share the one GPU (MiniLM's step leaves it mostly idle: on an H100 two workers
+# trained full fine-tuning's whole-file runs in 78-105 s each, four SMART's in 219-233 s); each stops DEADLINE seconds after the
 # start (it writes the report before it exits; killed 20 s later). What finished comes back in
 # $OUT/study.tgz (saved every 15 s, so that a command cut off still returns it): add it here with
 # bench/import_runs.py.
 #
-#   RECIPE=whole NAME=whole WORKERS=2 DEADLINE=520 DATA_AS=/work/shared/data/cs224n bash bench/gpu_study.sh
-#   (RECIPE: a built-in recipe or a recipe file; NAME: the folder under .gpu/study/)
+#   STUDIES="whole=whole" WORKERS=2 DEADLINE=520 DATA_AS=/work/shared/data/cs224n bash bench/gpu_study.sh
+#   STUDIES="whole=whole whole-size=whole-size" WORKERS=2 ...   # two studies at once, WORKERS each
+#   (each NAME=RECIPE: the folder under .gpu/study/ holding the record, and a built-in recipe or a recipe file)
 set -u
 cd "$(dirname "$0")/.." || exit 2
-: "${RECIPE:?a recipe: whole, whole-size or a file}" "${NAME:?the folder under .gpu/study/ holding the record}"
-: "${DATA_AS:?the data folder the records name: settings.data_dir}"
-[[ -f .gpu/study/$NAME/results.jsonl ]] || { echo "gpu_study: .gpu/study/$NAME/results.jsonl: missing" >&2; exit 2; }
+: "${STUDIES:?NAME=RECIPE pairs, e.g. whole=whole}" "${DATA_AS:?the data folder the records name: settings.data_dir}"
+for study in $STUDIES; do
+    [[ "$study" == *=* && -f ".gpu/study/${study%%=*}/results.jsonl" ]] \
+        || { echo "gpu_study: STUDIES: $study: not NAME=RECIPE with .gpu/study/NAME/results.jsonl" >&2; exit 2; }
+done
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:$PWD/.gpu/prep
 mkdir -p "$(dirname "$DATA_AS")" && { [[ -e "$DATA_AS" ]] || ln -s "$PWD/.gpu/prep/course_data" "$DATA_AS"; } || exit 2
-R=/tmp/study; mkdir -p $R && cp -r ".gpu/study/$NAME" "$R/$NAME"; T0=$(date +%s)
+R=/tmp/study; mkdir -p $R; T0=$(date +%s)
 save() { [[ -n "${OUT:-}" ]] && tar -C /tmp -czf "$OUT/study.tgz.part" study 2>/dev/null && mv "$OUT/study.tgz.part" "$OUT/study.tgz"; return 0; }
 (while sleep 15; do save; done) & SAVER=$!
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; git rev-parse HEAD; date -u; } >$R/machine.txt 2>&1
-left=$(( ${DEADLINE:-520} - ($(date +%s) - T0) ))
 PIDS=()
-for w in $(seq "${WORKERS:-2}"); do
-    timeout -k 20 "$left" python3 -m training.study "$RECIPE" --out "$R/$NAME" --runs-dir /tmp/study-runs --data-dir "$DATA_AS" \
-        --keep-going >"$R/worker$w.log" 2>&1 & PIDS+=($!)
-    sleep 5  # each worker claims its own run
+for study in $STUDIES; do
+    name=${study%%=*}; recipe=${study#*=}
+    cp -r ".gpu/study/$name" "$R/$name"
+    for w in $(seq "${WORKERS:-2}"); do
+        left=$(( ${DEADLINE:-520} - ($(date +%s) - T0) ))
+        timeout -k 20 "$left" python3 -m training.study "$recipe" --out "$R/$name" --runs-dir "/tmp/study-runs/$name" \
+            --data-dir "$DATA_AS" --keep-going >"$R/$name-worker$w.log" 2>&1 & PIDS+=($!)
+        sleep 5  # each worker claims its own run
+    done
 done
 wait "${PIDS[@]}"
 echo "workers done at $(( $(date +%s) - T0 )) s" | tee -a $R/machine.txt
 kill $SAVER; save
-grep -h "finished in" $R/worker*.log
+grep -h "finished in" $R/*worker*.log
