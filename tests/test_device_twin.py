@@ -1,26 +1,18 @@
 """bench/device_twin.py: the same study runs from two machines, paired by run name, against figures worked
 out here by hand (the paired t interval written out; the bootstrap on predictions whose scores are known)."""
 import gzip
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-
-REPO = Path(__file__).resolve().parents[1]
-SCRIPT = REPO / "bench" / "device_twin.py"
+from bench_scripts import bench_script
 
 
 @pytest.fixture(scope="module")
 def twin():
-    sys.path.insert(0, str(REPO / "bench"))
-    spec = importlib.util.spec_from_file_location("device_twin", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return bench_script("device_twin")
 
 
 def record(seed: int, overall: float, role: str = "reporting", arm: str = "lr3e-05", preds: str | None = None) -> dict:

@@ -1,7 +1,6 @@
 """bench/gpu_prepare.py: the folder carried to a GPU machine without internet holds MiniLM in fp16
 (loading as an fp32 model that computes what the original does, to fp16's precision), the tokenizer,
 a faithful copy of the course data, and fits the 64 MiB a transfer takes."""
-import importlib.util
 import json
 import os
 import re
@@ -11,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from bench_scripts import bench_script
 from test_parity import PAIRS, SENTS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -37,11 +37,7 @@ def prepared(tmp_path_factory, course_data_dir):
 @pytest.fixture(scope="module")
 def script():
     """The script as a module, for its check functions (bench/ is not a package)."""
-    sys.path.insert(0, str(REPO / "bench"))
-    spec = importlib.util.spec_from_file_location("gpu_prepare", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return bench_script("gpu_prepare")
 
 
 def _model_dir(out: Path) -> Path:

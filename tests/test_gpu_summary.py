@@ -1,12 +1,12 @@
 """bench/gpu_summary.py: the GPU check's one-page summary, from a results folder written here by hand
 (the logs as gpu_check.sh and the scripts it runs write them), with the figures worked out below."""
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from bench_scripts import bench_script
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "bench" / "gpu_summary.py"
@@ -14,11 +14,7 @@ SCRIPT = REPO / "bench" / "gpu_summary.py"
 
 @pytest.fixture(scope="module")
 def summary():
-    sys.path.insert(0, str(REPO / "bench"))
-    spec = importlib.util.spec_from_file_location("gpu_summary", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return bench_script("gpu_summary")
 
 
 def _status(res: Path, rows):

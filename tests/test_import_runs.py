@@ -1,27 +1,21 @@
 """bench/import_runs.py: runs a study finished elsewhere join its record, once each, with their dev
 predictions, and only when trained with the record's settings (checked before anything is written)."""
 import gzip
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
+from bench_scripts import bench_script
 
 from training.run.config import TrainConfig
 from training.sweep.records import settings_of
 
-REPO = Path(__file__).resolve().parents[1]
 SETTINGS = settings_of(TrainConfig())
 
 
 @pytest.fixture(scope="module")
 def imp():
-    sys.path.insert(0, str(REPO / "bench"))
-    spec = importlib.util.spec_from_file_location("import_runs", REPO / "bench" / "import_runs.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return bench_script("import_runs")
 
 
 def record(seed: int, overall: float, **settings) -> dict:
