@@ -300,3 +300,24 @@ def test_cli_smart_and_pcgrad_on_cuda(tmp_path, inputs):
     for r in steps:
         terms = [k for k in r if k.startswith(("r_s_", "d_breg_"))]
         assert terms and all(r[k] is not None and r[k] >= 0 for k in terms), r
+
+
+def test_a_study_run_on_the_gpu_names_it(tmp_path):
+    """A tiny arms study trained on the GPU: its records name the GPU (and say they trained there by their
+    CUDA memory peak), and the report counts the runs per machine."""
+    import tiny_runs
+    from test_study_protocol import arms_recipe
+
+    from training.study import cli as study_cli
+    from training.sweep.records import read_results
+
+    data, enc = tiny_runs.inputs(tmp_path)
+    train = {"epochs": 1, "batch_size": 4, "device": "cuda", "precision": "fp32", "frozen_cache": "disk"}
+    path = arms_recipe(tmp_path, train=train, points=[{"label": "full", "depth": "none", "arm": ""}])
+    out = tmp_path / "out"
+    assert study_cli.main([str(path), "--model", str(enc), "--data-dir", str(data), "--in-process", "--threads", "1",
+                           "--runs-dir", str(tmp_path / "runs"), "--out", str(out)]) == 0
+    records = read_results(out / "results.jsonl")
+    name = torch.cuda.get_device_name()
+    assert records and all(r["gpu"] == name and r["cuda_peak_mib"] > 0 for r in records)
+    assert f"trained on GPU {name} ({len(records)} runs)." in (out / "arms" / "report.md").read_text()
