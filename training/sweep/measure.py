@@ -26,6 +26,7 @@ def measure(cfg: TrainConfig, threads: int | None = None, report_dev: dict[str, 
 
     import torch
 
+    from training.common.device import gpu_name
     from training.run.build import build_model
     from training.run.trainer import train
 
@@ -40,11 +41,12 @@ def measure(cfg: TrainConfig, threads: int | None = None, report_dev: dict[str, 
     wall = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     cuda_peak = torch.cuda.max_memory_allocated() / 2**20 if cuda else None
+    gpu = gpu_name() if cuda else None  # asked by the process that trained: a sweep that spawns runs never touches CUDA
     report = score_kept_model(cfg, report_dev) if report_dev else None
     model, _, _ = build_model(cfg)  # after the measurement: only to count what freezing (and --peft) left trainable
     trainable, total = trainable_counts(model)
     return {"metrics": metrics, "wall_seconds": wall, "peak_rss_mib": peak, "base_rss_mib": base,
-            "cuda_peak_mib": cuda_peak, "trainable_params": trainable, "total_params": total,
+            "cuda_peak_mib": cuda_peak, "gpu": gpu, "trainable_params": trainable, "total_params": total,
             "threads": torch.get_num_threads(), **({"report": report} if report else {})}
 
 

@@ -183,7 +183,6 @@ def settings_clash(records: list[dict], settings: dict, results_path: Path) -> s
 def result_record(grid: Grid, base: TrainConfig, key: RunKey, subsets: dict, run_dir: Path, m: dict,
                   settings: dict, overrides: dict | None = None, in_process: bool = False) -> dict:
     """The line results.jsonl keeps of a finished run."""
-    from training.common.device import gpu_name
     from training.run.rundir import epoch_records, evaluations, kept_evaluation, read_metrics, training_seconds
     rows = read_metrics(run_dir / "metrics.jsonl")
     epochs, evals, kept = epoch_records(rows), evaluations(rows), kept_evaluation(rows)
@@ -209,7 +208,7 @@ def result_record(grid: Grid, base: TrainConfig, key: RunKey, subsets: dict, run
             "trainable_params": m["trainable_params"], "total_params": m["total_params"],
             "trainable_share": share(m["trainable_params"], m["total_params"]),
             "threads": m["threads"], "run_dir": str(run_dir), **provenance(),
-            "gpu": None if m["cuda_peak_mib"] is None else gpu_name(),  # a peak on CUDA: it trained there
+            "gpu": m.get("gpu"),  # the GPU it trained on (None: the CPU)
             **({"resumed": True} if m.get("resumed") else {}),  # its wall_seconds count the last part only
             **({"depth_changes": changes} if changes else {}),
             "finished": time.strftime("%Y-%m-%dT%H:%M:%S"), "settings": settings,
