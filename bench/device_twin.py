@@ -21,22 +21,17 @@ import numpy as np
 
 from common import REPO  # noqa: F401  (puts the repository on sys.path)
 
-from training.results.statistics import bootstrap_diffs, interval, mean_sd, overall_diffs, paired_tests  # noqa: E402
-from training.inference.metrics import METRIC  # noqa: E402
-from training.study.arms import METRICS, read_predictions, t_interval  # noqa: E402
+from training.results.statistics import interval, mean_sd, paired_tests  # noqa: E402
+from training.study.arms import METRICS, paired_bootstrap, read_predictions, t_interval  # noqa: E402
 from training.study.arms_report import dev_labels, machines_phrase  # noqa: E402
-from training.sweep.records import read_results  # noqa: E402
-
-
-def run_name(record: dict) -> tuple:
-    return record["tasks"], record["depth"], record["size"], record["seed"], record["arm"]
+from training.sweep.records import RunKey, read_results  # noqa: E402
 
 
 def pair_runs(a_records: list[dict], b_records: list[dict]) -> list[tuple[dict, dict]]:
     """The reporting runs both folders hold, as (A's record, B's record), in name order."""
-    a = {run_name(r): r for r in a_records if r.get("seed_role", "reporting") == "reporting"}
-    b = {run_name(r): r for r in b_records if r.get("seed_role", "reporting") == "reporting"}
-    return [(a[k], b[k]) for k in sorted(set(a) & set(b), key=str)]
+    a = {RunKey.of(r): r for r in a_records if r.get("seed_role", "reporting") == "reporting"}
+    b = {RunKey.of(r): r for r in b_records if r.get("seed_role", "reporting") == "reporting"}
+    return [(a[k], b[k]) for k in sorted(set(a) & set(b), key=lambda k: k.name)]
 
 
 def compare_pairs(pairs: list[tuple[dict, dict]], folders: tuple[Path, Path], labels: dict[str, np.ndarray] | None,
@@ -45,10 +40,7 @@ def compare_pairs(pairs: list[tuple[dict, dict]], folders: tuple[Path, Path], la
     boot = {}
     if labels is not None:
         preds = [[read_predictions(folder, pair[i]) for pair in pairs] for i, folder in enumerate(folders)]
-        by_task = {t: bootstrap_diffs(t, [p[t] for p in preds[0]], [p[t] for p in preds[1]], y, reps,
-                                      np.random.default_rng([seed, k])) for k, (t, y) in enumerate(labels.items())}
-        boot = {METRIC[t]: d for t, d in by_task.items()}
-        boot["overall"] = overall_diffs(by_task)
+        boot = paired_bootstrap(preds[0], preds[1], labels, reps, seed)
     rows = []
     for metric in METRICS:
         a = [pa["dev"][metric] for pa, _ in pairs]
@@ -87,7 +79,7 @@ def main(argv=None) -> int:
         return 2
     labels = None if args.no_bootstrap else dev_labels([a for a, _ in pairs], ["sst", "para", "sts"], args.a,
                                                        args.data_dir)
-    print(f"{len(pairs)} runs in both: {', '.join('-'.join(map(str, run_name(a))) for a, _ in pairs)}")
+    print(f"{len(pairs)} runs in both: {', '.join(RunKey.of(a).name for a, _ in pairs)}")
     print(f"A: {machines_phrase([a for a, _ in pairs])}; B: {machines_phrase([b for _, b in pairs])}\n")
     print(table(compare_pairs(pairs, (args.a, args.b), labels), tuple(args.names)))
     return 0

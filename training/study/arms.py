@@ -381,8 +381,14 @@ def _bootstrap(results: Path, a_runs: list[dict], b_runs: list[dict], dev_labels
                reps: int, seed: int) -> dict[str, np.ndarray]:
     if not all([stored_predictions(results, r) for r in a_runs + b_runs]):  # a list: each missing one named
         return {}
-    a_preds = [read_predictions(results, r) for r in a_runs]
-    b_preds = [read_predictions(results, r) for r in b_runs]
+    return paired_bootstrap([read_predictions(results, r) for r in a_runs],
+                            [read_predictions(results, r) for r in b_runs], dev_labels, reps, seed)
+
+
+def paired_bootstrap(a_preds: list[dict], b_preds: list[dict], dev_labels: dict[str, np.ndarray], reps: int,
+                     seed: int) -> dict[str, np.ndarray]:
+    """metric -> (reps,) differences of B's mean from A's over resamples of each task's dev examples (every
+    run scored on the same resamples), and the overall score's where there are several tasks."""
     diffs = {task: bootstrap_diffs(task, [p[task] for p in a_preds], [p[task] for p in b_preds], labels, reps,
                                    np.random.default_rng([seed, k]))
              for k, (task, labels) in enumerate(dev_labels.items())}
