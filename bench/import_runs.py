@@ -39,9 +39,10 @@ def import_runs(source: Path, target: Path) -> list[dict]:
     if not target_records:
         raise ValueError(f"{target / 'results.jsonl'}: no records to import into")
     records = new_runs(read_results(source / "results.jsonl"), target_records)
-    clash = settings_clash(records, target_records[0]["settings"], source / "results.jsonl")
+    clash = settings_clash(records, target_records[0]["settings"], source / "results.jsonl",
+                           then=f" than {target / 'results.jsonl'}'s")
     if clash:
-        raise ValueError(clash.replace("; use another --out", f" than {target / 'results.jsonl'}'s"))
+        raise ValueError(clash)
     missing = [r["dev_predictions"] for r in records if r.get("dev_predictions")
                and not (source / r["dev_predictions"]).is_file()]
     if missing:
@@ -56,7 +57,8 @@ def import_runs(source: Path, target: Path) -> list[dict]:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("source", type=Path, help="the study folder the runs were trained into (results.jsonl, dev-predictions/)")
+    p.add_argument("source", type=Path,
+                   help="the study folder the runs were trained into (results.jsonl, dev-predictions/)")
     p.add_argument("target", type=Path, help="the study's record to add them to")
     args = p.parse_args(argv)
     try:

@@ -166,9 +166,10 @@ def _legacy_auto(settings: dict) -> dict:
     return {**settings, "precision": "bf16" if bf16 else "fp32"}
 
 
-def settings_clash(records: list[dict], settings: dict, results_path: Path) -> str:
+def settings_clash(records: list[dict], settings: dict, results_path: Path, then: str = "; use another --out") -> str:
     """Results made with other training settings cannot share a results file. An option a record lacks
-    (added to TrainConfig since) counts at its default, which that record's run had."""
+    (added to TrainConfig since) counts at its default, which that record's run had. `then` ends the
+    message (what to do about it)."""
     defaults = settings_of(TrainConfig())
     clash = [r for r in records if {**defaults, **_legacy_auto(r.get("settings", settings))} != settings]
     if not clash:
@@ -176,8 +177,7 @@ def settings_clash(records: list[dict], settings: dict, results_path: Path) -> s
     old = {**defaults, **_legacy_auto(clash[0]["settings"])}
     diff = [f"{k}: {old.get(k)!r} there, {v!r} now" for k, v in settings.items() if old.get(k) != v]
     diff += [f"{k}: {v!r} there, absent now" for k, v in old.items() if k not in settings]
-    return (f"{results_path} holds {len(clash)} result(s) made with other settings ({'; '.join(diff)}); "
-            f"use another --out")
+    return f"{results_path} holds {len(clash)} result(s) made with other settings ({'; '.join(diff)}){then}"
 
 
 def result_record(grid: Grid, base: TrainConfig, key: RunKey, subsets: dict, run_dir: Path, m: dict,
