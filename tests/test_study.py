@@ -321,18 +321,21 @@ def test_a_killed_sweep_stops_its_training_process(tmp_path):
         "import os, sys, time, signal, subprocess, pathlib\n"
         "from training.run.signals import exit_with_parent\n"
         "if sys.argv[1] == 'parent':\n"
-        "    subprocess.Popen([sys.executable, __file__, 'child', sys.argv[2]])\n"
-        "    time.sleep(1)\n"
+        "    subprocess.Popen([sys.executable, __file__, 'child', sys.argv[2], str(os.getpid())])\n"
+        "    time.sleep(float(sys.argv[3]))\n"
         "    os._exit(0)  # gone without a finally, as by SIGKILL\n"
         "signal.signal(signal.SIGTERM, lambda *a: (pathlib.Path(sys.argv[2]).write_text('stopped'), os._exit(0)))\n"
-        "exit_with_parent(0.1)\n"
+        "exit_with_parent(int(sys.argv[3]), poll_seconds=0.1)\n"
         "time.sleep(30)\n")
-    subprocess.run([sys.executable, str(script), "parent", str(flag)], timeout=30,
-                   env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
-    deadline = time.time() + 20
-    while not flag.exists() and time.time() < deadline:
-        time.sleep(0.1)
-    assert flag.read_text() == "stopped"
+    # the parent gone after its child is watching (1 s), and gone before the child has even started (0 s)
+    for parent_lives in ("1", "0"):
+        flag.unlink(missing_ok=True)
+        subprocess.run([sys.executable, str(script), "parent", str(flag), parent_lives], timeout=30,
+                       env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
+        deadline = time.time() + 20
+        while not flag.exists() and time.time() < deadline:
+            time.sleep(0.1)
+        assert flag.read_text() == "stopped", parent_lives
 
 
 # ----------------------------------------------------------------------------- the dev sets' cache

@@ -4,6 +4,7 @@ one, its wall time, memory and trainable parameters, and its kept model scored o
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import time
 from pathlib import Path
@@ -67,10 +68,11 @@ def score_kept_model(cfg: TrainConfig, dev_files: dict[str, str]) -> dict:
     return {"metrics": {**metrics, "overall": overall(metrics)}, "predictions": predictions}
 
 
-def _child(cfg_dict: dict, threads: int | None, log_level: int, conn, report_dev: dict | None = None) -> None:
+def _child(cfg_dict: dict, threads: int | None, log_level: int, conn, report_dev: dict | None,
+           sweep_pid: int) -> None:
     """The training process: its reply ends with the stop signal it received, if any (its sweep stops too)."""
     setup_logging(log_level)
-    exit_with_parent()
+    exit_with_parent(sweep_pid)
     with stop_after("run"):
         try:
             reply = ("ok", measure(TrainConfig.from_dict(cfg_dict), threads, report_dev))
@@ -96,7 +98,7 @@ def measure_isolated(cfg: TrainConfig, threads: int | None = None, report_dev: d
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe(duplex=False)
     p = ctx.Process(target=_child, args=(cfg.to_dict(), threads, logging.getLogger().getEffectiveLevel(), child,
-                                         report_dev),
+                                         report_dev, os.getpid()),
                     name=f"sweep:{Path(cfg.out_dir).name}")
     p.start()
     child.close()
