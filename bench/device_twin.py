@@ -1,8 +1,12 @@
-"""Do a study's runs score alike on two machines? The reporting runs that two results folders both hold
-(the same run names: tasks, depth, size, seed, arm), trained on machine A and machine B, paired by name.
+"""Do a study's runs score alike on two machines, or in two precisions? The runs that two results folders
+both hold (the same run names: tasks, depth, size, seed, arm), trained on machine A and machine B (or under
+two recipes differing in one setting), paired by name; the reporting runs, or with --roles the tuning
+runs too (each is the same configuration trained twice, whichever rate it tried).
 
     python bench/device_twin.py docs/freezing-study/whole docs/gpu/2026-11-26-h100-b/full-on-gpu \\
         --names "CPU (bf16)" "H100 (bf16)"
+    python bench/device_twin.py docs/freezing-study/whole-size-bf16 docs/freezing-study/whole-size \\
+        --names bf16 fp32 --roles reporting tuning
 
 Per dev metric: each machine's mean and sd over the runs, the paired difference B - A (mean, 95% t
 interval, paired t p) and a paired bootstrap over the dev examples (each resample scores every run of
@@ -27,10 +31,11 @@ from training.study.arms_report import dev_labels, machines_phrase  # noqa: E402
 from training.sweep.records import RunKey, read_results  # noqa: E402
 
 
-def pair_runs(a_records: list[dict], b_records: list[dict]) -> list[tuple[dict, dict]]:
-    """The reporting runs both folders hold, as (A's record, B's record), in name order."""
-    a = {RunKey.of(r): r for r in a_records if r.get("seed_role", "reporting") == "reporting"}
-    b = {RunKey.of(r): r for r in b_records if r.get("seed_role", "reporting") == "reporting"}
+def pair_runs(a_records: list[dict], b_records: list[dict], roles: tuple[str, ...] = ("reporting",)
+              ) -> list[tuple[dict, dict]]:
+    """The runs of the given seed roles both folders hold, as (A's record, B's record), in name order."""
+    a = {RunKey.of(r): r for r in a_records if r.get("seed_role", "reporting") in roles}
+    b = {RunKey.of(r): r for r in b_records if r.get("seed_role", "reporting") in roles}
     return [(a[k], b[k]) for k in sorted(set(a) & set(b), key=lambda k: k.name)]
 
 
@@ -70,11 +75,14 @@ def main(argv=None) -> int:
     p.add_argument("--data-dir", help="the course files the runs were scored on, for the bootstrap "
                                       "(default: A's records' data folder; checked against A's baselines.json)")
     p.add_argument("--no-bootstrap", action="store_true", help="the paired tests alone")
+    p.add_argument("--roles", nargs="+", choices=("reporting", "tuning"), default=["reporting"],
+                   help="the seed roles whose runs pair (default: reporting)")
     args = p.parse_args(argv)
     records = [read_results(folder / "results.jsonl") for folder in (args.a, args.b)]
-    pairs = pair_runs(*records)
+    pairs = pair_runs(*records, roles=tuple(args.roles))
     if len(pairs) < 2:
-        print(f"device_twin: {args.a} and {args.b} share {len(pairs)} reporting run(s); the paired tests need 2",
+        print(f"device_twin: {args.a} and {args.b} share {len(pairs)} {'/'.join(args.roles)} run(s); "
+              f"the paired tests need 2",
               file=sys.stderr)
         return 2
     labels = None if args.no_bootstrap else dev_labels([a for a, _ in pairs], ["sst", "para", "sts"], args.a,

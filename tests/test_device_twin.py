@@ -32,6 +32,8 @@ def test_runs_pair_by_name_reporting_runs_only(twin):
     b = [record(2, 0.75), record(1, 0.74), record(101, 0.1, role="tuning"), record(1, 0.5, arm="smart-lr0.0001")]
     pairs = twin.pair_runs(a, b)
     assert [(x["seed"], y["seed"], y["dev"]["overall"]) for x, y in pairs] == [(1, 1, 0.74), (2, 2, 0.75)]
+    both = twin.pair_runs(a, b, roles=("reporting", "tuning"))
+    assert [(x["seed"], y["dev"]["overall"]) for x, y in both] == [(1, 0.74), (101, 0.1), (2, 0.75)]
 
 
 def test_the_paired_difference_and_its_t_interval_by_hand(twin, tmp_path):
