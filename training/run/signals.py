@@ -109,13 +109,11 @@ def exit_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
-def exit_with_parent(parent: int | None = None, poll_seconds: float = 2.0) -> None:
+def exit_with_parent(parent: int, poll_seconds: float = 2.0) -> None:
     """In a child process: a daemon thread that sends this process SIGTERM (the trainer's clean stop)
     once its parent is gone, for a parent killed with SIGKILL, which runs no `finally`. `parent` is the
     pid the parent gave its child: a parent killed while the child was still starting up is then seen
     as gone at once (asking `os.getppid()` here would name whoever adopted the child)."""
-    parent = os.getppid() if parent is None else parent
-
     def watch():
         while os.getppid() == parent:
             time.sleep(poll_seconds)
