@@ -8,10 +8,14 @@
 # trained full fine-tuning's whole-file runs in 78-105 s each, four SMART's in 219-233 s); each stops DEADLINE seconds after the
 # start (it writes the report before it exits; killed 20 s later). What finished comes back in
 # $OUT/study.tgz (saved every 15 s, so that a command cut off still returns it): add it here with
-# bench/import_runs.py.
+# bench/import_runs.py. A worker with nothing it can claim (the rest trained by others, or reporting
+# runs waiting for a tuning run in progress) stops; its slot starts another 20 s later, so that the
+# reporting runs a tuning run releases find WORKERS workers, until the study is complete or the
+# deadline is a minute away. THREADS: torch threads per worker (default 1: the host only dispatches).
 #
 #   STUDIES="whole=whole" WORKERS=2 DEADLINE=520 DATA_AS=/work/shared/data/cs224n bash bench/gpu_study.sh
 #   STUDIES="whole=whole whole-size=whole-size" WORKERS=2 ...   # two studies at once, WORKERS each
+#   STUDIES="whole=whole:5 whole-size=whole-size:7" ...   # :N, that study's workers (else WORKERS)
 #   (each NAME=RECIPE: the folder under .gpu/study/ holding the record, and a built-in recipe or a recipe file)
 set -u
 cd "$(dirname "$0")/.." || exit 2
@@ -26,15 +30,25 @@ R=/tmp/study; mkdir -p $R; T0=$(date +%s)
 save() { [[ -n "${OUT:-}" ]] && tar -C /tmp -czf "$OUT/study.tgz.part" study 2>/dev/null && mv "$OUT/study.tgz.part" "$OUT/study.tgz"; return 0; }
 (while sleep 15; do save; done) & SAVER=$!
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; git rev-parse HEAD; date -u; } >$R/machine.txt 2>&1
+slot() {  # one worker after another on study $1 (recipe $2), log $3, until complete, failed or near the deadline
+    local left rc
+    while left=$(( ${DEADLINE:-520} - ($(date +%s) - T0) )); (( left > 60 )); do
+        timeout -k 20 "$left" python3 -m training.study "$2" --out "$R/$1" --runs-dir "/tmp/study-runs/$1" \
+            --data-dir "$DATA_AS" --threads "${THREADS:-1}" --keep-going >>"$3" 2>&1
+        rc=$?
+        (( rc == 0 )) || { echo "slot: worker exited $rc" >>"$3"; return; }
+        tail -n 3 "$3" | grep -q "sweep complete" && return
+        sleep 20
+    done
+}
 PIDS=()
 for study in $STUDIES; do
-    name=${study%%=*}; recipe=${study#*=}
+    name=${study%%=*}; recipe=${study#*=}; workers=${WORKERS:-2}
+    [[ "$recipe" =~ ^(.*):([0-9]+)$ ]] && { recipe=${BASH_REMATCH[1]}; workers=${BASH_REMATCH[2]}; }
     cp -r ".gpu/study/$name" "$R/$name"
-    for w in $(seq "${WORKERS:-2}"); do
-        left=$(( ${DEADLINE:-520} - ($(date +%s) - T0) ))
-        timeout -k 20 "$left" python3 -m training.study "$recipe" --out "$R/$name" --runs-dir "/tmp/study-runs/$name" \
-            --data-dir "$DATA_AS" --keep-going >"$R/$name-worker$w.log" 2>&1 & PIDS+=($!)
-        sleep 5  # each worker claims its own run
+    for w in $(seq "$workers"); do
+        slot "$name" "$recipe" "$R/$name-worker$w.log" & PIDS+=($!)
+        sleep 3  # each worker claims its own run
     done
 done
 wait "${PIDS[@]}"

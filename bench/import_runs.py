@@ -18,7 +18,8 @@ from pathlib import Path
 
 from common import REPO  # noqa: F401  (puts the repository on sys.path)
 
-from training.sweep.records import RunKey, append_result, read_results, settings_clash  # noqa: E402
+from training.sweep.records import (  # noqa: E402
+    RunKey, append_result, completed_settings, read_results, settings_clash)
 
 
 def new_runs(source: list[dict], target: list[dict]) -> list[dict]:
@@ -39,7 +40,8 @@ def import_runs(source: Path, target: Path) -> list[dict]:
     if not target_records:
         raise ValueError(f"{target / 'results.jsonl'}: no records to import into")
     records = new_runs(read_results(source / "results.jsonl"), target_records)
-    clash = settings_clash(records, target_records[0]["settings"], source / "results.jsonl",
+    # the record's settings completed as a study completes them: its runs may predate options added since
+    clash = settings_clash(records, completed_settings(target_records[0]["settings"]), source / "results.jsonl",
                            then=f" than {target / 'results.jsonl'}'s")
     if clash:
         raise ValueError(clash)

@@ -66,3 +66,18 @@ def test_a_missing_prediction_file_is_named(imp, tmp_path, capsys):
     assert capsys.readouterr().err.strip() == (f"import_runs: {source / 'dev-predictions/s2.json.gz'}: missing "
                                                f"(1 dev prediction file(s) in all)")
     assert len(lines(into)) == 1
+
+
+def test_a_record_older_than_an_option_takes_runs_at_its_default_only(imp, tmp_path, capsys):
+    """The record's runs predate an option (their settings lack it): they ran at its default, so runs
+    trained at the default join, and runs trained otherwise are refused."""
+    old = record(1, 0.70)
+    del old["settings"]["peft"], old["settings"]["pad_multiple"]
+    into = study(tmp_path / "into", [old])
+    source = study(tmp_path / "gpu", [record(2, 0.72, peft="none", pad_multiple=1)])
+    assert imp.main([str(source), str(into)]) == 0
+    assert [r["seed"] for r in lines(into)] == [1, 2]
+    other = study(tmp_path / "lora", [record(3, 0.73, peft="lora")])
+    assert imp.main([str(other), str(into)]) == 2
+    assert "peft: 'lora' there, 'none' now" in capsys.readouterr().err
+    assert len(lines(into)) == 2

@@ -166,15 +166,20 @@ def _legacy_auto(settings: dict) -> dict:
     return {**settings, "precision": "bf16" if bf16 else "fp32"}
 
 
+def completed_settings(settings: dict) -> dict:
+    """A record's settings as today's TrainConfig states them: an option the record lacks (added since)
+    at its default, which that record's run had."""
+    return {**settings_of(TrainConfig()), **_legacy_auto(settings)}
+
+
 def settings_clash(records: list[dict], settings: dict, results_path: Path, then: str = "; use another --out") -> str:
     """Results made with other training settings cannot share a results file. An option a record lacks
-    (added to TrainConfig since) counts at its default, which that record's run had. `then` ends the
-    message (what to do about it)."""
-    defaults = settings_of(TrainConfig())
-    clash = [r for r in records if {**defaults, **_legacy_auto(r.get("settings", settings))} != settings]
+    (added to TrainConfig since) counts at its default (completed_settings). `then` ends the message
+    (what to do about it)."""
+    clash = [r for r in records if completed_settings(r.get("settings", settings)) != settings]
     if not clash:
         return ""
-    old = {**defaults, **_legacy_auto(clash[0]["settings"])}
+    old = completed_settings(clash[0]["settings"])
     diff = [f"{k}: {old.get(k)!r} there, {v!r} now" for k, v in settings.items() if old.get(k) != v]
     diff += [f"{k}: {v!r} there, absent now" for k, v in old.items() if k not in settings]
     return f"{results_path} holds {len(clash)} result(s) made with other settings ({'; '.join(diff)}){then}"
