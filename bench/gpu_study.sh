@@ -11,7 +11,8 @@
 # bench/import_runs.py. A worker with nothing it can claim (the rest trained by others, or reporting
 # runs waiting for a tuning run in progress) stops; its slot starts another 20 s later, so that the
 # reporting runs a tuning run releases find WORKERS workers, until the study is complete or the
-# deadline is a minute away. THREADS: torch threads per worker (default 1: the host only dispatches).
+# deadline is a minute away (RETRY_S: that wait). THREADS: torch threads per worker (default 1: the
+# host only dispatches). STUDY_DIR: where the studies train (default /tmp/study, its runs in STUDY_DIR-runs).
 #
 #   STUDIES="whole=whole" WORKERS=2 DEADLINE=520 DATA_AS=/work/shared/data/cs224n bash bench/gpu_study.sh
 #   STUDIES="whole=whole whole-size=whole-size" WORKERS=2 ...   # two studies at once, WORKERS each
@@ -26,19 +27,20 @@ for study in $STUDIES; do
 done
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:$PWD/.gpu/prep
 mkdir -p "$(dirname "$DATA_AS")" && { [[ -e "$DATA_AS" ]] || ln -s "$PWD/.gpu/prep/course_data" "$DATA_AS"; } || exit 2
-R=/tmp/study; mkdir -p $R; T0=$(date +%s)
-save() { [[ -n "${OUT:-}" ]] && tar -C /tmp -czf "$OUT/study.tgz.part" study 2>/dev/null && mv "$OUT/study.tgz.part" "$OUT/study.tgz"; return 0; }
-(while sleep 15; do save; done) & SAVER=$!
-{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; git rev-parse HEAD; date -u; } >$R/machine.txt 2>&1
+R=${STUDY_DIR:-/tmp/study}; mkdir -p "$R"; T0=$(date +%s)
+save() { [[ -n "${OUT:-}" ]] && tar -C "$(dirname "$R")" -czf "$OUT/study.tgz.part" "$(basename "$R")" 2>/dev/null \
+    && mv "$OUT/study.tgz.part" "$OUT/study.tgz"; return 0; }
+(while sleep 15; do save; done) >/dev/null 2>&1 & SAVER=$!  # its sleep outlives the kill: not on our stdout
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; git rev-parse HEAD; date -u; } >"$R/machine.txt" 2>&1
 slot() {  # one worker after another on study $1 (recipe $2), log $3, until complete, failed or near the deadline
     local left rc
     while left=$(( ${DEADLINE:-520} - ($(date +%s) - T0) )); (( left > 60 )); do
-        timeout -k 20 "$left" python3 -m training.study "$2" --out "$R/$1" --runs-dir "/tmp/study-runs/$1" \
+        timeout -k 20 "$left" python3 -m training.study "$2" --out "$R/$1" --runs-dir "$R-runs/$1" \
             --data-dir "$DATA_AS" --threads "${THREADS:-1}" --keep-going >>"$3" 2>&1
         rc=$?
         (( rc == 0 )) || { echo "slot: worker exited $rc" >>"$3"; return; }
         tail -n 3 "$3" | grep -q "sweep complete" && return
-        sleep 20
+        sleep "${RETRY_S:-20}"
     done
 }
 PIDS=()
@@ -52,6 +54,6 @@ for study in $STUDIES; do
     done
 done
 wait "${PIDS[@]}"
-echo "workers done at $(( $(date +%s) - T0 )) s" | tee -a $R/machine.txt
+echo "workers done at $(( $(date +%s) - T0 )) s" | tee -a "$R/machine.txt"
 kill $SAVER; save
-grep -h "finished in" $R/*worker*.log
+grep -h "finished in" "$R"/*worker*.log || echo "gpu_study: no run finished"
