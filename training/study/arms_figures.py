@@ -97,7 +97,8 @@ def size_depth_figure(plt, sizes: list, columns: list, grid: np.ndarray, path: P
                 color="white" if not np.isnan(grid[i, j]) and grid[i, j] < 0.6 else "black")
     ax.set_xticks(range(len(columns)), [column_name(c) for c in columns])
     ax.set_yticks(range(len(sizes)), [f"{n} per task" if n != "all" else "whole files" for n in sizes])
-    ax.set_title("Normalised quality against the same size's full fine-tuning")
+    ax.set_title("Normalised quality against the same size's full fine-tuning\n"
+                 "(full fine-tuning's own column: against the whole files')", fontsize="medium")
     fig.tight_layout()
     return _save(fig, plt, path)
 
