@@ -15,6 +15,7 @@ import tiny_runs
 import torch
 
 from data.loaders import load_task_file
+from training.common.errors import ConfigError
 from training.run.config import TrainConfig
 from training.study import arms as A
 from training.study import arms_report as R
@@ -283,6 +284,21 @@ def test_the_convergence_rule_names_the_points_due_a_longer_twin(tmp_path):
     assert A.twins_due(loaded(tmp_path, points=points + [twin], arms=arms), rows) == ["one"]
     arms["b4"] = {"head_dropout": 0.2, "epochs": 1}  # fewer epochs: not a longer twin
     assert A.twins_due(loaded(tmp_path, points=points + [twin], arms=arms), rows) == ["one"]
+    assert R.convergence_line(recipe, rows).endswith("): due and not yet in the recipe for one.")
+    # a recipe whose points train a set budget asks what it buys: no point is due a twin, the report says why
+    budget = loaded(tmp_path, points=points, fixed_budget="every size trains 100 updates.")
+    assert A.twins_due(budget, rows) == []
+    assert R.convergence_line(budget, rows).endswith("): not applied: every size trains 100 updates.")
+
+
+@pytest.mark.parametrize("over, why", [
+    ({"fixed_budget": ""}, "fixed_budget must be a sentence saying why"),
+    ({"fixed_budget": 3}, "fixed_budget must be a sentence saying why"),
+    ({"fixed_budget": "why", "kind": "depth", "depths": [0]}, "fixed_budget must be a sentence saying why"),
+])
+def test_a_fixed_budget_must_say_why_in_an_arms_recipe(tmp_path, over, why):
+    with pytest.raises(ConfigError, match=why):
+        loaded(tmp_path, **over)
 
 
 def test_a_dry_run_names_a_twin_that_is_due(tmp_path, capsys):

@@ -357,6 +357,15 @@ def _speedup(x) -> str:
     return "-" if x is None else f"{x:.2f}x"
 
 
+def convergence_line(recipe, rows: list[dict]) -> str:
+    """What the convergence rule asks of the recipe: the twins due, none, or why it does not apply."""
+    due = twins_due(recipe, rows)
+    verdict = (f"not applied: {recipe.fixed_budget}" if recipe.fixed_budget
+               else f"due and not yet in the recipe for {'; '.join(due)}." if due else "no twin is due.")
+    return ("Convergence rule (a point most of whose reporting runs kept their last evaluation gets a twin "
+            "trained for longer, tuned the same way): " + verdict)
+
+
 def arms_markdown(recipe, results: Path, data_dir: str | None = None) -> tuple[str, list[dict], list[dict]]:
     records = read_results(Path(results) / RESULTS)
     baselines = read_baselines(results)
@@ -380,10 +389,7 @@ def arms_markdown(recipe, results: Path, data_dir: str | None = None) -> tuple[s
               "score / full, likewise; kept epochs: each seed's kept evaluation (0-based), and how many runs kept "
               "their last one (those may have stopped still learning).", ""] + heads_lines(recipe, records)
     lines += [""] + results_lines(rows)
-    due = twins_due(recipe, rows)
-    lines += ["", "Convergence rule (a point most of whose reporting runs kept their last evaluation gets a twin "
-              "trained for longer, tuned the same way): " + (f"due and not yet in the recipe for {'; '.join(due)}."
-                                                             if due else "no twin is due.")]
+    lines += ["", convergence_line(recipe, rows)]
     if costs:
         n_train = next(iter(Protocol(recipe, records).reporting(reference).values()))["n_train"]
         scale = scale_line(recipe, measurements, reference, n_train)

@@ -16,7 +16,8 @@ An "arms" recipe (the clean protocol: a tuning split, tuning seeds apart from th
 point's rate tuned) lists "points" instead of depths x arms, with "tuning_split" and "lr_grid":
 training/study/protocol.py says how its runs are planned. Its "compare": [[point, against, the question]]
 names the pairs a confound or a matched budget asks about, beyond each point against full fine-tuning
-(reported as a family of their own).
+(reported as a family of their own). Its "fixed_budget": "why" says that every point trains a set number
+of updates, which takes them outside the convergence rule (no longer twins: the question is the budget).
 
 Where a study writes: `--out DIR` (results.jsonl there, shared by recipes of the same settings, and the
 report in DIR/<report>, "report" being a folder name, by default the recipe file's name); a recipe's
@@ -40,7 +41,7 @@ from training.sweep.records import PER_RUN, RunKey
 RECIPES = Path(__file__).with_name("recipes")
 KINDS = ("depth", "size", "table", "arms")
 KEYS = {"title", "about", "kind", "results", "report", "tasks", "depths", "sizes", "seeds", "train", "arms",
-        "lr_grid", "cost", "rows", "compare", "points", "tuning_split"}
+        "lr_grid", "cost", "rows", "compare", "points", "tuning_split", "fixed_budget"}
 REQUIRED = {"title", "kind", "tasks", "depths", "sizes", "seeds", "train"}
 COST_ARM = "nocache"
 # an arms study's point: its label, depth and arm; its rates (lrs) or another point's (lr_of); its size and
@@ -72,6 +73,9 @@ class Recipe:
     compare: list[list[str]] = field(default_factory=list)
     points: list[dict] = field(default_factory=list)
     tuning_split: dict | None = None
+    # why every point trains a set number of updates, which takes them outside the convergence rule (an
+    # arms recipe whose question is what that budget buys, e.g. sizes at an equal number of updates)
+    fixed_budget: str | None = None
     layers: int | None = None  # the model's depth, once resolve() has read it
 
     # ------------------------------------------------------------------ the grid
@@ -230,6 +234,9 @@ def recipe_problem(raw: dict) -> str | None:
 
 
 def _extras_problem(raw: dict) -> str | None:
+    if "fixed_budget" in raw and not (raw["kind"] == "arms" and isinstance(raw["fixed_budget"], str)
+                                      and raw["fixed_budget"].strip()):
+        return "fixed_budget must be a sentence saying why (an arms recipe whose points train a set budget)"
     if raw["kind"] == "arms":
         return _arms_problem(raw)
     grid = raw.get("lr_grid")
