@@ -130,6 +130,69 @@ def test_lr_of_trains_at_the_other_points_rate(tmp_path):
     assert sweep_records.RunKey(TASKS, None, "all", 1, "lr0.001") in recipe.plan(records)
 
 
+RUNNER_UP = {"label": "one, at the runner-up rate", "depth": 1, "arm": "b", "runner_up_of": "one"}
+
+
+def test_runner_up_of_trains_at_the_rate_the_other_points_tuning_ranked_second(tmp_path):
+    recipe = loaded(tmp_path, points=[*json.loads(arms_recipe(tmp_path).read_text())["points"], RUNNER_UP])
+    scores = [(0.0003, 0.4), (0.001, 0.5), (0.003, 0.45)]  # ranked 0.001, 0.003, 0.0003
+    records = [tuning_record(1, "b", lr, s) for lr, s in scores[:2]]
+    assert Protocol(recipe, records).chosen(RUNNER_UP["label"]) is None  # one's tuning is not done
+    records.append(tuning_record(1, "b", 0.003, 0.45))
+    protocol = Protocol(recipe, records)
+    assert protocol.chosen("one") == 0.001 and protocol.chosen(RUNNER_UP["label"]) == 0.003
+    names = [k.name for k in recipe.plan(records)]
+    assert [n for n in names if "freeze1" in n and "lr0.003" in n] == [
+        f"{TASKS}-freeze1-nall-seed7-b-lr0.003", f"{TASKS}-freeze1-nall-seed1-b-lr0.003",
+        f"{TASKS}-freeze1-nall-seed2-b-lr0.003"]  # one's tuning run, then the twin's reporting runs; no tuning of its own
+    tie = [tuning_record(1, "b", lr, s) for lr, s in [(0.0003, 0.4), (0.001, 0.5), (0.003, 0.5)]]
+    assert Protocol(recipe, tie).chosen("one") == 0.001 and Protocol(recipe, tie).chosen(RUNNER_UP["label"]) == 0.003
+
+
+def test_the_tuning_table_gives_each_choices_margin_and_one_runs_spread(tmp_path):
+    recipe = loaded(tmp_path, points=[*json.loads(arms_recipe(tmp_path).read_text())["points"], RUNNER_UP])
+    records = [tuning_record(1, "b", lr, s) for lr, s in [(0.0003, 0.4), (0.001, 0.5), (0.003, 0.47)]]
+    tunes = {1: 0.61, 2: 0.64}  # the reporting runs' tuning-split scores at one's rate, 0.001
+    records += [{**_reporting(1, "b", 0.001, seed, 0.6), "tune": {"overall": t}} for seed, t in tunes.items()]
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in R.tuning_lines(recipe, records) if line.startswith("| ")}
+    sd = abs(0.61 - 0.64) / math.sqrt(2)  # two values: |a - b| / sqrt(2)
+    assert rows["one"].endswith(f"| 0.001 | {0.5 - 0.47:.4f} | {sd:.4f} |")
+    assert rows[RUNNER_UP["label"]] == f"| {RUNNER_UP['label']} | (the runner-up rate of one) | 0.003 | | |"
+    assert rows["full"].endswith("| - | - |")  # nothing tuned yet
+
+
+@pytest.mark.parametrize("point, says", [
+    ({**RUNNER_UP, "lrs": [0.001]}, "runner_up_of"),  # a grid of its own as well
+    ({**RUNNER_UP, "runner_up_of": "nobody"}, "runner_up_of"),
+    ({**RUNNER_UP, "runner_up_of": "full at one's"}, "name the point that tunes"),  # that point borrows its rate
+])
+def test_a_bad_runner_up_point_is_one_line(tmp_path, point, says, capsys):
+    base = json.loads(arms_recipe(tmp_path).read_text())["points"]
+    path = arms_recipe(tmp_path, points=[*base, point])
+    assert C.main([str(path), "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and says in err and str(path) in err
+
+
+def test_the_near_tie_recipe_repeats_the_whole_file_studys_points_and_settings():
+    """whole-rates.json reads whole.json's results: its settings and the points it repeats must be whole's,
+    or its runs would be other runs (or refused), and every twin must name a near tie of whole's tuning."""
+    whole, rates = (json.loads((Path("training/study/recipes") / f"{n}.json").read_text()) for n in ("whole", "whole-rates"))
+    for key in ("tasks", "sizes", "seeds", "train", "tuning_split", "lr_grid"):
+        assert rates[key] == whole[key], key
+    assert all(whole["arms"][a] == o for a, o in rates["arms"].items())
+    points = {p["label"]: p for p in whole["points"]}
+    own = [p for p in rates["points"] if "runner_up_of" not in p]
+    assert own and all(points[p["label"]] == p for p in own)
+    twinned = {p["runner_up_of"] for p in rates["points"] if "runner_up_of" in p}
+    assert twinned <= {p["label"] for p in own}
+    recipe = load_recipe("whole").resolve(6)  # the rule, on the whole-file study's own record
+    protocol = Protocol(recipe, sweep_records.read_results(Path("docs/freezing-study/whole/results.jsonl")))
+    near = {p["label"] for p in recipe.points if "lr_of" not in p
+            and R.choice_margin(protocol, p) < R.tune_spread(protocol, p["label"])}
+    assert twinned == near
+
+
 def test_a_borrowed_rate_equal_to_the_references_own_is_the_reference(tmp_path):
     """"full at one's" borrows one's rate: the same as full's own, its runs are full's (one point, no pair)."""
     from training.study.arms_report import one_point_lines

@@ -18,7 +18,7 @@ from scipy import stats as sps
 from training.inference.metrics import METRIC, score
 from training.results.statistics import bootstrap_diffs, interval, mean_sd, overall_diffs, paired_tests
 from training.study.arms_cost import epoch_kind
-from training.study.protocol import Protocol
+from training.study.protocol import Protocol, borrows
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +143,7 @@ def twins_due(recipe, rows: list[dict]) -> list[str]:
     """The points the convergence rule gives a longer twin that the recipe lacks: most of their reporting
     runs kept their last evaluation (still learning when the epoch limit stopped them), and no point of the
     same depth and options (epochs and early stopping aside) trains for more epochs. Points that take
-    another's rate (lr_of) are confound arms at a fixed rate, outside the rule; so is every point of a recipe
+    another's rate (lr_of, runner_up_of) are confound arms at a fixed rate, outside the rule; so is every point of a recipe
     that trains a set budget (fixed_budget: its question is what the budget buys, not convergence)."""
     if recipe.fixed_budget:
         return []
@@ -154,7 +154,7 @@ def twins_due(recipe, rows: list[dict]) -> list[str]:
     shape = {p["label"]: epochs_and_kind(p) for p in recipe.points}
     due = []
     for row in (r for r in rows if r["metric"] == "overall" and 2 * r["at_last"] > len(r["best_epochs"])):
-        if "lr_of" in next(p for p in recipe.points if p["label"] == row["label"]):
+        if borrows(next(p for p in recipe.points if p["label"] == row["label"])):
             continue
         epochs, kind = shape[row["label"]]
         if not any(k == kind and e > epochs for e, k in shape.values()):

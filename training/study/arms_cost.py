@@ -28,7 +28,7 @@ from pathlib import Path
 
 from training.methods.freezing import depth_rank, parse_schedule, start_depth
 from training.run.config import TrainConfig
-from training.study.protocol import Protocol, tune_score
+from training.study.protocol import Protocol, borrows, tune_score
 from training.sweep.records import RunKey
 
 COST = Path("cost")
@@ -83,7 +83,7 @@ def at_depth(recipe, measurement: dict, depth, cache: bool = True) -> dict | Non
     both freeze the embeddings alone: a schedule's records may say either); cache=False: its run with the
     cache off (the benchmark's "(cache off)" twin, no building), where the depth has one."""
     for p in recipe.points:
-        if p["arm"] == "" and depth_rank(recipe.depth(p["depth"])) == depth_rank(depth) and "lr_of" not in p:
+        if p["arm"] == "" and depth_rank(recipe.depth(p["depth"])) == depth_rank(depth) and not borrows(p):
             got = measured(recipe, measurement, p)
             if got is not None:
                 return got if cache else measurement["points"].get(f"{p['label']} (cache off)", got)
@@ -271,12 +271,15 @@ def _examples(recipe, records: list[dict], point: dict, files_examples: int | No
 
 
 def _owners(recipe, protocol) -> dict:
-    """run key -> the label of the first point whose run it is: a point's own rates (its tuning's), or for a
-    point that takes another's rate, that rate (a run both points would train is trained once)."""
+    """run key -> the label of the first point whose run it is: a point's tuning runs at the rates it tries and
+    its reporting runs at the rate it trains (its choice, or the rate it takes from another point's tuning; a
+    run two points would train is trained once)."""
     owners = {}
     for point in recipe.points:
-        lrs = ([protocol.chosen(point["lr_of"])] if "lr_of" in point else protocol.tried(point)[0])
-        for lr in lrs if lrs != [None] else []:
-            for seed in set(recipe.seeds) | set(recipe.lr_grid["tuning_seeds"]):
-                owners.setdefault(protocol.key(point, seed, lr), point["label"])
+        tuning = [] if borrows(point) else protocol.tried(point)[0]
+        chosen = protocol.chosen(point["label"])
+        keys = [protocol.key(point, seed, lr) for seed in recipe.lr_grid["tuning_seeds"] for lr in tuning]
+        keys += [protocol.key(point, seed, chosen) for seed in recipe.seeds if chosen is not None]
+        for key in keys:
+            owners.setdefault(key, point["label"])
     return owners

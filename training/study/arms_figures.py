@@ -29,7 +29,7 @@ import numpy as np
 
 from training.study.arms import size_column
 from training.study.figures import DPI, PANEL, _save, pyplot
-from training.study.protocol import Protocol
+from training.study.protocol import Protocol, borrows
 
 
 def arms_figures(recipe, records: list[dict], rows: list[dict], baselines: dict | None, out: Path,
@@ -149,7 +149,7 @@ def depth_position(depth: int | None) -> int:
 def plain_labels(recipe) -> set[str]:
     """The plain depth points: no arm (the confounds, the twins and the parameter-efficient methods are
     points of their own) and no rate borrowed."""
-    return {p["label"] for p in recipe.points if p.get("arm", "") == "" and "lr_of" not in p}
+    return {p["label"] for p in recipe.points if p.get("arm", "") == "" and not borrows(p)}
 
 
 def depth_rows(recipe, rows: list[dict], metric: str) -> list[tuple[int, dict]]:
@@ -192,7 +192,7 @@ def point_family(recipe, point: dict) -> str:
     """Which of FAMILY_MARKERS' kinds a recipe point is, from its arm's options (a size study's arms set its
     sizes' epochs: a point whose arm sets nothing else is a fixed depth)."""
     options = recipe.arms.get(point.get("arm", ""), {})
-    if point["label"] in plain_labels(recipe) or ("size" in point and "lr_of" not in point
+    if point["label"] in plain_labels(recipe) or ("size" in point and not borrows(point)
                                                   and not size_column(recipe, point)[1]):
         return "fixed depth"
     if "peft" in options:
@@ -350,7 +350,7 @@ def tuning_grid(recipe, records: list[dict]) -> tuple[list[str], list[float], np
     chosen rate or None): the points that tune (not those that borrow a rate), with at least one rate's
     tuning runs all in; nan where a point did not try a rate or its runs are missing."""
     protocol, scored = Protocol(recipe, records), {}
-    for point in (p for p in recipe.points if "lr_of" not in p):
+    for point in (p for p in recipe.points if not borrows(p)):
         lrs, best = protocol.tried(point)
         cells = {lr: score for lr in lrs if (score := protocol.score(point, lr)) is not None}
         if cells:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import math
+import statistics
 from pathlib import Path
 
 import numpy as np
@@ -12,8 +13,8 @@ from data.loaders import COURSE_FILES, load_task_file
 from training.study.arms import METRICS, gap_changes, point_rows, split_scores, twins_due, versus
 from training.study.arms_cost import cost_lines, cost_rows, first_depth, read_cost, scale_line
 from training.study.baselines import labels_digest, read_baselines
-from training.study.protocol import Protocol
-from training.sweep.records import RESULTS, read_results
+from training.study.protocol import Protocol, borrows
+from training.sweep.records import RESULTS, RunKey, read_results
 
 
 def _f(x, digits: int = 4, sign: bool = False) -> str:
@@ -84,7 +85,10 @@ def protocol_lines(recipe, records: list[dict]) -> list[str]:
     split = recipe.tuning_split
     n_train = next((r["n_train"] for r in records), {})
     n_tune = next((r["split"]["n_tune"] for r in records if "split" in r), {})
-    commits = sorted({(r.get("commit") or "?")[:10] for r in records})
+    planned = recipe.plan(records)
+    own = [r for r in records if RunKey.of(r) in set(planned)]  # a results file may be shared with other recipes
+    shared = f" (the results file holds {len(records)}, with other recipes' runs)" if len(own) < len(records) else ""
+    commits = sorted({(r.get("commit") or "?")[:10] for r in own})
     grid = recipe.lr_grid
     return [
         f"Model `{s.get('model', '?')}` ({recipe.layers} layers), tasks {', '.join(recipe.tasks)} trained together; "
@@ -99,8 +103,8 @@ def protocol_lines(recipe, records: list[dict]) -> list[str]:
         f"which choose nothing. A rate chosen on the edge of the grid extends it along 1-3-10 (at most "
         f"{grid.get('max_extensions', 2)} times each way).",
         "",
-        f"Runs: {len(records)} recorded of {len(recipe.plan(records))} planned so far; code at commit(s) "
-        f"{', '.join(commits) or '-'}; trained on {machines_phrase(records)}.",
+        f"Runs: {len(own)} recorded of {len(planned)} planned so far{shared}; code at commit(s) "
+        f"{', '.join(commits) or '-'}; trained on {machines_phrase(own)}.",
     ]
 
 
@@ -117,16 +121,35 @@ def baseline_lines(baselines: dict | None) -> list[str]:
 
 def tuning_lines(recipe, records: list[dict]) -> list[str]:
     protocol = Protocol(recipe, records)
-    lines = ["| point | rates tried: tuning-split overall (mean over tuning seeds) | chosen |", "|---|---|---|"]
+    lines = ["Margin: the chosen rate's score minus the runner-up's; one run's sd: the spread of the tuning-split "
+             "score over the point's reporting seeds at its chosen rate, the noise a single tuning run carries. A "
+             "margin below it is a near tie, which a twin at the runner-up rate (a point with runner_up_of) settles.",
+             "",
+             "| point | rates tried: tuning-split overall (mean over tuning seeds) | chosen | margin | one run's sd |",
+             "|---|---|---|---:|---:|"]
     for point in recipe.points:
-        if "lr_of" in point:
-            lines.append(f"| {point['label']} | (the rate of {point['lr_of']}) | {_lr(protocol.chosen(point['label']))} |")
+        if borrows(point):
+            how = "the rate of" if "lr_of" in point else "the runner-up rate of"
+            lines.append(f"| {point['label']} | ({how} {borrows(point)}) | {_lr(protocol.chosen(point['label']))} | | |")
             continue
         lrs, best = protocol.tried(point)
         cells = [f"{lr:g}: {_f(protocol.score(point, lr))}" for lr in lrs]
         edge = " (edge: the ladder's limit)" if best is not None and best in (lrs[0], lrs[-1]) else ""
-        lines.append(f"| {point['label']} | {'; '.join(cells)} | {_lr(best)}{edge} |")
+        lines.append(f"| {point['label']} | {'; '.join(cells)} | {_lr(best)}{edge} | {_f(choice_margin(protocol, point))} "
+                     f"| {_f(tune_spread(protocol, point['label']))} |")
     return lines
+
+
+def choice_margin(protocol, point: dict) -> float:
+    """The tuning-split score of a point's chosen rate minus its runner-up's (nan until both are known)."""
+    ranked = protocol.ranked(point)
+    return protocol.score(point, ranked[0]) - protocol.score(point, ranked[1]) if len(ranked) > 1 else math.nan
+
+
+def tune_spread(protocol, label: str) -> float:
+    """The sd of the tuning-split overall over a point's reporting runs (nan below two)."""
+    scores = [r["tune"]["overall"] for r in protocol.reporting(label).values()]
+    return statistics.stdev(scores) if len(scores) > 1 else math.nan
 
 
 def heads_description(settings: dict) -> str:
@@ -290,7 +313,7 @@ def summary_lines(rows: list[dict], tests: list[dict], costs: list[dict], baseli
 def one_point_lines(recipe, records: list[dict], reference: str) -> list[str]:
     """A note for each point that borrowed the reference's own rate: its runs are the reference's."""
     protocol = Protocol(recipe, records)
-    same = [p["label"] for p in recipe.points if "lr_of" in p and protocol.same_runs(p["label"], reference)]
+    same = [p["label"] for p in recipe.points if borrows(p) and protocol.same_runs(p["label"], reference)]
     return [f"\n{label}: the rate it borrows is {reference}'s own, so its runs are {reference}'s (left out of the "
             f"tables and figures, where its rows would be {reference}'s)." for label in same]
 

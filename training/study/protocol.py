@@ -19,6 +19,9 @@ A point's grid is its "lrs" (else lr_grid's). When the best rate of a point sits
 tried, the next rate beyond it on the 1-3-10 ladder is tried too (at most max_extensions times each
 way), so that no chosen rate is an edge of its grid unless the ladder ran out. A point with "lr_of"
 is not tuned: it trains at another point's chosen rate (a confound arm: the rate without the freezing).
+A point with "runner_up_of" is not tuned either: it trains at the rate another point's tuning ranked
+second (a choice by a margin smaller than the seeds' noise is a coin toss; its twin at the other rate
+says whether the toss decided the point's result).
 Run keys name the rate in their arm ("lora4-lr0.001"), so every tuning run is a run of its own.
 """
 from __future__ import annotations
@@ -28,6 +31,12 @@ import math
 from training.sweep.records import RunKey
 
 SEED_ROLES = ("tuning", "reporting")
+BORROWS = ("lr_of", "runner_up_of")  # the point keys that take a rate from another point's tuning
+
+
+def borrows(point: dict) -> str | None:
+    """The label of the point whose tuning gives this one its rate (lr_of, runner_up_of), else None."""
+    return next((point[k] for k in BORROWS if k in point), None)
 
 
 def lr_name(lr: float) -> str:
@@ -108,11 +117,24 @@ class Protocol:
         return None if None in out.values() else out
 
     def chosen(self, label: str) -> float | None:
-        """The point's rate for the reporting seeds: its own tuning's choice, or its lr_of point's."""
+        """The point's rate for the reporting seeds: its own tuning's choice, its lr_of point's, or the rate
+        its runner_up_of point's tuning ranked second."""
         point = self.points[label]
         if "lr_of" in point:
             return self.chosen(point["lr_of"])
+        if "runner_up_of" in point:
+            ranked = self.ranked(self.points[point["runner_up_of"]])
+            return ranked[1] if len(ranked) > 1 else None
         return self.tried(point)[1]
+
+    def ranked(self, point: dict) -> list[float]:
+        """A tuned point's rates tried, best first on the tuning split (a tie: the smaller rate first, as the
+        choice breaks it); [] while its tuning is incomplete."""
+        lrs, best = self.tried(point)
+        if best is None:
+            return []
+        scores = self.scores(point, lrs)
+        return sorted(lrs, key=lambda lr: (-scores[lr], lr))
 
     def plan(self) -> list[RunKey]:
         """Point by point, in the recipe's order: its tuning runs, then (once its rate is chosen) its
@@ -120,7 +142,7 @@ class Protocol:
         worker goes on to the next point's tuning while the first point's last tuning run trains."""
         keys = []
         for point in self.recipe.points:
-            if "lr_of" not in point:
+            if not borrows(point):
                 keys += [self.key(point, s, lr) for s in self.grid["tuning_seeds"] for lr in self.tried(point)[0]]
             lr = self.chosen(point["label"])
             if lr is not None:

@@ -1,6 +1,6 @@
 """A study's recipe: one JSON file naming the grid (tasks, depths, sizes, seeds, arms), the training
 options every run gets, and the extras a study adds on top of the sweep's grid (a learning-rate grid
-per depth, cost arms, a table's rows). recipes/ holds the freezing study's three.
+per depth, cost arms, a table's rows). recipes/ holds the freezing study's (training/study/cli.py lists them).
 
     {"title": ..., "about": ..., "kind": "depth" | "size" | "table",
      "results": "docs/freezing-study",        folder of results.jsonl (studies with one settings share it)
@@ -36,6 +36,7 @@ from data.loaders import TASKS
 from training.common.errors import ConfigError
 from training.run.config import TrainConfig, freeze_depth, freeze_error, read_json_object, seed_error
 from training.run.config import options_problem as config_options_problem
+from training.study.protocol import BORROWS, borrows
 from training.sweep.records import PER_RUN, RunKey
 
 RECIPES = Path(__file__).with_name("recipes")
@@ -45,8 +46,9 @@ KEYS = {"title", "about", "kind", "results", "report", "tasks", "depths", "sizes
 REQUIRED = {"title", "kind", "tasks", "depths", "sizes", "seeds", "train"}
 COST_ARM = "nocache"
 # an arms study's point: its label, depth and arm; its rates (lrs) or another point's (lr_of); its size and
-# the point it is measured against (vs); what its paper reported, quoted beside its result (published)
-POINT_KEYS = {"label", "depth", "arm", "lrs", "lr_of", "size", "vs", "published"}
+# the point it is measured against (vs); what its paper reported, quoted beside its result (published); or
+# the rate another point's tuning ranked second (runner_up_of: does a near tie decide that point's result?)
+POINT_KEYS = {"label", "depth", "arm", "lrs", "lr_of", "runner_up_of", "size", "vs", "published"}
 
 
 def lr_arm(lr: float) -> str:
@@ -291,14 +293,15 @@ def _arms_problem(raw: dict) -> str | None:
                 and p.get("size", raw["sizes"][0]) in raw["sizes"] and p.get("vs", labels[0]) in labels
                 and isinstance(p["label"], str) and labels.count(p["label"]) == 1 and _depth_ok(p["depth"])
                 and p["arm"] in arms and ("lrs" not in p or _rates_ok(p["lrs"]))
-                and ("lr_of" not in p or ("lrs" not in p and p["lr_of"] in labels))
+                and len({"lrs", *BORROWS} & set(p)) <= 1 and all(p[k] in labels for k in BORROWS if k in p)
                 and isinstance(p.get("published", ""), str)):
             return (f"points: {p!r} needs a unique label, a depth, one of the arms, at most one of lrs "
-                    f"(rates > 0) or lr_of (another point's label), and a size among sizes, a vs among the labels and a "
-                    f"published (text: the paper's figure the report quotes), if any")
-    chained = [p["label"] for p in points if "lr_of" in p and "lr_of" in points[labels.index(p["lr_of"])]]
+                    f"(rates > 0), lr_of or runner_up_of (another point's label), and a size among sizes, a vs among "
+                    f"the labels and a published (text: the paper's figure the report quotes), if any")
+    chained = [p["label"] for p in points if borrows(p) and borrows(points[labels.index(borrows(p))])]
     if chained:
-        return f"points: {chained[0]!r} takes its rate from a point that takes its own from another (lr_of)"
+        return (f"points: {chained[0]!r} takes its rate from a point that takes its own from another "
+                f"({' or '.join(BORROWS)}): name the point that tunes")
     for pair in raw.get("compare", []):
         if not (isinstance(pair, list) and len(pair) == 3 and _list_of(pair, str) and pair[0] != pair[1]
                 and set(pair[:2]) <= set(labels)):
