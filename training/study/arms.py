@@ -143,8 +143,8 @@ def twins_due(recipe, rows: list[dict]) -> list[str]:
     """The points the convergence rule gives a longer twin that the recipe lacks: most of their reporting
     runs kept their last evaluation (still learning when the epoch limit stopped them), and no point of the
     same depth and options (epochs and early stopping aside) trains for more epochs. Points that take
-    another's rate (lr_of, runner_up_of) are confound arms at a fixed rate, outside the rule; so is every point of a recipe
-    that trains a set budget (fixed_budget: its question is what the budget buys, not convergence)."""
+    another's rate (lr_of, runner_up_of) are confound arms at a fixed rate, outside the rule; so is every
+    point of a recipe that trains a set budget (fixed_budget: its question is what the budget buys)."""
     if recipe.fixed_budget:
         return []
     def epochs_and_kind(point: dict) -> tuple[int, list]:

@@ -85,8 +85,8 @@ def protocol_lines(recipe, records: list[dict]) -> list[str]:
     split = recipe.tuning_split
     n_train = next((r["n_train"] for r in records), {})
     n_tune = next((r["split"]["n_tune"] for r in records if "split" in r), {})
-    planned = recipe.plan(records)
-    own = [r for r in records if RunKey.of(r) in set(planned)]  # a results file may be shared with other recipes
+    planned = set(recipe.plan(records))
+    own = [r for r in records if RunKey.of(r) in planned]  # a results file may be shared with other recipes
     shared = f" (the results file holds {len(records)}, with other recipes' runs)" if len(own) < len(records) else ""
     commits = sorted({(r.get("commit") or "?")[:10] for r in own})
     grid = recipe.lr_grid
