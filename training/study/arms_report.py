@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import math
+import os
 import statistics
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import numpy as np
 
 from data.loaders import COURSE_FILES, load_task_file
 from training.study.arms import METRICS, gap_changes, point_rows, split_scores, twins_due, versus
-from training.study.arms_cost import cost_lines, cost_rows, first_depth, read_cost, scale_line
+from training.study.arms_cost import COST, cost_lines, cost_rows, first_depth, read_cost, scale_line
 from training.study.baselines import labels_digest, read_baselines
 from training.study.protocol import Protocol, borrows
 from training.sweep.records import RESULTS, RunKey, read_results
@@ -417,7 +418,8 @@ def arms_markdown(recipe, results: Path, data_dir: str | None = None) -> tuple[s
         n_train = next(iter(Protocol(recipe, records).reporting(reference).values()))["n_train"]
         scale = scale_line(recipe, measurements, reference, n_train)
         quality = {t["label"]: t for t in tests if t["metric"] == "overall" and t["vs"] == reference}
-        lines += ["", "## Cost", ""] + cost_lines(costs, measurements, reference, scale, quality)
+        link = Path(os.path.relpath(COST, recipe.report or recipe.path.stem)).as_posix() + "/"  # from the report's folder
+        lines += ["", "## Cost", ""] + cost_lines(costs, measurements, reference, scale, quality, link)
         schedules = schedule_lines(recipe, records, costs, quality, reference)
         if schedules:
             lines += ["", "## The freezing schedules", ""] + schedules
