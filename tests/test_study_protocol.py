@@ -161,6 +161,16 @@ def test_the_tuning_table_gives_each_choices_margin_and_one_runs_spread(tmp_path
     assert rows["full"].endswith("| - | - |")  # nothing tuned yet
 
 
+def test_a_dry_run_lists_a_runner_up_twins_runs_under_the_twin(tmp_path, capsys):
+    recipe = loaded(tmp_path, points=[*json.loads(arms_recipe(tmp_path).read_text())["points"], RUNNER_UP])
+    records = [tuning_record(d, a, lr, s) for d, a in [(None, ""), (1, "b")]
+               for lr, s in [(0.0003, 0.4), (0.001, 0.5), (0.003, 0.45)]]
+    records += [_reporting(1, "b", 0.001, seed, 0.6) for seed in (1, 2)]  # one's own reporting runs are in
+    C.print_remaining(recipe, records, [])
+    out = capsys.readouterr().out
+    assert "  one, at the runner-up rate: 2 + 0 runs" in out and "  one:" not in out
+
+
 @pytest.mark.parametrize("point, says", [
     ({**RUNNER_UP, "lrs": [0.001]}, "runner_up_of"),  # a grid of its own as well
     ({**RUNNER_UP, "runner_up_of": "nobody"}, "runner_up_of"),
