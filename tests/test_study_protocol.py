@@ -171,6 +171,18 @@ def test_a_dry_run_lists_a_runner_up_twins_runs_under_the_twin(tmp_path, capsys)
     assert "  one, at the runner-up rate: 2 + 0 runs" in out and "  one:" not in out
 
 
+def test_a_report_counts_its_own_runs_in_a_results_file_it_shares(tmp_path):
+    recipe = loaded(tmp_path)
+    written = {"settings": {}, "n_train": {"sst": 3}, "split": {"n_tune": {"sst": 1}}}
+    records = [tuning_record(None, "", lr, s) | written for lr, s in [(0.0003, 0.4), (0.001, 0.5), (0.003, 0.45)]]
+    other = tuning_record(3, "", 0.001, 0.5) | written  # another recipe's run: a depth this one never trains
+    runs = next(line for line in R.protocol_lines(recipe, records + [other]) if line.startswith("Runs:"))
+    # planned: full's three rates and two reporting seeds, one's first two rates
+    assert runs.startswith("Runs: 3 recorded of 7 planned so far (the results file holds 4, with other recipes' runs)")
+    alone = next(line for line in R.protocol_lines(recipe, records) if line.startswith("Runs:"))
+    assert alone.startswith("Runs: 3 recorded of 7 planned so far;")
+
+
 @pytest.mark.parametrize("point, says", [
     ({**RUNNER_UP, "lrs": [0.001]}, "runner_up_of"),  # a grid of its own as well
     ({**RUNNER_UP, "runner_up_of": "nobody"}, "runner_up_of"),
