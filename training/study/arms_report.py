@@ -390,7 +390,8 @@ def convergence_line(recipe, rows: list[dict]) -> str:
             "trained for longer, tuned the same way): " + verdict)
 
 
-def arms_markdown(recipe, results: Path, data_dir: str | None = None) -> tuple[str, list[dict], list[dict]]:
+def arms_markdown(recipe, results: Path, report: Path,
+                  data_dir: str | None = None) -> tuple[str, list[dict], list[dict]]:
     records = read_results(Path(results) / RESULTS)
     baselines = read_baselines(results)
     reference = recipe.points[0]["label"]
@@ -418,7 +419,7 @@ def arms_markdown(recipe, results: Path, data_dir: str | None = None) -> tuple[s
         n_train = next(iter(Protocol(recipe, records).reporting(reference).values()))["n_train"]
         scale = scale_line(recipe, measurements, reference, n_train)
         quality = {t["label"]: t for t in tests if t["metric"] == "overall" and t["vs"] == reference}
-        link = Path(os.path.relpath(COST, recipe.report or recipe.path.stem)).as_posix() + "/"  # from the report's folder
+        link = Path(os.path.relpath(Path(results) / COST, report)).as_posix() + "/"  # as report.md reaches it
         lines += ["", "## Cost", ""] + cost_lines(costs, measurements, reference, scale, quality, link)
         schedules = schedule_lines(recipe, records, costs, quality, reference)
         if schedules:
@@ -453,7 +454,7 @@ CSV_COLUMNS = ["point", "depth", "arm", "lr", "metric", "seeds", "mean", "ci_low
 def write_arms_report(recipe, results: Path, report: Path, data_dir: str | None = None) -> Path:
     from training.study.arms_figures import arms_figures, figure_lines
 
-    text, rows, costs = arms_markdown(recipe, results, data_dir)
+    text, rows, costs = arms_markdown(recipe, results, report, data_dir)
     report.mkdir(parents=True, exist_ok=True)
     figures = arms_figures(recipe, read_results(Path(results) / RESULTS), rows, read_baselines(results), report, costs)
     (report / "report.md").write_text(text + figure_lines(figures))
