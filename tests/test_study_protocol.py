@@ -196,20 +196,23 @@ def test_a_bad_runner_up_point_is_one_line(tmp_path, point, says, capsys):
     assert len(err.splitlines()) == 1 and says in err and str(path) in err
 
 
-def test_the_near_tie_recipe_repeats_the_whole_file_studys_points_and_settings():
-    """whole-rates.json reads whole.json's results: its settings and the points it repeats must be whole's,
-    or its runs would be other runs (or refused), and every twin must name a near tie of whole's tuning."""
-    whole, rates = (json.loads((Path("training/study/recipes") / f"{n}.json").read_text()) for n in ("whole", "whole-rates"))
-    for key in ("tasks", "sizes", "seeds", "train", "tuning_split", "lr_grid"):
-        assert rates[key] == whole[key], key
-    assert all(whole["arms"][a] == o for a, o in rates["arms"].items())
-    points = {p["label"]: p for p in whole["points"]}
-    own = [p for p in rates["points"] if "runner_up_of" not in p]
+@pytest.mark.parametrize("study, rates", [("whole", "whole-rates"), ("whole-size", "whole-size-rates")])
+def test_a_near_tie_recipe_repeats_its_studys_points_and_settings(study, rates):
+    """A near-tie recipe reads its study's results: its settings and the points it repeats must be the study's,
+    or its runs would be other runs (or refused), and its twins must be exactly the near ties of the study's
+    tuning, the rule recomputed from the study's record in docs/ (a run synced there that makes a new near tie
+    fails this until the recipe twins it)."""
+    original, twins = (json.loads((Path("training/study/recipes") / f"{n}.json").read_text()) for n in (study, rates))
+    for key in ("tasks", "sizes", "seeds", "train", "tuning_split", "lr_grid", "fixed_budget"):
+        assert twins.get(key) == original.get(key), key
+    assert all(original["arms"][a] == o for a, o in twins["arms"].items())
+    points = {p["label"]: p for p in original["points"]}
+    own = [p for p in twins["points"] if "runner_up_of" not in p]
     assert own and all(points[p["label"]] == p for p in own)
-    twinned = {p["runner_up_of"] for p in rates["points"] if "runner_up_of" in p}
+    twinned = {p["runner_up_of"] for p in twins["points"] if "runner_up_of" in p}
     assert twinned <= {p["label"] for p in own}
-    recipe = load_recipe("whole").resolve(6)  # the rule, on the whole-file study's own record
-    protocol = Protocol(recipe, sweep_records.read_results(Path("docs/freezing-study/whole/results.jsonl")))
+    recipe = load_recipe(study).resolve(6)  # the rule, on the study's own record
+    protocol = Protocol(recipe, sweep_records.read_results(Path(f"docs/freezing-study/{study}/results.jsonl")))
     near = {p["label"] for p in recipe.points if "lr_of" not in p
             and R.choice_margin(protocol, p) < R.tune_spread(protocol, p["label"])}
     assert twinned == near

@@ -4,8 +4,8 @@
     python -m training.study depth --out studies/minilm --report-only   # the report from the results so far
     python -m training.study whole --out studies/bert-base --model bert-base-uncased --data-dir data
 
-RECIPE is one of the built-in recipes (training/study/recipes/: whole, whole-size and whole-rates
-(whole's near ties at their runner-up rate), the clean protocol on the whole training files; depth,
+RECIPE is one of the built-in recipes (training/study/recipes/: whole, whole-size, whole-rates and
+whole-size-rates (the near ties of whole and of whole-size at their runner-up rate), the clean protocol on the whole training files; depth,
 size, seed-report and schedules, the small study) or a
 JSON file of one's own. Each finished run is appended to OUT/results.jsonl at once
 (training.sweep's format), so a killed study loses only the run in progress, and rerunning the command
