@@ -5,9 +5,9 @@
     python -m training.study whole --out studies/bert-base --model bert-base-uncased --data-dir data
 
 RECIPE is one of the built-in recipes (training/study/recipes/: whole, whole-size, whole-rates and
-whole-size-rates (the near ties of whole and of whole-size at their runner-up rate), the clean protocol on the whole training files; depth,
-size, seed-report and schedules, the small study) or a
-JSON file of one's own. Each finished run is appended to OUT/results.jsonl at once
+whole-size-rates (the near ties of whole and of whole-size at their runner-up rate), the clean protocol
+on the whole training files; depth, size, seed-report and schedules, the small study) or a JSON file of
+one's own. Each finished run is appended to OUT/results.jsonl at once
 (training.sweep's format), so a killed study loses only the run in progress, and rerunning the command
 goes on where it stopped. Start the same command in a second shell to train on two workers: each run is
 claimed by one. The report (report.md, report.csv and the figures) is rewritten after every run, in
