@@ -21,7 +21,7 @@ from training.study import arms as A
 from training.study import arms_report as R
 from training.study import baselines as B
 from training.study import cli as C
-from training.study.protocol import Protocol, ladder, run_arm, split_run_arm
+from training.study.protocol import Protocol, borrows, ladder, run_arm, split_run_arm
 from training.study.recipe import load_recipe
 from training.sweep import records as sweep_records
 from training.sweep import subsets as sweep_subsets
@@ -213,7 +213,7 @@ def test_a_near_tie_recipe_repeats_its_studys_points_and_settings(study, rates):
     assert twinned <= {p["label"] for p in own}
     recipe = load_recipe(study).resolve(6)  # the rule, on the study's own record
     protocol = Protocol(recipe, sweep_records.read_results(Path(f"docs/freezing-study/{study}/results.jsonl")))
-    near = {p["label"] for p in recipe.points if "lr_of" not in p
+    near = {p["label"] for p in recipe.points if not borrows(p)
             and R.choice_margin(protocol, p) < R.tune_spread(protocol, p["label"])}
     assert twinned == near
 
