@@ -47,7 +47,7 @@ PIDS=()
 for study in $STUDIES; do
     name=${study%%=*}; recipe=${study#*=}; workers=${WORKERS:-2}
     [[ "$recipe" =~ ^(.*):([0-9]+)$ ]] && { recipe=${BASH_REMATCH[1]}; workers=${BASH_REMATCH[2]}; }
-    cp -r ".gpu/study/$name" "$R/$name"
+    [[ -d "$R/$name" ]] || cp -r ".gpu/study/$name" "$R/$name"  # a warm machine's second call goes on from the first's
     for w in $(seq "$workers"); do
         slot "$name" "$recipe" "$R/$name-worker$w.log" & PIDS+=($!)
         sleep 3  # each worker claims its own run
