@@ -79,3 +79,16 @@ def test_a_study_without_its_record_is_refused_before_anything_starts(layout):
     assert done.stderr.strip() == ("gpu_study: STUDIES: missing=whole: not NAME=RECIPE with "
                                    ".gpu/study/NAME/results.jsonl")
     assert not (layout / "starts").exists()
+
+
+def test_a_second_call_goes_on_from_the_first_calls_study_folder(layout):
+    """On a warm machine the first call's runs (and the checkpoints of those its deadline cut off) are in
+    STUDY_DIR; a second call must train on from them, not copy the record over them."""
+    first, _ = run(layout, BUSY="0")
+    assert first.returncode == 0, first.stderr
+    trained = layout / "out" / "study" / "s" / "results.jsonl"
+    trained.write_text('{"a run": "the first call trained"}\n')
+    second, _ = run(layout, BUSY="0")
+    assert second.returncode == 0, second.stderr
+    assert trained.read_text() == '{"a run": "the first call trained"}\n'
+    assert not (layout / "out" / "study" / "s" / "s").exists()  # nor a copy nested inside it
