@@ -45,7 +45,7 @@ def run(layout: Path, **env) -> tuple[subprocess.CompletedProcess, float]:
     full.pop("OUT", None)
     start = time.monotonic()
     done = subprocess.run(["bash", str(layout / "bench" / "gpu_study.sh")], env=full, capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=120, check=False)
     return done, time.monotonic() - start
 
 
