@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from training.common.errors import TrainingInterrupted
-from training.common.processes import process_alive
+from training.common.processes import TRAINER_LOCK, process_alive, wait_for_run_folder
 from training.run import signals
 from training.run.config import TrainConfig, dir_problem
 from training.run.signals import stop_after
@@ -242,6 +242,7 @@ def clean_recorded_run(run_dir: Path, keep_checkpoints: bool) -> None:
         shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
         (run_dir / "best.pt").unlink(missing_ok=True)
     (run_dir / KEPT).unlink(missing_ok=True)
+    (run_dir / TRAINER_LOCK).unlink(missing_ok=True)  # its trainer has exited: the run is recorded
 
 
 def clean_leftovers(runs_dir: Path, done: set[RunKey], out: Path, keep_checkpoints: bool) -> None:
@@ -343,6 +344,7 @@ def sweep_run(grid: Grid, workers: Workers, base: TrainConfig, key: RunKey, subs
                                  "out_dir": str(run_dir), "predictions_dir": str(run_dir / "predictions"),
                                  "cache_dir": str(run_dir.parent / ".frozen-cache")})
     _check_run_dir(run_dir, out)
+    wait_for_run_folder(run_dir, log)  # a killed worker's training process may still write its checkpoint
     if _resumable(run_dir, key, cfg):
         log.info("%s: interrupted earlier; going on from its last checkpoint", run_dir)
         cfg = replace(cfg, resume="auto")

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from data.loaders import load_task_file
+from training.common.processes import hold_run_folder
 from training.common.progress import setup_logging
 from training.methods.peft import trainable_counts
 from training.run import signals
@@ -70,12 +71,16 @@ def score_kept_model(cfg: TrainConfig, dev_files: dict[str, str]) -> dict:
 
 def _child(cfg_dict: dict, threads: int | None, log_level: int, conn, report_dev: dict | None,
            sweep_pid: int) -> None:
-    """The training process: its reply ends with the stop signal it received, if any (its sweep stops too)."""
+    """The training process: its reply ends with the stop signal it received, if any (its sweep stops too).
+    It trains only while it holds its run folder's trainer lock, taken while its sweep still lives."""
     setup_logging(log_level)
+    cfg = TrainConfig.from_dict(cfg_dict)
+    if hold_run_folder(Path(cfg.out_dir), sweep_pid) is None:  # the sweep died before this process began
+        return
     exit_with_parent(sweep_pid)
     with stop_after("run"):
         try:
-            reply = ("ok", measure(TrainConfig.from_dict(cfg_dict), threads, report_dev))
+            reply = ("ok", measure(cfg, threads, report_dev))
         except BaseException as e:  # noqa: BLE001 - reported to the parent, which decides
             import traceback
             reply = ("error", f"{type(e).__name__}: {e}", traceback.format_exc())
