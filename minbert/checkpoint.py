@@ -379,7 +379,8 @@ def refuse_if_too_big(cfg: BertConfig, config_file: Path, need: int, what: str, 
     """CheckpointError when `need` bytes are more than `capacity`: found before anything is allocated."""
     if capacity is None or need <= capacity:
         return
-    raise CheckpointError(f"{config_file}: a {_NAMES[cfg.model_type]} of {cfg.num_parameters():,} parameters (mostly "
+    model = "an MPNet" if cfg.model_type == "mpnet" else "a BERT"
+    raise CheckpointError(f"{config_file}: {model} of {cfg.num_parameters():,} parameters (mostly "
                           f"{_largest_part(cfg)}): {what} needs about {human_bytes(need)}, more than "
                           f"{capacity_name} ({human_bytes(capacity)})")
 
