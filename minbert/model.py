@@ -9,6 +9,14 @@ The forward pass is split into three public steps so that training tricks can cu
     h = bert.encode(h, attention_mask, start=N)       # run layers N..L-1 only
     pooled = bert.pool(h)                             # tanh(W h[:, 0])
 The frozen-prefix cache stores `h` entering layer N; SMART perturbs the `h` it starts from.
+
+MPNet (all-mpnet-base-v2; `transformers.MPNetModel`, tests/test_mpnet.py) is this encoder with four
+changes, all switched on by its config (model_type "mpnet"): a relative position bias, one table
+shared by every layer and added to each layer's attention scores (Embeddings.relative_bias); absolute
+positions counted from pad_token_id + 1, padding at pad_token_id, as in RoBERTa; no token-type
+embeddings; and its own values (LayerNorm eps 1e-5). The same three steps run it: encode() computes
+the relative bias from the length of the h it is handed, so a cached or perturbed h needs nothing more.
+Its tokenizer's pair template, `<s> A </s></s> B </s>`, is in minbert/tokenizer.py.
 """
 from __future__ import annotations
 
@@ -37,6 +45,8 @@ class BertConfig:
     type_vocab_size: int = 2
     layer_norm_eps: float = 1e-12
     pad_token_id: int = 0
+    model_type: str = "bert"  # or "mpnet": the changes in the module's docstring
+    relative_attention_num_buckets: int = 0  # MPNet's relative position bias: 32; 0 = none (BERT)
 
     def __post_init__(self):
         problems = self.problems()
@@ -55,6 +65,10 @@ class BertConfig:
             out.append(f"layer_norm_eps {self.layer_norm_eps!r}: must be a positive finite number")
         if not isinstance(self.hidden_act, str) or self.hidden_act not in _ACTIVATIONS:
             out.append(f"hidden_act {self.hidden_act!r} is not supported (one of {sorted(_ACTIVATIONS)})")
+        if self.model_type not in _MODEL_TYPES:
+            out.append(f"model_type {self.model_type!r} is not supported (one of {', '.join(_MODEL_TYPES)})")
+        out += [f"{k} {getattr(self, k)!r}: must be an integer >= 0" for k in _COUNTS
+                if not _is_int(getattr(self, k)) or getattr(self, k) < 0]
         if out:  # the rules below assume the sizes are numbers
             return out
         if self.hidden_size % self.num_attention_heads:
@@ -64,19 +78,52 @@ class BertConfig:
                                               or not 0 <= self.pad_token_id < self.vocab_size):
             out.append(f"pad_token_id {self.pad_token_id!r}: must be a token of the vocabulary, in "
                        f"[0, vocab_size {self.vocab_size})")
+        return out + (self._mpnet_problems() if self.model_type == "mpnet" else self._bert_problems())
+
+    def _bert_problems(self) -> list[str]:
+        out = []
+        if self.type_vocab_size < 1:
+            out.append(f"type_vocab_size {self.type_vocab_size}: BERT needs at least one token type")
+        if self.relative_attention_num_buckets:
+            out.append(f"relative_attention_num_buckets {self.relative_attention_num_buckets}: BERT has no "
+                       "relative position bias (0)")
         return out
+
+    def _mpnet_problems(self) -> list[str]:
+        """transformers' MPNetModel fixes what its config may say otherwise: padding_idx 1, and 32 buckets
+        in its bucketing whatever the size of the table. Other values would load to another function."""
+        out = []
+        if self.type_vocab_size:
+            out.append(f"type_vocab_size {self.type_vocab_size}: MPNet has no token-type embeddings (0)")
+        if self.relative_attention_num_buckets != MPNET_BUCKETS:
+            out.append(f"relative_attention_num_buckets {self.relative_attention_num_buckets}: MPNet buckets "
+                       f"relative positions into {MPNET_BUCKETS}")
+        if self.pad_token_id != 1:
+            out.append(f"pad_token_id {self.pad_token_id!r}: MPNet's padding token is 1 (its positions count "
+                       "from it)")
+        elif self.max_position_embeddings < 3:
+            out.append(f"max_position_embeddings {self.max_position_embeddings}: MPNet's positions start at "
+                       "pad_token_id + 1 = 2, so at least 3")
+        return out
+
+    @property
+    def max_sequence_length(self) -> int:
+        """The longest input the position table serves: MPNet's positions start at pad_token_id + 1
+        (all-mpnet-base-v2: 514 positions, 512 tokens)."""
+        return self.max_position_embeddings - (self.pad_token_id + 1 if self.model_type == "mpnet" else 0)
 
     def num_parameters(self) -> int:
         """Parameters of Bert(self), counted from the shapes alone (nothing is allocated)."""
         H, I = self.hidden_size, self.intermediate_size
         embeddings = (self.vocab_size + self.max_position_embeddings + self.type_vocab_size) * H + 2 * H
+        embeddings += self.relative_attention_num_buckets * self.num_attention_heads  # MPNet's bias table
         layer = 4 * H * H + 2 * H * I + 9 * H + I  # qkv, attn_out, ffn_in, ffn_out, two LayerNorms
         return embeddings + self.num_hidden_layers * layer + H * H + H  # + the pooler
 
     @classmethod
     def from_json(cls, path: str | Path) -> "BertConfig":
-        """Read a Hugging Face config.json, ignoring the keys BERT's forward pass does not use. Every
-        problem is a ValueError of one line naming the file and the key."""
+        """Read a Hugging Face config.json of a BERT or an MPNet, ignoring the keys the forward pass does
+        not use. Every problem is a ValueError of one line naming the file and the key."""
         path = Path(path)
         try:
             raw = json.loads(path.read_bytes().decode("utf-8"))
@@ -88,6 +135,11 @@ class BertConfig:
         if raw.get("position_embedding_type", "absolute") != "absolute":
             raise ValueError(f"{path}: position_embedding_type {raw['position_embedding_type']!r} "
                              "is not supported (only 'absolute', as in BERT)")
+        if raw.get("model_type") == "mpnet":  # MPNetConfig's defaults where the file is silent; no token types
+            raw = {"pad_token_id": 1, "relative_attention_num_buckets": MPNET_BUCKETS, **raw, "type_vocab_size": 0}
+        elif raw.get("model_type", "bert") != "bert":  # e.g. RoBERTa's positions: it would load, to other numbers
+            raise ValueError(f"{path}: model_type {raw['model_type']!r} is not supported (one of "
+                             f"{', '.join(_MODEL_TYPES)})")
         known = {f.name for f in fields(cls)}
         try:
             return cls(**{k: v for k, v in raw.items() if k in known})
@@ -95,13 +147,21 @@ class BertConfig:
             raise ValueError(f"{path}: {e}") from None
 
     def to_hf_dict(self) -> dict:
+        """The config.json of transformers' BertModel or MPNetModel (each reads only its own keys)."""
         d = {f.name: getattr(self, f.name) for f in fields(self)}
+        if self.model_type == "mpnet":
+            del d["type_vocab_size"]
+            return {"architectures": ["MPNetModel"], **d}
+        del d["model_type"], d["relative_attention_num_buckets"]
         return {"architectures": ["BertModel"], "model_type": "bert",
                 "position_embedding_type": "absolute", **d}
 
 
 _SIZES = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-          "max_position_embeddings", "type_vocab_size")
+          "max_position_embeddings")
+_COUNTS = ("type_vocab_size", "relative_attention_num_buckets")  # 0: no such table (MPNet's types, BERT's bias)
+_MODEL_TYPES = ("bert", "mpnet")
+MPNET_BUCKETS, MPNET_MAX_DISTANCE = 32, 128  # transformers' MPNetEncoder.relative_position_bucket
 _PROBABILITIES = ("hidden_dropout_prob", "attention_probs_dropout_prob")
 
 
@@ -138,16 +198,30 @@ class Dropout(nn.Dropout):
 
 
 class Embeddings(nn.Module):
+    """Word + position + token-type embeddings, normalised. MPNet's have no token types, number positions
+    as RoBERTa does, and hold the table of its relative position bias (relative_bias)."""
+
     def __init__(self, cfg: BertConfig):
         super().__init__()
-        self.word = nn.Embedding(cfg.vocab_size, cfg.hidden_size, padding_idx=cfg.pad_token_id)
-        self.position = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
-        self.token_type = nn.Embedding(cfg.type_vocab_size, cfg.hidden_size)
-        self.norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        H = cfg.hidden_size
+        self.mpnet = cfg.model_type == "mpnet"
+        self.max_length = cfg.max_sequence_length
+        self.word = nn.Embedding(cfg.vocab_size, H, padding_idx=cfg.pad_token_id)
+        self.position = nn.Embedding(cfg.max_position_embeddings, H,
+                                     padding_idx=cfg.pad_token_id if self.mpnet else None)  # MPNet: padding's
+        self.token_type = nn.Embedding(cfg.type_vocab_size, H) if cfg.type_vocab_size else None
+        # MPNet's bias table, a score per head for each bucket of key-query distance, read by every layer. It
+        # lives here rather than beside the layers so that it freezes with the embeddings: training it under
+        # frozen layers would change their outputs, which the frozen-prefix cache holds fixed.
+        n_buckets = cfg.relative_attention_num_buckets
+        self.relative = nn.Embedding(n_buckets, cfg.num_attention_heads) if n_buckets else None
+        self.norm = nn.LayerNorm(H, eps=cfg.layer_norm_eps)
         self.drop = Dropout(cfg.hidden_dropout_prob)
 
     def forward(self, input_ids, token_type_ids=None):  # (B, T) -> (B, T, H)
         T = input_ids.shape[1]
+        if self.mpnet:  # token_type_ids unused
+            return self.drop(self.norm(self.word(input_ids) + self.position(self.positions(input_ids))))
         if T > self.position.num_embeddings:
             raise ValueError(f"sequence length {T} exceeds max_position_embeddings "
                              f"{self.position.num_embeddings}")
@@ -156,6 +230,37 @@ class Embeddings(nn.Module):
         pos = torch.arange(T, device=input_ids.device)
         x = self.word(input_ids) + self.token_type(token_type_ids) + self.position(pos)
         return self.drop(self.norm(x))
+
+    def positions(self, input_ids):  # (B, T) -> (B, T)
+        """MPNet's (and RoBERTa's) position ids: pad + 1, pad + 2, ... over the tokens, pad on padding."""
+        if input_ids.shape[1] > self.max_length:
+            raise ValueError(f"sequence length {input_ids.shape[1]} exceeds the {self.max_length} positions "
+                             f"of max_position_embeddings {self.position.num_embeddings} (MPNet's count from "
+                             f"pad_token_id + 1)")
+        pad = self.word.padding_idx
+        real = input_ids.ne(pad).long()  # (B, T) 1 for tokens
+        return real.cumsum(1) * real + pad
+
+    def relative_bias(self, T: int, device) -> torch.Tensor:  # -> (1, nh, T, T): query i, key j
+        """MPNet's relative position bias: each head's score for the bucket of j - i. A function of T alone,
+        as in transformers (positions 0..T-1, padding included)."""
+        pos = torch.arange(T, device=device)
+        buckets = relative_buckets(pos[None, :] - pos[:, None])  # (T, T) from key - query distances
+        return self.relative(buckets).permute(2, 0, 1).unsqueeze(0)
+
+
+def relative_buckets(rel, n_buckets: int = MPNET_BUCKETS, max_distance: int = MPNET_MAX_DISTANCE):
+    """Key - query distances -> bucket ids, T5's bucketing as MPNet uses it: half the buckets for keys before
+    the query, half for keys after; in each half, distances 0..n/4-1 one bucket each, then buckets spaced
+    logarithmically up to max_distance, the last holding every distance beyond. The same integer arithmetic
+    as transformers' MPNetEncoder.relative_position_bucket (the log of a float, truncated)."""
+    half = n_buckets // 2
+    exact = half // 2
+    n = -rel  # query - key: > 0 for keys before the query
+    side = (n < 0).long() * half  # keys after the query: the upper half
+    n = n.abs()
+    far = exact + (torch.log(n.float() / exact) / math.log(max_distance / exact) * (half - exact)).long()
+    return side + torch.where(n < exact, n, far.clamp(max=half - 1))  # (log 0 = -inf: n = 0 takes n)
 
 
 class Layer(nn.Module):
@@ -176,9 +281,11 @@ class Layer(nn.Module):
         self.drop = Dropout(cfg.hidden_dropout_prob)
         self.act = _ACTIVATIONS[cfg.hidden_act]
 
-    def attention(self, x, bias, n_out=None):  # x (B, T, H), bias (B, 1, 1, T) additive or None
+    def attention(self, x, bias, n_out=None):  # x (B, T, H), bias additive (B, 1, 1, T) or (B|1, nh, T, T), or None
         B, T, H = x.shape
         nh, hd = self.n_head, H // self.n_head
+        if n_out is not None and bias is not None and bias.shape[-2] > 1:  # MPNet's: a row per query
+            bias = bias[..., :n_out, :]
         if n_out is None:
             q, k, v = self.qkv(x).view(B, T, 3, nh, hd).permute(2, 0, 3, 1, 4)  # 3 x (B, nh, T, hd)
         else:  # outputs wanted for the first n_out positions only: their queries alone
@@ -295,7 +402,7 @@ class Bert(nn.Module):
             raise ValueError(f"layers {start}..{end} out of range: the model has {self.num_layers} layers")
         if first_only and output_hidden_states:
             raise ValueError("first_only and output_hidden_states exclude each other")
-        bias = padding_bias(attention_mask, compute_dtype(h)) if start < end else None  # once for all layers
+        bias = self.attention_bias(h, attention_mask) if start < end else None  # once for all layers
         states = [h]
         for i in range(start, end):
             h = self.layers[i](h, bias, 1 if first_only and i == end - 1 else None)
@@ -303,6 +410,17 @@ class Bert(nn.Module):
         if first_only:
             return h[:, :1]  # also when no layer ran (start == end)
         return (h, tuple(states)) if output_hidden_states else h
+
+    def attention_bias(self, h, attention_mask):
+        """What every layer adds to its attention scores: the padding bias (B, 1, 1, T), and for MPNet
+        the relative position bias (1, nh, T, T) with it, (B, nh, T, T); None when there is neither. In
+        the scores' dtype (autocast's, when on), as sdpa takes a float mask; in bf16, half the memory."""
+        dtype = compute_dtype(h)
+        pad = padding_bias(attention_mask, dtype)
+        if self.embeddings.relative is None:
+            return pad
+        rel = self.embeddings.relative_bias(h.shape[1], h.device).to(dtype)
+        return rel if pad is None else rel + pad
 
     def pool(self, h):  # (B, T, H) -> (B, H)
         return torch.tanh(self.pooler(h[:, 0]))

@@ -4,6 +4,10 @@ Loaded from a checkpoint's tokenizer.json, or built from vocab.txt with BERT's n
 (lower-casing as tokenizer_config.json says, True when it says nothing, as for BERT itself).
 Padding and truncation are ours to decide: a tokenizer.json may carry its own (all-MiniLM-L6-v2's
 pads everything to 128), which we switch off.
+
+MPNet's vocabulary is BERT's WordPiece with RoBERTa's special tokens: sentences are `<s> A </s>`, pairs
+`<s> A </s></s> B </s>`, and token types are unused (all 0). Which kind a checkpoint is comes from its
+config.json (model_type), or, in a folder of tokenizer files alone, from tokenizer_config.json.
 """
 from __future__ import annotations
 
@@ -15,6 +19,15 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer as _Backend
 from tokenizers.implementations import BertWordPieceTokenizer
+from tokenizers.processors import TemplateProcessing
+
+# The special tokens of each model_type. BERT's pair template is its files' own ([CLS] A [SEP] B [SEP],
+# B's token types 1); MPNet's is set here whatever its tokenizer.json says: a converter's template gives
+# B token type 1, which transformers' MPNetTokenizer does not (RobertaProcessing: all 0).
+SPECIAL_TOKENS = {
+    "bert": {"cls": "[CLS]", "sep": "[SEP]", "pad": "[PAD]", "unk": "[UNK]", "mask": "[MASK]"},
+    "mpnet": {"cls": "<s>", "sep": "</s>", "pad": "<pad>", "unk": "[UNK]", "mask": "<mask>"},
+}
 
 
 def _check_utf8(path: Path) -> None:
@@ -28,28 +41,55 @@ def _check_utf8(path: Path) -> None:
                          f"vocabulary is one UTF-8 token per line") from None
 
 
+def checkpoint_model_type(path: Path) -> str:
+    """"mpnet" or "bert": config.json's model_type, else tokenizer_config.json's tokenizer_class (a training
+    run's tokenizer/ folder has no config.json), else "bert". A file that cannot be read says nothing here:
+    its reader reports it."""
+    for name, key in (("config.json", "model_type"), ("tokenizer_config.json", "tokenizer_class")):
+        try:
+            value = json.loads((path / name).read_text(encoding="utf-8")).get(key)
+        except (OSError, ValueError, AttributeError):  # missing, not JSON, or not an object
+            continue
+        if isinstance(value, str) and value.lower().startswith("mpnet"):
+            return "mpnet"
+        if value is not None:
+            return "bert"
+    return "bert"
+
+
 class Tokenizer:
-    def __init__(self, backend: _Backend):
+    def __init__(self, backend: _Backend, model_type: str = "bert"):
         self.backend = backend
         self.backend.no_padding()
         self.backend.no_truncation()
         self._max_length = None
-        self.pad_id = self._token_id("[PAD]")
-        self.cls_id = self._token_id("[CLS]")
-        self.sep_id = self._token_id("[SEP]")
+        self.model_type = model_type
+        special = SPECIAL_TOKENS[model_type]
+        self.pad_id = self._token_id(special["pad"])
+        self.cls_id = self._token_id(special["cls"])
+        self.sep_id = self._token_id(special["sep"])
+        self.special_ids = frozenset((self.pad_id, self.cls_id, self.sep_id))
+        if model_type == "mpnet":  # the number of special tokens also sets truncation's budget: 4 for a pair
+            cls, sep = special["cls"], special["sep"]
+            self.backend.post_processor = TemplateProcessing(
+                single=f"{cls} $A {sep}", pair=f"{cls} $A {sep} {sep} $B {sep}",
+                special_tokens=[(cls, self.cls_id), (sep, self.sep_id)])
 
     def _token_id(self, token: str) -> int:
         i = self.backend.token_to_id(token)
         if i is None:
-            raise ValueError(f"the vocabulary has no {token} token; is this a BERT vocabulary?")
+            name = {"bert": "a BERT", "mpnet": "an MPNet"}[self.model_type]
+            raise ValueError(f"the vocabulary has no {token} token; is this {name} vocabulary?")
         return i
 
     @classmethod
-    def from_checkpoint(cls, path: str | Path) -> "Tokenizer":
+    def from_checkpoint(cls, path: str | Path, model_type: str | None = None) -> "Tokenizer":
+        """The checkpoint folder's tokenizer; model_type (bert or mpnet) as its files say, if not given."""
         path = Path(path)
+        model_type = model_type or checkpoint_model_type(path)
         if (path / "tokenizer.json").is_file():
             try:
-                return cls(_Backend.from_file(str(path / "tokenizer.json")))
+                return cls(_Backend.from_file(str(path / "tokenizer.json")), model_type)
             except Exception as e:  # the Rust side raises plain Exceptions
                 raise ValueError(f"{path / 'tokenizer.json'}: cannot read the tokenizer: {e}") from e
         if (path / "vocab.txt").is_file():
@@ -60,10 +100,11 @@ class Tokenizer:
                 except (ValueError, AttributeError) as e:  # not JSON, or not an object
                     raise ValueError(f"{path / 'tokenizer_config.json'}: cannot read it: {e}") from None
             _check_utf8(path / "vocab.txt")  # else a bare Exception from the Rust side
+            special = {f"{k}_token": v for k, v in SPECIAL_TOKENS[model_type].items()}
             try:
                 wp = BertWordPieceTokenizer(str(path / "vocab.txt"), lowercase=lowercase, strip_accents=None,
-                                            clean_text=True, handle_chinese_chars=True)
-                return cls(wp._tokenizer)
+                                            clean_text=True, handle_chinese_chars=True, **special)
+                return cls(wp._tokenizer, model_type)
             except Exception as e:  # "cls_token not found in the vocabulary", and the Rust side's plain ones
                 raise ValueError(f"{path / 'vocab.txt'}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") \
                     from None
@@ -76,7 +117,7 @@ class Tokenizer:
     def encode(self, texts: Sequence[str], pairs: Sequence[str] | None = None,
                max_length: int = 128) -> list[tuple[list[int], list[int]]]:
         """Token ids (and token type ids) of single sentences or sentence pairs, unpadded,
-        truncated to max_length (longest-first for pairs, as BERT does)."""
+        truncated to max_length (longest-first for pairs, as BERT does; MPNet's too)."""
         if max_length != self._max_length:
             self.backend.enable_truncation(max_length, strategy="longest_first")
             self._max_length = max_length
