@@ -86,7 +86,7 @@ def test_a_bad_share_is_one_line_naming_the_flag(value, capsys):
 
 def test_the_mission_command_on_six_layers_names_what_to_run_instead():
     line = depth_error(9, 6, "minilm-l6")
-    assert "--model bert-base-uncased" in line and "--freeze-upto 75% (4 of 6 layers)" in line
+    assert "--model mpnet-base (or bert-base-uncased)" in line and "--freeze-upto 75% (4 of 6 layers)" in line
     assert depth_error("75%", 6, "minilm-l6") is None and depth_error(6, 6, "m") is None
     assert depth_error(7, 6, "m").startswith("--freeze-upto 7 is out of range")
 

@@ -44,6 +44,28 @@ def make_encoder(d: Path, vocab: list[str] = VOCAB, hidden: int = 32, layers: in
     return d
 
 
+def make_mpnet_encoder(d: Path, hidden: int = 32, layers: int = 2) -> Path:
+    """A random MPNet (transformers' own class and writer: config.json, model.safetensors, its tokenizer's
+    files) over tiny_runs' words, matrices and the relative bias table std 0.5, without dropout."""
+    from transformers import MPNetConfig, MPNetModel, MPNetTokenizer
+
+    torch.manual_seed(0)
+    vocab = ["<s>", "<pad>", "</s>", "<unk>", *WORDS, "<mask>"]
+    cfg = MPNetConfig(vocab_size=len(vocab) + 4, hidden_size=hidden,  # room for the special tokens the tokenizer adds
+                      num_hidden_layers=layers, num_attention_heads=2,
+                      intermediate_size=2 * hidden, max_position_embeddings=130, hidden_dropout_prob=0.0,
+                      attention_probs_dropout_prob=0.0)
+    model = MPNetModel(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim == 2:
+                p.normal_(0.0, 0.5)
+    model.save_pretrained(d)
+    (d / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    MPNetTokenizer.from_pretrained(str(d)).save_pretrained(d)
+    return d
+
+
 def write_data(d: Path) -> Path:
     """Course-format files; dev = train. Sentence lengths vary, so that length-sorted batches come in
     another order than the file's; test ids are out of numeric order."""

@@ -29,10 +29,14 @@ def build_model(cfg: TrainConfig) -> tuple[MultitaskBert, Tokenizer, Path]:
     except ValueError as e:  # an unreadable tokenizer.json, a vocabulary without [CLS]: the message names it
         raise ConfigError(str(e)) from None
     encoder = load_bert(ckpt, attn_impl=cfg.attn_impl)
-    if cfg.max_length > encoder.config.max_position_embeddings:
-        positions = encoder.config.max_position_embeddings
-        raise ConfigError(f"--max-length {cfg.max_length} is longer than the model's {positions} positions "
+    if cfg.max_length > encoder.config.max_sequence_length:  # MPNet's table also holds padding's positions
+        longest = encoder.config.max_sequence_length
+        raise ConfigError(f"--max-length {cfg.max_length} is longer than the model's {longest} positions "
                           f"(max_position_embeddings in {ckpt / 'config.json'})")
+    cross_pairs = cfg.pair_encoding == "cross" and any(t in cfg.tasks for t in ("para", "sts"))
+    if encoder.config.model_type == "mpnet" and cross_pairs and cfg.max_length < 6:
+        raise ConfigError(f"--max-length {cfg.max_length}: MPNet's cross-encoded pairs need at least 6 "
+                          f"(<s> a </s></s> b </s>)")
     if tokenizer.vocab_size > encoder.config.vocab_size:
         raise ConfigError(f"{ckpt}: the tokenizer has {tokenizer.vocab_size} tokens but the model's embedding "
                           f"has {encoder.config.vocab_size} rows; the vocabulary belongs to another model")

@@ -432,13 +432,14 @@ def depth_error(value: int | str | None, num_layers: int, model: str) -> str | N
         return None
     line = (f"--freeze-upto {value} is out of range: {model} has {num_layers} layers, so N is between -1 "
             f"(embeddings only) and {num_layers} (only the pooler and heads train)")
-    for name, layers in (("bert-base-uncased", 12), ("bert-large-uncased", 24)):
+    # a 12-layer model that installs offline first (mpnet-base), then the hub's BERTs
+    for names, layers in (("mpnet-base (or bert-base-uncased)", 12), ("bert-large-uncased", 24)):
         if depth <= layers:
             pct = Fraction(100 * depth, layers)
             pct_text = f"{float(pct):g}%" if pct.denominator == 1 else f"{float(pct):.1f}%"
             same = freeze_depth(pct_text, num_layers)
-            return (f"{line}. {depth} of {layers} layers is a {name} recipe: run it there with --model {name}, "
-                    f"or freeze the same share of this model with --freeze-upto {pct_text} ({same} of "
+            return (f"{line}. {depth} of {layers} layers is a {layers}-layer recipe: run it there with --model "
+                    f"{names}, or freeze the same share of this model with --freeze-upto {pct_text} ({same} of "
                     f"{num_layers} layers)")
     return line
 

@@ -103,8 +103,8 @@ def compute_baselines(base: TrainConfig, tasks: list[str], subsets: dict, seed: 
 
 
 def pieces(tokenizer, examples, max_length: int) -> list[set[int]]:
-    """Each example's word-piece ids (both sentences of a pair; [CLS], [SEP] and padding aside)."""
-    special = {tokenizer.backend.token_to_id(t) for t in ("[CLS]", "[SEP]", "[PAD]")}
+    """Each example's word-piece ids (both sentences of a pair; the special tokens and padding aside)."""
+    special = tokenizer.special_ids
     out = []
     for e in examples:
         ids = set(tokenizer.encode([e.text_a], max_length=max_length)[0][0])
