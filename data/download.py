@@ -89,6 +89,7 @@ def download(dest: Path, *, force: bool = False, base_url: str = BASE_URL) -> li
 def main(argv: list[str] | None = None) -> int:
     names = [n for splits in COURSE_FILES.values() for n in splits.values()]
     parser = argparse.ArgumentParser(
+        allow_abbrev=False,
         prog="python -m data.download",
         description="Download the CS224N multitask data (SST-5, Quora, STS-B): "
                     + ", ".join(names) + ".",

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -296,3 +297,42 @@ def test_help_shows_no_none_defaults(capsys):
     out = capsys.readouterr().out
     assert "(default: None)" not in out and "(default: all)" in out and "--overwrite" in out
     assert "(default: True)" not in out  # an off-switch (--no-bucket) showing its dest's default
+
+
+# ----------------------------------------------------------------------------- abbreviations
+
+def test_an_abbreviated_flag_is_refused_naming_the_whole_one(capsys):
+    """argparse would take --epoch for --epochs without a word (a typo of another flag as well): the
+    nearest-flag refusal must see it."""
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args(["--epoch", "1"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "run_multitask.py: error: unrecognized arguments: --epoch 1 (did you mean --epochs?) (see --help)"]
+
+
+def test_every_parser_refuses_abbreviations():
+    """Every argparse parser in the repository is built with allow_abbrev=False (training.args.Parser
+    sets it for the commands; data.download and bench/ build their own)."""
+    import ast
+
+    from training.args import Parser
+
+    assert Parser(prog="x").allow_abbrev is False
+    lax = []
+    for path in sorted(p for folder in ("training", "data", "bench", "minbert", "heads") for p in
+                       (Path(REPO) / folder).rglob("*.py")) + [Path(REPO) / "run_multitask.py"]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            strict = any(k.arg == "allow_abbrev" and getattr(k.value, "value", None) is False
+                         for k in getattr(node, "keywords", ()))
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "ArgumentParser" and not strict:
+                lax.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert lax == []
+
+
+def test_download_refuses_an_abbreviated_flag(capsys):
+    from data.download import main as download_main
+
+    with pytest.raises(SystemExit) as e:
+        download_main(["--forc"])
+    assert e.value.code == 2

@@ -46,6 +46,8 @@ class Parser(argparse.ArgumentParser):
 
     def __init__(self, *args, hints: dict[str, str] | None = None, **kwargs):
         kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        # argparse would take --epoch for --epochs silently: a prefix is refused with the nearest flag instead
+        kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
         self.hints = hints or {}
 

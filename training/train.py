@@ -58,8 +58,7 @@ def parse(argv: list[str] | None = None, prog: str = PROG) -> tuple[argparse.Nam
             parser.exit(2, "".join(f"{prog}: error: --config {first.config}: {e}\n" for e in errors))
         parser.set_defaults(**defaults_from(values))
     args = parser.parse_args(argv)
-    typed = any(a == "--data-dir" or a.startswith("--data-dir=") for a in (sys.argv[1:] if argv is None else argv))
-    given = typed or args.data_dir != parser.get_default("data_dir")  # an abbreviation, --data-d X, too
+    given = any(a == "--data-dir" or a.startswith("--data-dir=") for a in (sys.argv[1:] if argv is None else argv))
     config_file = first.config if first.config is not None and "data_dir" in values else None
     args.data_dir_from = data_dir_origin(args.data_dir, given, config_file)  # for the line of a missing folder
     return args, config_from_args(args)
