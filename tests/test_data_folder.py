@@ -98,3 +98,23 @@ def test_files_given_one_by_one_are_checked_alone_and_the_folder_for_the_rest(tm
     assert len(errors) == 1 and errors[0].startswith(f"--data-dir {missing}: no such folder"), errors
     files.update({f"sts_{s}": str(good / COURSE_FILES["sts"][s]) for s in ("train", "dev")})
     assert validate(TrainConfig(data_dir=str(missing), files=files, out_dir=str(tmp_path / "run"))) == []
+
+
+def test_an_offline_download_is_one_line_naming_minbert_data_dir(tmp_path, monkeypatch, capsys):
+    """No network: the one line says what to do instead, put the files in a folder and name it in
+    MINBERT_DATA_DIR (which every command reads), and nothing partial is left in DEST."""
+    import urllib.error
+
+    from data import download
+
+    def offline(url, timeout):
+        raise urllib.error.URLError(OSError(-2, "Name or service not known"))
+
+    monkeypatch.setattr(download.urllib.request, "urlopen", offline)
+    assert download.main(["--dest", str(tmp_path / "d")]) == 1
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("python -m data.download: error: could not download "), lines[0]
+    assert "set MINBERT_DATA_DIR" in lines[0] and "ids-sst-train.csv" in lines[0]
+    assert list((tmp_path / "d").iterdir()) == []
