@@ -20,6 +20,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from .folder import data_folder
 from .loaders import COURSE_FILES, DataError, load_task_file
 
 logger = logging.getLogger(__name__)
@@ -27,7 +28,6 @@ logger = logging.getLogger(__name__)
 REPO = "gpoesia/minbert-default-final-project"
 COMMIT = "571f43439d622b9443b984b09b1ee439b7f873df"
 BASE_URL = f"https://raw.githubusercontent.com/{REPO}/{COMMIT}/data/"
-DEFAULT_DEST = Path(__file__).resolve().parent  # data/, where tests/conftest.py looks too
 TIMEOUT_S = 60
 PROG = "python -m data.download"
 _LFS_POINTER = b"version https://git-lfs"
@@ -97,9 +97,9 @@ def main(argv: list[str] | None = None) -> int:
                "(or pass --data-dir to each command).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         allow_abbrev=False)  # a prefix of a flag is refused, as by every command
-    parser.add_argument("--dest", type=Path, default=Path(os.environ.get("MINBERT_DATA_DIR") or DEFAULT_DEST),
+    parser.add_argument("--dest", type=Path, default=Path(data_folder()),
                         help="folder to write the CSV files into (created if missing): $MINBERT_DATA_DIR if set, "
-                             "else data/ beside the loaders")
+                             "else data, the folder every command reads by default")
     parser.add_argument("--force", action="store_true",
                         help="download files again even when they are already in DEST")
     parser.add_argument("--base-url", default=BASE_URL,

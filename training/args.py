@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 from typing import NoReturn
 
+from data.folder import data_folder, folder_problem, origin
 from data.loaders import COURSE_FILES, TASKS
 from training.run.config import TrainConfig, default_of, flag_of, freeze_error, options
 
@@ -185,6 +186,16 @@ def add_inference_flags(p: argparse.ArgumentParser, whose: str = "the training r
                    help=f"cross encoding: predict each paraphrase/similarity pair as (a, b) and (b, a) and average "
                         f"(default: {whose} --predict-both-orders)")
     p.add_argument("--both-orders", dest="both_orders", action=argparse.BooleanOptionalAction, help=argparse.SUPPRESS)
+
+
+def course_data(p: Parser, given: str | None) -> str:
+    """The data folder by the one rule of every command (data.folder: the flag, else $MINBERT_DATA_DIR, else
+    data), refused in one line naming where its path came from when it holds none of the dev files."""
+    folder = data_folder(given)
+    problem = folder_problem(folder, origin(folder, given=bool(given)), [COURSE_FILES[t]["dev"] for t in TASKS])
+    if problem:
+        p.fail(problem)
+    return folder
 
 
 def load_model(args: argparse.Namespace, source=None):

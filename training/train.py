@@ -10,10 +10,11 @@ import argparse
 import logging
 import sys
 
+from data.folder import origin
 from training.args import OptionsHelpFormatter, Parser, add_option, config_from_args, defaults_from
 from training.common.errors import ConfigError, NonFiniteLossError, TrainingInterrupted, WriteError
 from training.common.progress import setup_logging
-from training.run.config import GROUPS, TrainConfig, data_dir_origin, field_errors, options, read_config_file, validate
+from training.run.config import GROUPS, TrainConfig, field_errors, options, read_config_file, validate
 
 PROG = "run_multitask.py"
 
@@ -60,7 +61,7 @@ def parse(argv: list[str] | None = None, prog: str = PROG) -> tuple[argparse.Nam
     args = parser.parse_args(argv)
     given = any(a == "--data-dir" or a.startswith("--data-dir=") for a in (sys.argv[1:] if argv is None else argv))
     config_file = first.config if first.config is not None and "data_dir" in values else None
-    args.data_dir_from = data_dir_origin(args.data_dir, given, config_file)  # for the line of a missing folder
+    args.data_dir_from = origin(args.data_dir, given, config_file)  # for the line of a missing folder
     return args, config_from_args(args)
 
 

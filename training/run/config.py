@@ -16,8 +16,11 @@ from fractions import Fraction
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from data.folder import HELP as DATA_HELP
+from data.folder import data_folder, folder_error, origin
 from data.loaders import COURSE_FILES, TASKS
 from training.common.errors import ConfigError
+from training.common.places import output_folder
 from training.methods.freezing import freeze_depth, parse_schedule, parse_share
 from training.methods.peft import parse_peft
 
@@ -60,6 +63,7 @@ def opt(default, help: str, group: str, *, choices: tuple | None = None, range: 
         metavar: str | None = None, resume_may_differ: bool = False, feature: str | None = None,
         onoff: bool = False, default_text: str | None = None, where: str | None = None):
     """A TrainConfig field with what the CLI, the sweep, validation and resume need to know of it.
+    default: a value, or a function giving it when a config is made.
     feature: the bool field this option belongs to (refused when given while that one is off).
     onoff: a bool shown on the command line as a {off,on} choice (its default may be either).
     where: "data" (what a run reads) or "output" (where it writes, and how: never what it trains) for the
@@ -68,6 +72,8 @@ def opt(default, help: str, group: str, *, choices: tuple | None = None, range: 
     meta = dict(help=help, group=group, choices=choices, range=range, metavar=metavar,
                 resume_may_differ=resume_may_differ, feature=feature, onoff=onoff, default_text=default_text,
                 where=where)
+    if callable(default):  # read when a config is made (the data folder: the environment then)
+        return field(default_factory=default, metadata=meta)
     if isinstance(default, (dict, list, tuple)):
         return field(default_factory=lambda: type(default)(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -101,9 +107,7 @@ class TrainConfig:
     attn_impl: str = opt("auto", "attention kernel; auto: sdpa on CUDA, matmul on CPU (faster there)", "model",
                          choices=("auto", "sdpa", "matmul"))
     # ------------------------------------------------------------------ data
-    data_dir: str = opt(os.environ.get("MINBERT_DATA_DIR") or "data", "folder with the course's CSV files: "
-                        "$MINBERT_DATA_DIR if set, else data (fetch them with `python -m data.download`)", "data",
-                        resume_may_differ=True, where="data")
+    data_dir: str = opt(data_folder, DATA_HELP, "data", resume_may_differ=True, where="data")
     # "sst_train" -> path: one flag per task and split (--sst-train PATH ...), overriding DATA_DIR's file
     files: dict = opt({}, "override DATA_DIR/{file}", "data", metavar="PATH", resume_may_differ=True, where="data")
     tasks: tuple = opt(TASKS, "tasks to train", "data", choices=TASKS)
@@ -315,7 +319,7 @@ class TrainConfig:
         return EvalBatching(self.eval_batch_size, budget, self.pad_multiple, self.max_length)
 
     def predictions_folder(self) -> str:
-        return self.predictions_dir or os.path.join(self.out_dir, "predictions")
+        return str(output_folder(self.predictions_dir, self.out_dir, "predictions"))
 
     def file(self, task: str, split: str) -> str:
         """Path of a task's split: the per-file override, else data_dir/<course file name>."""
@@ -404,14 +408,14 @@ def read_config_file(path: str | os.PathLike) -> dict:
 
 def validate(cfg: TrainConfig, data_dir_from: str | None = None) -> list[str]:
     """Problems found without loading anything heavy; each is one line for the user. data_dir_from: where
-    --data-dir's value came from, for the line of a missing folder (default: data_dir_origin's guess)."""
+    --data-dir's value came from, for the line of a missing folder (default: data.folder.origin's guess)."""
     errors = field_errors(cfg)
     if not errors:  # the rules between fields assume each field is of its type and in range
         errors += (_feature_errors(cfg) + _combination_errors(cfg) + _device_errors(cfg.device)
                    + _missing_packages(cfg))
     if all(_type_error(TrainConfig.__dataclass_fields__[n], getattr(cfg, n)) is None
            for n in ("tasks", "files", "data_dir")):
-        errors += _missing_files(cfg, data_dir_from or data_dir_origin(cfg.data_dir))
+        errors += _missing_files(cfg, data_dir_from or origin(cfg.data_dir))
     return errors + path_errors(cfg)
 
 
@@ -586,24 +590,6 @@ def _device_errors(name: str) -> list[str]:
     return []
 
 
-# where a --data-dir value came from, as the line of a missing folder says it
-DATA_DIR_FLAG, DATA_DIR_ENV, DATA_DIR_DEFAULT = "", "from $MINBERT_DATA_DIR", "the default; MINBERT_DATA_DIR is unset"
-
-
-def data_dir_origin(data_dir: str, given: bool = False, config_file: str | None = None) -> str:
-    """Where a --data-dir value came from: the flag, a --config file, $MINBERT_DATA_DIR (the flag's default
-    when set) or the default, data. Without `given` (a Python caller's TrainConfig) a value equal to the
-    environment's is taken to be it."""
-    if given:
-        return DATA_DIR_FLAG
-    if config_file:
-        return f"from data_dir in --config {config_file}"
-    env = os.environ.get("MINBERT_DATA_DIR")
-    if env and data_dir == env:
-        return DATA_DIR_ENV
-    return DATA_DIR_DEFAULT if data_dir == "data" and not env else DATA_DIR_FLAG
-
-
 def _missing_files(cfg: TrainConfig, data_dir_from: str) -> list[str]:
     """The training and dev files the run reads. A data folder that is missing, or holds none of them,
     is one line naming the folder and where its path came from (not one line per file)."""
@@ -612,23 +598,12 @@ def _missing_files(cfg: TrainConfig, data_dir_from: str) -> list[str]:
     in_folder = [(t, s) for t, s in needed if not cfg.files.get(f"{t}_{s}")]
     errors = []
     if in_folder and all(x in missing for x in in_folder):
-        errors.append(_data_dir_error(cfg.data_dir, data_dir_from, [COURSE_FILES[t][s] for t, s in in_folder]))
+        errors.append(folder_error(cfg.data_dir, data_dir_from, [COURSE_FILES[t][s] for t, s in in_folder]))
         missing = [x for x in missing if x not in in_folder]
     for task, split in missing:
         errors.append(f"{cfg.file(task, split)}: no such file ({task} {split}); run `python -m data.download` "
                       f"or pass --data-dir / --{task}-{split}")
     return errors
-
-
-def _data_dir_error(data_dir: str, origin: str, names: list[str]) -> str:
-    what = ("no such folder" if not os.path.exists(data_dir) else "not a folder" if not os.path.isdir(data_dir)
-            else f"holds none of the files the run reads ({', '.join(names)})")
-    fix = {DATA_DIR_ENV: "set MINBERT_DATA_DIR to the folder that holds the course's CSV files, or pass --data-dir",
-           DATA_DIR_DEFAULT: "fetch the course's CSV files there with `python -m data.download`, or pass --data-dir "
-                             "(or set MINBERT_DATA_DIR) to the folder that holds them"}.get(
-        origin, "pass --data-dir the folder that holds the course's CSV files (`python -m data.download --dest "
-                "DIR` fetches them)")
-    return f"--data-dir {data_dir}{f' ({origin})' if origin else ''}: {what}; {fix}"
 
 
 # --------------------------------------------------------------------------- output paths
