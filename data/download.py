@@ -111,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     except DownloadError as e:
         # one line; offline, the way on is the one every command reads: the files in a folder it names
         print(f"{PROG}: error: {e}; no partial file was left. Offline? Put the course files ({', '.join(names)}) "
-              f"in a folder and set MINBERT_DATA_DIR to it", file=sys.stderr)
+              f"by hand into {args.dest}, or into any folder and set MINBERT_DATA_DIR to it (or pass --data-dir)",
+              file=sys.stderr)
         return 1
     print(f"done: {len(written)} file(s) downloaded into {args.dest}")
     return 0
