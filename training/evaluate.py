@@ -124,7 +124,7 @@ def run_commands(args, model) -> None:
         print(f"{path}: {METRIC[task]} {value:.4f} ({len(examples)} examples)")
     inputs = [(t, f, o, False) for t, f, o in args.predict] + [(t, f, o, True) for t, f, o in args.predict_text]
     for task, path, out, plain in inputs:
-        n = predict_file(model, task, path, out, plain, args.probabilities)
+        n = predict_file(model, task, path, out, plain, args.probabilities, f"--predict-text {task} FILE OUT")
         print(f"{path}: wrote {n} {task} predictions to {out}")
 
 

@@ -177,11 +177,15 @@ def write_run_predictions(folder, splits, dev: dict, test: dict, run: Path, chec
     return write_prediction_set(folder, files, manifest)
 
 
-def predict_file(model, task: str, path, out, plain: bool = False, with_probabilities: bool = False) -> int:
+def predict_file(model, task: str, path, out, plain: bool = False, with_probabilities: bool = False,
+                 text_flag: str = "--text") -> int:
     """`model`'s predictions for a course-format file (or, `plain`, a plain-text one) written to `out`: in
     the course's format, or in our TSV format for plain text and with the class probabilities. Returns
-    the number of examples."""
-    examples = read_text_examples(path, task) if plain else load_task_file(path, task, labelled=None).examples
+    the number of examples. text_flag: the command's flag for plain text, which the line of a file that is
+    not in the course's format names."""
+    hint = f"for plain text (a sentence, or sentence1<TAB>sentence2, per line), pass {text_flag}"
+    examples = (read_text_examples(path, task) if plain
+                else load_task_file(path, task, labelled=None, hint=hint).examples)
     outputs = model.outputs(task, examples)
     preds = predict(task, outputs).double().numpy()
     if plain or with_probabilities:
