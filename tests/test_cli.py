@@ -2,6 +2,7 @@
 problem, given before any heavy work (or, for problems only the model shows, before training)."""
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -336,3 +337,50 @@ def test_download_refuses_an_abbreviated_flag(capsys):
     with pytest.raises(SystemExit) as e:
         download_main(["--forc"])
     assert e.value.code == 2
+
+
+# ----------------------------------------------------------------------------- help text
+
+MEASURED = re.compile(r"\bmeasured\b|\b\d+(\.\d+)?x\b|\b\d+(\.\d+)? ?(ms|s|min|minutes|seconds|hours|GB|MB|GiB|MiB)\b")
+
+
+def test_train_help_is_short(monkeypatch):
+    """`minbert train --help` fits a screenful or two at 80 columns (it was 357 lines): each option's help at
+    most two lines (160 characters), the rest in docs/options.md."""
+    monkeypatch.setenv("COLUMNS", "80")
+    p = build_parser("minbert train")
+    text, fmt = p.format_help(), p._get_formatter()
+    assert len(text.splitlines()) < 150, len(text.splitlines())
+    long = {a.option_strings[-1]: fmt._expand_help(a) for a in p._actions if a.help and len(fmt._expand_help(a)) > 160}
+    assert long == {}
+    blocks = re.split(r"\n(?=  -)|\n\n", text.split("\noptions:\n", 1)[1])
+    assert [b for b in blocks if b.startswith("  -") and len(b.splitlines()) > 3] == []  # the flags, 2 of help
+    assert all(flag in (Path(REPO) / "docs" / "options.md").read_text() for a in p._actions
+               for flag in a.option_strings if flag.startswith("--") and flag != "--help"
+               and not flag.endswith(("-train", "-dev", "-test")))
+
+
+def test_no_option_help_quotes_a_measurement(monkeypatch):
+    """Figures in help go stale (a time, a speed-up, a size measured once): help links docs instead."""
+    import importlib
+
+    from training.args import Parser
+    from training.main import COMMANDS
+
+    seen = []
+
+    class Built(Exception):
+        pass
+
+    def record(self, *args, **kwargs):
+        seen.append(self)
+        raise Built
+
+    monkeypatch.setattr(Parser, "parse_args", record)
+    monkeypatch.setattr(Parser, "parse_known_args", record)
+    for name, command in COMMANDS.items():
+        with pytest.raises(Built):
+            importlib.import_module(command.module).main([], prog=name)
+    quoted = [f"{p.prog} {a.option_strings}: {a.help}" for p in seen for a in p._actions
+              if a.help and MEASURED.search(a.help)]
+    assert len(seen) == len(COMMANDS) and quoted == []

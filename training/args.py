@@ -79,11 +79,18 @@ class Parser(argparse.ArgumentParser):
 
 
 class OptionsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows defaults, except None: "(default: None)" says nothing; those flags' help says what unset means."""
+    """Shows defaults, except None: "(default: None)" says nothing; those flags' help says what unset means.
+    Nor a switch's: "--no-bucket ... (default: True)" would read as if the flag were on, and a switch is off
+    until given."""
+
+    def __init__(self, prog, indent_increment=2, max_help_position=26, width=None):
+        # room for the flags whose short metavar fits beside them: one line less each
+        super().__init__(prog, indent_increment, max_help_position, width)
 
     def _get_help_string(self, action):
-        # "--no-bucket ... (default: True)" would read as if the flag were on: an off-switch's help says it
-        if action.default is None or isinstance(action, argparse._StoreFalseAction):
+        said = "(default: " in (action.help or "")  # a default_text (add_option) says it in words
+        if said or action.default is None or isinstance(action, (argparse._StoreFalseAction,
+                                                                 argparse._StoreTrueAction)):
             return action.help
         return super()._get_help_string(action)
 
@@ -101,14 +108,16 @@ def add_option(group, f, default=None, help_suffix: str = "") -> None:
                 group.add_argument(f"--{task}-{split}", metavar=meta["metavar"], default=None,
                                    help=meta["help"].format(file=COURSE_FILES[task][split]))
     elif meta["onoff"]:
-        group.add_argument(flag, choices=["off", "on"], default="on" if default else "off", help=text)
+        group.add_argument(flag, choices=["off", "on"], default="on" if default else "off", help=text,
+                           metavar=meta["metavar"])
     elif kind == "bool":
         if default:  # an off-switch
             group.add_argument(f"--no-{flag[2:]}", dest=f.name, action="store_false", help=text)
         else:
             group.add_argument(flag, action="store_true", help=text)
     elif f.name == "tasks":
-        group.add_argument(flag, nargs="+", choices=meta["choices"], default=list(default), help=text)
+        group.add_argument(flag, nargs="+", choices=meta["choices"], default=list(default), help=text,
+                           metavar=meta["metavar"])
     else:
         parse = {"int": int, "float": float, "int | None": _opt_int, "float | None": _opt_float,
                  "int | str | None": depth_or_share}.get(kind, str)
@@ -177,7 +186,7 @@ def add_inference_flags(p: argparse.ArgumentParser, whose: str = "the training r
     p.add_argument("--batch-size", dest="batch_size", type=positive_int, help=argparse.SUPPRESS)
     p.add_argument("--eval-tokens", type=non_negative_int, default=None, metavar="N",
                    help="padded tokens (examples x longest) at most per batch, which --eval-batch-size also caps; 0: "
-                        "no budget (default: 1024 on CPU, the fastest measured; none on CUDA)")
+                        "no budget (default: 1024 on CPU, none on CUDA; docs/training.md)")
     p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N")
     precisions = TrainConfig.__dataclass_fields__["precision"].metadata["choices"]
     p.add_argument("--precision", choices=precisions, default=None,

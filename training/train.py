@@ -30,13 +30,14 @@ STARTER_FLAGS = {"--use_gpu": "--device cuda", "--option": "--freeze-upto N (pre
 
 def build_parser(prog: str = PROG) -> Parser:
     p = Parser(
-        prog=prog, hints={name: f"{ours} for the starter code's {name}" for name, ours in STARTER_FLAGS.items()},
+        prog=prog, usage="%(prog)s [--config FILE] [options]",  # the options are listed below, once
+        hints={name: f"{ours} for the starter code's {name}" for name, ours in STARTER_FLAGS.items()},
         description="Train one BERT on SST-5 sentiment, Quora paraphrase and STS-B similarity, evaluate on "
-                    "the dev sets each epoch, keep the best checkpoint and write the course's prediction files.",
+                    "the dev sets each epoch, keep the best checkpoint and write the course's prediction files. "
+                    "Each option in full: docs/options.md.",
         formatter_class=OptionsHelpFormatter)
     p.add_argument("--config", metavar="FILE", default=None,
-                   help="start from the options in FILE (a run's config.json, or a JSON recipe of some options); "
-                        "flags given on the command line override it")
+                   help="start from FILE's options (a run's config.json, or a recipe); flags override them")
     groups = {name: p.add_argument_group(name) for name in GROUPS}
     for f in options():
         add_option(groups[f.metadata["group"]], f)
