@@ -20,7 +20,8 @@ from common import write_bert_base_shape  # noqa: E402
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 allow_abbrev=False)
     ap.add_argument("out", help="the folder to write (config.json, model.safetensors, vocab.txt, ...)")
     ap.add_argument("--seed", type=int, default=0, help="the weights' seed (default 0)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")

@@ -17,7 +17,8 @@ from training.common.device import cpu_model  # noqa: E402,F401  (the scripts im
 
 def data_parser(doc: str, data_help: str = "folder with the course CSV files") -> argparse.ArgumentParser:
     """A script's parser with --data-dir (the shared course data beside the checkout) and --model."""
-    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False)
     p.add_argument("--data-dir", default=str(REPO.parent / "shared" / "data" / "cs224n"),
                    help=f"{data_help} (default: %(default)s)")
     p.add_argument("--model", default="minilm-l6", help="checkpoint alias or directory (default: %(default)s)")

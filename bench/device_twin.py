@@ -68,7 +68,8 @@ def table(rows: list[dict], names: tuple[str, str]) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False)
     p.add_argument("a", type=Path, help="results folder of machine A (results.jsonl, dev-predictions/)")
     p.add_argument("b", type=Path, help="results folder of machine B")
     p.add_argument("--names", nargs=2, default=("A", "B"), help="the two machines' names in the table")

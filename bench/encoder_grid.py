@@ -43,7 +43,8 @@ from minbert import load_bert  # noqa: E402
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False)
     add_model_flags(p)
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[8, 32, 64], help="(default: %(default)s)")
     p.add_argument("--lengths", type=int, nargs="+", default=[32, 64, 128, 256], help="(default: %(default)s)")

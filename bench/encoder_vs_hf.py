@@ -33,7 +33,8 @@ from minbert import load_bert, resolve_checkpoint  # noqa: E402
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False)
     add_model_flags(p)
     p.add_argument("--batch-size", type=int, default=32, help="sequences per batch (default: %(default)s)")
     p.add_argument("--seq-len", type=int, default=64, help="tokens per sequence (default: %(default)s)")

@@ -77,7 +77,8 @@ def default_data_dir() -> Path | None:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False)
     p.add_argument("out_dir", metavar="OUT_DIR", help="the folder to write (must not exist, or be empty, or be "
                    "an earlier output of this script with --force)")
     p.add_argument("--data-dir", default=None, help="the course CSV files to copy (default: $MINBERT_DATA_DIR, "

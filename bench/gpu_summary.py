@@ -318,7 +318,8 @@ def environment(prep: Path, device: str) -> int:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False)
     p.add_argument("results", nargs="?", metavar="RESULTS_DIR", help="the folder gpu_check.sh writes")
     p.add_argument("--environment", metavar="PREP_DIR", default=None,
                    help="print the machine's versions and GPU and check the prepared folder, instead")

@@ -57,7 +57,8 @@ def import_runs(source: Path, target: Path) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False)
     p.add_argument("source", type=Path,
                    help="the study folder the runs were trained into (results.jsonl, dev-predictions/)")
     p.add_argument("target", type=Path, help="the study's record to add them to")

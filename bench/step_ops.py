@@ -138,7 +138,8 @@ class NoBar:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], usage="%(prog)s [options] -- FLAGS...")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], usage="%(prog)s [options] -- FLAGS...",
+                                 allow_abbrev=False)
     ap.add_argument("--steps", type=int, default=4, help="steps counted (default 4)")
     ap.add_argument("--skip", type=int, default=2, help="steps run first, not counted (default 2)")
     ap.add_argument("--examples", type=int, default=128, help="training examples per task (default 128)")

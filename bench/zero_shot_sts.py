@@ -20,7 +20,8 @@ from minbert import Tokenizer, load_bert, resolve_checkpoint  # noqa: E402
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False)
     p.add_argument("--sts-dev", default=str(REPO.parent / "shared" / "data" / "cs224n" / "sts-dev.csv"),
                    help="a labelled STS file in the course format (default: %(default)s)")
     p.add_argument("--model", default="minilm-l6", help="checkpoint alias or directory (default: %(default)s)")

@@ -20,6 +20,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from .folder import data_folder
 from .loaders import COURSE_FILES, DataError, load_task_file
 
 logger = logging.getLogger(__name__)
@@ -27,8 +28,8 @@ logger = logging.getLogger(__name__)
 REPO = "gpoesia/minbert-default-final-project"
 COMMIT = "571f43439d622b9443b984b09b1ee439b7f873df"
 BASE_URL = f"https://raw.githubusercontent.com/{REPO}/{COMMIT}/data/"
-DEFAULT_DEST = Path(__file__).resolve().parent  # data/, where tests/conftest.py looks too
 TIMEOUT_S = 60
+PROG = "python -m data.download"
 _LFS_POINTER = b"version https://git-lfs"
 
 
@@ -89,15 +90,16 @@ def download(dest: Path, *, force: bool = False, base_url: str = BASE_URL) -> li
 def main(argv: list[str] | None = None) -> int:
     names = [n for splits in COURSE_FILES.values() for n in splits.values()]
     parser = argparse.ArgumentParser(
-        prog="python -m data.download",
+        prog=PROG,
         description="Download the CS224N multitask data (SST-5, Quora, STS-B): "
                     + ", ".join(names) + ".",
-        epilog="Without internet, copy those files by hand into DEST, or point the trainer's "
-               "--data-dir at a folder that holds them.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--dest", type=Path, default=Path(os.environ.get("MINBERT_DATA_DIR") or DEFAULT_DEST),
+        epilog="Without internet, put those files in a folder by hand and set MINBERT_DATA_DIR to it "
+               "(or pass --data-dir to each command).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        allow_abbrev=False)  # a prefix of a flag is refused, as by every command
+    parser.add_argument("--dest", type=Path, default=Path(data_folder()),
                         help="folder to write the CSV files into (created if missing): $MINBERT_DATA_DIR if set, "
-                             "else data/ beside the loaders")
+                             "else data, the folder every command reads by default")
     parser.add_argument("--force", action="store_true",
                         help="download files again even when they are already in DEST")
     parser.add_argument("--base-url", default=BASE_URL,
@@ -107,8 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         written = download(args.dest, force=args.force, base_url=args.base_url)
     except DownloadError as e:
-        print(f"error: {e}\nNo partial file was left behind. If this machine is offline, copy the course files ({', '.join(names)}) "
-              f"by hand into {args.dest}, or point --data-dir at a folder that holds them.",
+        # one line; offline, the way on is the one every command reads: the files in a folder it names
+        print(f"{PROG}: error: {e}; no partial file was left. Offline? Put the course files ({', '.join(names)}) "
+              f"by hand into {args.dest}, or into any folder and set MINBERT_DATA_DIR to it (or pass --data-dir)",
               file=sys.stderr)
         return 1
     print(f"done: {len(written)} file(s) downloaded into {args.dest}")

@@ -40,6 +40,8 @@ ID_COLUMN = "id"
 TEXT_COLUMNS = {"sst": ("sentence",), "para": ("sentence1", "sentence2"), "sts": ("sentence1", "sentence2")}
 LABEL_COLUMN = {"sst": "sentiment", "para": "is_duplicate", "sts": "similarity"}
 
+# what the line of an unusable course file suggests; a command reading a file of the user's own passes
+# its own (training.predict: --text), since fetching the course's files would not mend that one
 FETCH_HINT = ("run `python -m data.download`, or pass --data-dir pointing at a folder that holds "
               "the course's CSV files")
 
@@ -102,17 +104,18 @@ def _parse_label(task: str, raw: str) -> tuple[int | float | None, str | None]:
     return int(x), None
 
 
-def _read_lines(path: Path) -> tuple[list[str], set[int]]:
+def _read_lines(path: Path, hint: str | None = FETCH_HINT) -> tuple[list[str], set[int]]:
     """The file's physical lines (endings kept) and the numbers of those that are not UTF-8.
 
     We decode line by line, not the whole file, so one bad byte costs one row, not the file.
     An undecodable line is kept (with replacement characters) so the csv parser still sees the
     file's structure; the record it belongs to is rejected later.
     """
+    more = f"; {hint}" if hint else ""
     if not path.exists():
-        raise DataError(f"{path}: no such file; {FETCH_HINT}")
+        raise DataError(f"{path}: no such file{more}")
     if path.is_dir():
-        raise DataError(f"{path}: is a directory, not a CSV file; {FETCH_HINT}")
+        raise DataError(f"{path}: is a directory, not a CSV file{more}")
     try:
         data = path.read_bytes()
     except OSError as e:
@@ -141,14 +144,15 @@ class _Columns:
     label_idx: int | None  # None: labels not read
 
 
-def _read_header(reader, path: Path, undecodable: set[int], task: str, labelled: bool | None) -> _Columns:
+def _read_header(reader, path: Path, undecodable: set[int], task: str, labelled: bool | None,
+                 hint: str | None) -> _Columns:
     """Consume the header row (blank lines before it skipped) and locate the task's columns."""
     header: list[str] = []
     try:
         while not header:
             header = next(reader)
     except StopIteration:
-        raise DataError(f"{path}: empty file (no header row); {FETCH_HINT}") from None
+        raise DataError(f"{path}: empty file (no header row){f'; {hint}' if hint else ''}") from None
     except csv.Error as e:
         raise DataError(f"{path}:{reader.line_num}: unreadable header: {e}") from None
     if any(i in undecodable for i in range(1, reader.line_num + 1)):
@@ -163,7 +167,7 @@ def _read_header(reader, path: Path, undecodable: set[int], task: str, labelled:
     if missing:
         what = ", ".join(repr(c) for c in missing)
         raise DataError(f"{path}: header lacks column(s) {what} needed for task {task!r} "
-                        f"(found {names}); is this the right file? Otherwise {FETCH_HINT}")
+                        f"(found {names}); is this the right file?{f' Otherwise {hint}' if hint else ''}")
     twice = [c for c in required if names.count(c) > 1]
     if twice:
         raise DataError(f"{path}: column(s) {twice} appear more than once in the header")
@@ -202,22 +206,25 @@ def _parse_row(row: list[str], start: int, end: int, cols: _Columns, task: str,
 
 
 def load_task_file(path: str | os.PathLike[str], task: str, *, labelled: bool | None = None,
-                   strict: bool = False, max_report: int = 5, log: bool = True) -> LoadResult:
+                   strict: bool = False, max_report: int = 5, log: bool = True,
+                   hint: str | None = FETCH_HINT) -> LoadResult:
     """Load one course file of `task`.
 
     labelled: None reads labels when the header has the task's label column; True demands it;
     False ignores labels. Bad rows are skipped and returned in `bad_rows` (strict: the first one
     raises DataError). Any problem with the file itself raises DataError naming the path.
-    log=False leaves the reporting to the caller.
+    log=False leaves the reporting to the caller. hint: what the line of a file that is not a usable
+    course file suggests (default: fetching the course's files, which is also said of a missing one;
+    a command's own hint is not: a missing file of the user's is only missing).
     """
     _check_task(task)
     path = Path(path)
-    lines, undecodable = _read_lines(path)
+    lines, undecodable = _read_lines(path, hint if hint == FETCH_HINT else None)
     # strict: a stray character after a closing quote is an error, not glued onto the field
     # (which would return text that appears nowhere in the file). The course files parse the
     # same either way.
     reader = csv.reader(lines, delimiter="\t", strict=True)
-    cols = _read_header(reader, path, undecodable, task, labelled)
+    cols = _read_header(reader, path, undecodable, task, labelled, hint)
 
     examples: list[Example] = []
     bad_rows: list[BadRow] = []

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy.stats import pearsonr, spearmanr
 from sklearn.metrics import accuracy_score, confusion_matrix, precision_recall_fscore_support
-from tiny_runs import tiny_run
+from tiny_runs import tiny_run, write_data
 
 from training.analyze import FIGURES, main
 from training.inference.formats import read_predictions, read_tsv_predictions
@@ -100,7 +100,7 @@ def test_without_matplotlib_the_markdown_is_written_and_the_command_says_why(run
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
     out = tmp_path / "bare"
     with pytest.raises(SystemExit) as e:
-        main([run.out_dir, "--out", str(out), "--device", "cpu"])
+        main([run.out_dir, "--data-dir", run.data_dir, "--out", str(out), "--device", "cpu"])
     assert e.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("python -m training.analyze: error: the figures need matplotlib: pip install matplotlib")
@@ -111,7 +111,7 @@ def test_without_matplotlib_the_markdown_is_written_and_the_command_says_why(run
 
 def test_a_bad_source_is_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
-        main([str(tmp_path / "nope"), "--out", str(tmp_path / "o")])
+        main([str(tmp_path / "nope"), "--data-dir", str(write_data(tmp_path / "d")), "--out", str(tmp_path / "o")])
     assert e.value.code == 2
     assert capsys.readouterr().err.strip().splitlines() == [
         f"python -m training.analyze: error: checkpoint {tmp_path / 'nope'} does not exist"]
@@ -122,7 +122,8 @@ def test_both_orders_follow_the_run_unless_told(run, analysis, tmp_path, capsys)
     `training.evaluate --both-orders` scores it (the tiny run predicted one order)."""
     from training import evaluate as evaluate_mod
     out = tmp_path / "both"
-    assert main([run.out_dir, "--out", str(out), "--device", "cpu", "--both-orders"]) == 0
+    assert main([run.out_dir, "--data-dir", run.data_dir, "--out", str(out), "--device", "cpu",
+                 "--both-orders"]) == 0
     sts = json.loads((out / "analysis.json").read_text())["tasks"]["sts"]
     dev = Path(run.data_dir) / "sts-dev.csv"
     assert evaluate_mod.main(["--checkpoint", run.out_dir, "--score", "sts", str(dev), "--device", "cpu",

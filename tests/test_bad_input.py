@@ -437,3 +437,33 @@ def test_a_full_disk_while_writing_predictions_names_the_file_and_keeps_the_earl
     assert str(e.value) == f"{folder / 'sst-dev-output.csv'}: No space left on device (the file is unchanged)"
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
     assert [p.name for p in tmp_path.iterdir()] == ["predictions"]  # no temp folder left
+
+
+@pytest.mark.parametrize("command", ["predict", "evaluate"])
+def test_plain_text_given_as_a_course_file_names_the_plain_text_flag(earlier, tmp_path, capsys, command):
+    """The way on is --text (evaluate: --predict-text), not the course data's --data-dir or download."""
+    from training import evaluate, predict
+
+    txt, out = tmp_path / "reviews.txt", tmp_path / "out.csv"
+    txt.write_text("the cat sat\nthe mats\n")
+    run = str(earlier / "run")
+    argv = ([run, "sst", str(txt), str(out)] if command == "predict" else [run, "--predict", "sst", str(txt), str(out)])
+    with pytest.raises(SystemExit) as e:
+        (predict if command == "predict" else evaluate).main([*argv, "--device", "cpu"])
+    assert e.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"python -m training.{command}: error: {txt}: header lacks"), lines
+    flag = "--text" if command == "predict" else "--predict-text sst FILE OUT"
+    assert lines[0].endswith(f"pass {flag}"), lines[0]
+    assert "--data-dir" not in lines[0] and "data.download" not in lines[0]
+    assert not out.exists()
+
+
+def test_a_missing_file_to_predict_is_only_missing(earlier, tmp_path, capsys):
+    from training import predict
+
+    missing = tmp_path / "nowhere.csv"
+    with pytest.raises(SystemExit):
+        predict.main([str(earlier / "run"), "sst", str(missing), str(tmp_path / "o.csv"), "--device", "cpu"])
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"python -m training.predict: error: {missing}: no such file"]

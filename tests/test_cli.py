@@ -2,8 +2,10 @@
 problem, given before any heavy work (or, for problems only the model shows, before training)."""
 import json
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -296,3 +298,89 @@ def test_help_shows_no_none_defaults(capsys):
     out = capsys.readouterr().out
     assert "(default: None)" not in out and "(default: all)" in out and "--overwrite" in out
     assert "(default: True)" not in out  # an off-switch (--no-bucket) showing its dest's default
+
+
+# ----------------------------------------------------------------------------- abbreviations
+
+def test_an_abbreviated_flag_is_refused_naming_the_whole_one(capsys):
+    """argparse would take --epoch for --epochs without a word (a typo of another flag as well): the
+    nearest-flag refusal must see it."""
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args(["--epoch", "1"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "run_multitask.py: error: unrecognized arguments: --epoch 1 (did you mean --epochs?) (see --help)"]
+
+
+def test_every_parser_refuses_abbreviations():
+    """Every argparse parser in the repository is built with allow_abbrev=False (training.args.Parser
+    sets it for the commands; data.download and bench/ build their own)."""
+    import ast
+
+    from training.args import Parser
+
+    assert Parser(prog="x").allow_abbrev is False
+    lax = []
+    for path in sorted(p for folder in ("training", "data", "bench", "minbert", "heads") for p in
+                       (Path(REPO) / folder).rglob("*.py")) + [Path(REPO) / "run_multitask.py"]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            strict = any(k.arg == "allow_abbrev" and getattr(k.value, "value", None) is False
+                         for k in getattr(node, "keywords", ()))
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "ArgumentParser" and not strict:
+                lax.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert lax == []
+
+
+def test_download_refuses_an_abbreviated_flag(capsys):
+    from data.download import main as download_main
+
+    with pytest.raises(SystemExit) as e:
+        download_main(["--forc"])
+    assert e.value.code == 2
+
+
+# ----------------------------------------------------------------------------- help text
+
+MEASURED = re.compile(r"\bmeasured\b|\b\d+(\.\d+)?x\b|\b\d+(\.\d+)? ?(ms|s|min|minutes|seconds|hours|GB|MB|GiB|MiB)\b")
+
+
+def test_train_help_is_short(monkeypatch):
+    """`minbert train --help` fits a screenful or two at 80 columns (it was 357 lines): each option's help at
+    most two lines (160 characters), the rest in docs/options.md."""
+    monkeypatch.setenv("COLUMNS", "80")
+    p = build_parser("minbert train")
+    text, fmt = p.format_help(), p._get_formatter()
+    assert len(text.splitlines()) < 150, len(text.splitlines())
+    long = {a.option_strings[-1]: fmt._expand_help(a) for a in p._actions if a.help and len(fmt._expand_help(a)) > 160}
+    assert long == {}
+    blocks = re.split(r"\n(?=  -)|\n\n", text.split("\noptions:\n", 1)[1])
+    assert [b for b in blocks if b.startswith("  -") and len(b.splitlines()) > 3] == []  # the flags, 2 of help
+    assert all(flag in (Path(REPO) / "docs" / "options.md").read_text() for a in p._actions
+               for flag in a.option_strings if flag.startswith("--") and flag != "--help"
+               and not flag.endswith(("-train", "-dev", "-test")))
+
+
+def test_no_option_help_quotes_a_measurement(monkeypatch):
+    """Figures in help go stale (a time, a speed-up, a size measured once): help links docs instead."""
+    import importlib
+
+    from training.args import Parser
+    from training.main import COMMANDS
+
+    seen = []
+
+    class Built(Exception):
+        pass
+
+    def record(self, *args, **kwargs):
+        seen.append(self)
+        raise Built
+
+    monkeypatch.setattr(Parser, "parse_args", record)
+    monkeypatch.setattr(Parser, "parse_known_args", record)
+    for name, command in COMMANDS.items():
+        with pytest.raises(Built):
+            importlib.import_module(command.module).main([], prog=name)
+    quoted = [f"{p.prog} {a.option_strings}: {a.help}" for p in seen for a in p._actions
+              if a.help and MEASURED.search(a.help)]
+    assert len(seen) == len(COMMANDS) and quoted == []

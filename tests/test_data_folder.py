@@ -98,3 +98,146 @@ def test_files_given_one_by_one_are_checked_alone_and_the_folder_for_the_rest(tm
     assert len(errors) == 1 and errors[0].startswith(f"--data-dir {missing}: no such folder"), errors
     files.update({f"sts_{s}": str(good / COURSE_FILES["sts"][s]) for s in ("train", "dev")})
     assert validate(TrainConfig(data_dir=str(missing), files=files, out_dir=str(tmp_path / "run"))) == []
+
+
+def test_an_offline_download_is_one_line_naming_minbert_data_dir(tmp_path, monkeypatch, capsys):
+    """No network: the one line says what to do instead, put the files in a folder and name it in
+    MINBERT_DATA_DIR (which every command reads), and nothing partial is left in DEST."""
+    import urllib.error
+
+    from data import download
+
+    def offline(url, timeout):
+        raise urllib.error.URLError(OSError(-2, "Name or service not known"))
+
+    monkeypatch.setattr(download.urllib.request, "urlopen", offline)
+    assert download.main(["--dest", str(tmp_path / "d")]) == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("python -m data.download: error: could not download "), lines[0]
+    assert "set MINBERT_DATA_DIR" in lines[0] and "ids-sst-train.csv" in lines[0]
+    assert list((tmp_path / "d").iterdir()) == []
+
+
+# ----------------------------------------------------------------------------- one rule for every command
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A tiny finished run (tests/tiny_runs.py), copied by each test that writes into it."""
+    from tiny_runs import tiny_run
+
+    cfg, _ = tiny_run(tmp_path_factory.mktemp("trained"), tasks=("sst",), epochs=1)
+    return cfg
+
+
+def _copy_run(cfg, tmp_path: Path) -> Path:
+    import shutil
+
+    return Path(shutil.copytree(cfg.out_dir, tmp_path / "run"))
+
+
+def _elsewhere(tmp_path: Path, monkeypatch) -> Path:
+    """A working directory that is neither the run's nor the data's: nothing may land here."""
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    return cwd
+
+
+def test_the_data_folder_is_the_flag_else_the_environment_else_data(monkeypatch):
+    from data.folder import data_folder
+
+    monkeypatch.delenv("MINBERT_DATA_DIR", raising=False)
+    assert (data_folder(), data_folder("mine"), TrainConfig().data_dir) == ("data", "mine", "data")
+    monkeypatch.setenv("MINBERT_DATA_DIR", "/srv/cs224n")  # set after every import: read when used
+    assert (data_folder(), data_folder("mine"), TrainConfig().data_dir) == ("/srv/cs224n", "mine", "/srv/cs224n")
+
+
+@pytest.mark.parametrize("how", ["flag", "environment"])
+def test_evaluate_writes_into_the_run_and_reads_the_data_folder_as_train_does(trained, tmp_path, monkeypatch, how,
+                                                                               capsys):
+    from training.evaluate import main as evaluate_main
+
+    run, cwd = _copy_run(trained, tmp_path), _elsewhere(tmp_path, monkeypatch)
+    (run / "predictions").rename(run / "trainers-predictions")
+    monkeypatch.setenv("MINBERT_DATA_DIR", trained.data_dir if how == "environment" else str(tmp_path / "nowhere"))
+    flags = ["--data-dir", trained.data_dir] if how == "flag" else []
+    assert evaluate_main([str(run), *flags, "--device", "cpu"]) == 0
+    assert list(cwd.iterdir()) == []
+    assert (run / "predictions" / "sst-dev-output.csv").read_text() == \
+        (run / "trainers-predictions" / "sst-dev-output.csv").read_text()
+    capsys.readouterr()
+
+
+def test_evaluate_names_a_missing_default_data_folder_and_where_it_came_from(trained, tmp_path, monkeypatch, capsys):
+    from training.evaluate import main as evaluate_main
+
+    _elsewhere(tmp_path, monkeypatch)
+    monkeypatch.setenv("MINBERT_DATA_DIR", str(tmp_path / "moved-away"))
+    with pytest.raises(SystemExit) as e:
+        evaluate_main([trained.out_dir, "--device", "cpu"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"python -m training.evaluate: error: --data-dir {tmp_path / 'moved-away'} (from $MINBERT_DATA_DIR): no "
+        f"such folder; set MINBERT_DATA_DIR to the folder that holds the course's CSV files, or pass --data-dir"]
+
+
+def test_analyze_reads_the_data_folder_of_the_environment_and_writes_into_the_run(trained, tmp_path, monkeypatch,
+                                                                                   capsys):
+    import json
+    import shutil
+
+    from training.analyze import main as analyze_main
+
+    run, cwd = _copy_run(trained, tmp_path), _elsewhere(tmp_path, monkeypatch)
+    fewer = Path(shutil.copytree(trained.data_dir, tmp_path / "fewer"))
+    dev = fewer / COURSE_FILES["sst"]["dev"]
+    dev.write_text("".join(dev.read_text().splitlines(keepends=True)[:6]))  # the header and 5 examples
+    monkeypatch.setenv("MINBERT_DATA_DIR", str(fewer))
+    step = max((run / "checkpoints").glob("step-*.pt"))
+    analyze_main([str(step), "--device", "cpu"])  # exit 2 (after writing) where matplotlib is missing
+    results = json.loads((run / "analysis" / "analysis.json").read_text())
+    assert results["tasks"]["sst"]["n"] == 5 and results["tasks"]["sst"]["file"] == str(dev)
+    assert list(cwd.iterdir()) == [] and not (run / "checkpoints" / "analysis").exists()
+    capsys.readouterr()
+
+
+def test_export_writes_into_the_run_unless_told(trained, tmp_path, monkeypatch, capsys):
+    from training.export import main as export_main
+
+    run, cwd = _copy_run(trained, tmp_path), _elsewhere(tmp_path, monkeypatch)
+    assert export_main([str(run / "best.pt")]) == 0
+    assert (run / "export" / "heads.json").is_file() and list(cwd.iterdir()) == []
+    assert export_main([str(run), str(tmp_path / "there")]) == 0
+    assert (tmp_path / "there" / "heads.json").is_file()
+    capsys.readouterr()
+
+
+def test_download_writes_where_the_commands_read(tmp_path, monkeypatch, capsys):
+    """Without --dest and MINBERT_DATA_DIR, data in the working directory: train's default folder."""
+    from data import download
+
+    def offline(url, timeout):
+        raise download.urllib.error.URLError("offline")
+
+    monkeypatch.delenv("MINBERT_DATA_DIR", raising=False)
+    monkeypatch.setattr(download.urllib.request, "urlopen", offline)
+    cwd = _elsewhere(tmp_path, monkeypatch)
+    assert download.main([]) == 1
+    assert [p.name for p in cwd.iterdir()] == ["data"]
+    monkeypatch.setenv("MINBERT_DATA_DIR", str(tmp_path / "shared"))
+    assert download.main([]) == 1
+    assert (tmp_path / "shared").is_dir()
+    capsys.readouterr()
+
+
+def test_ensemble_reads_the_data_folder_of_the_environment(trained, tmp_path, monkeypatch, capsys):
+    from training.ensemble import main as ensemble_main
+
+    monkeypatch.setenv("MINBERT_DATA_DIR", str(tmp_path / "moved-away"))
+    with pytest.raises(SystemExit) as e:
+        ensemble_main([trained.out_dir, trained.out_dir, "--predictions-dir", str(tmp_path / "ens")])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.strip().startswith(
+        f"python -m training.ensemble: error: --data-dir {tmp_path / 'moved-away'} (from $MINBERT_DATA_DIR): no such "
+        f"folder;")

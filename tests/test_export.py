@@ -87,7 +87,10 @@ def test_model_card_names_the_recipe_and_the_dev_metrics(run, tmp_path, capsys):
     assert ("--tasks sst sts" in card) == (tuple(run.tasks) == ("sst", "sts"))
     assert "--out-dir" not in card and "--epochs" not in card  # a location, and a default
     assert f'model = load("{out.name}")' in card and "BertModel.from_pretrained" in card
-    assert f"The course's CSV files from `{run.data_dir}`" in card
+    names = [COURSE_FILES[t][s] for t in run.tasks for s in ("train", "dev")]
+    assert f"The course's CSV files ({', '.join(f'`{n}`' for n in names)})" in card
+    root = str(Path(run.out_dir).parent)  # the run's, data's and model's folder on the training machine
+    assert root not in card and f"(`{Path(run.out_dir).name}/best.pt`" in card
     capsys.readouterr()
 
 

@@ -404,7 +404,7 @@ def test_the_trained_part_of_a_lora_run_is_its_factors_and_reloads_to_the_same_o
     part_bytes = (tmp_path / "part" / "encoder-trained.safetensors").stat().st_size
     assert part_bytes < (tmp_path / "whole" / "model.safetensors").stat().st_size / 2
     card = (tmp_path / "part" / "README.md").read_text()
-    assert f"those of `{lora_run.model}`" in card and "python -m training.export part part-whole" in card
+    assert f"those of `{Path(lora_run.model).name}`" in card and "python -m training.export part part-whole" in card
     capsys.readouterr()
 
 

@@ -1,7 +1,9 @@
 """Where a trained model is right and wrong on the dev sets.
 
-    python -m training.analyze runs/default --data-dir data            # writes runs/default/analysis/
-    python -m training.analyze runs/default/best.pt --out analysis-best
+    python -m training.analyze runs/default                   # writes runs/default/analysis/
+    python -m training.analyze runs/default/best.pt --data-dir ../cs224n --out analysis-best
+
+The dev files come from the data folder (--data-dir, else $MINBERT_DATA_DIR, else data), as in training.
 
 OUT then holds
     analysis.md          the summary below, with the figures
@@ -26,10 +28,12 @@ from pathlib import Path
 
 import numpy as np
 
+from data.folder import HELP as DATA_HELP
 from data.loaders import COURSE_FILES, DataError, load_task_file
 from heads import predict, probabilities
 from training.api import SENTIMENTS, LoadError, Model
-from training.args import Parser, add_inference_flags, add_model_source, load_model
+from training.args import Parser, add_inference_flags, add_model_source, course_data, load_model
+from training.common.places import output_folder
 from training.common.progress import setup_logging
 from training.inference.formats import write_tsv_predictions
 
@@ -248,28 +252,23 @@ def draw_figures(plt, results: dict, out: Path) -> list[Path]:
 
 # --------------------------------------------------------------------------- command line
 
-def dev_files(model: Model, data_dir: str | None) -> dict[str, Path]:
-    """Each trained task's dev file: DATA_DIR's course file, else the one the run trained with."""
-    if data_dir:
-        return {t: Path(data_dir) / COURSE_FILES[t]["dev"] for t in model.tasks}
-    return {t: Path(model.config.file(t, "dev")) for t in model.tasks}
+def dev_files(model: Model, data_dir: str) -> dict[str, Path]:
+    """Each trained task's dev file in the data folder."""
+    return {t: Path(data_dir) / COURSE_FILES[t]["dev"] for t in model.tasks}
 
 
 def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     p = Parser(prog=prog, description=__doc__)
     add_model_source(p, "the model to analyse")
-    p.add_argument("--data-dir", default=None, help="folder of the course's dev files (default: the files the run "
-                   "trained with)")
-    p.add_argument("--out", default=None, help="where to write (default: analysis/ in the run directory, or beside "
-                   "the checkpoint)")
+    p.add_argument("--data-dir", default=None, help=DATA_HELP)
+    p.add_argument("--out", default=None, help="where to write (default: RUN/analysis, in the run's folder)")
     add_inference_flags(p, "the run's")
     args = p.parse_args(argv)
     setup_logging()
-    source = Path(args.source)
-    out = Path(args.out) if args.out else (source if source.is_dir() else source.parent) / "analysis"
+    out = output_folder(args.out, args.source, "analysis")
     try:
-        model = load_model(args, source)
-        results = analyze(model, dev_files(model, args.data_dir), out)
+        model = load_model(args)
+        results = analyze(model, dev_files(model, course_data(p, args.data_dir)), out)
     except (LoadError, DataError) as e:
         p.fail(str(e))
     plt = _pyplot()

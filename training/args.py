@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 from typing import NoReturn
 
+from data.folder import data_folder, folder_problem, origin
 from data.loaders import COURSE_FILES, TASKS
 from training.run.config import TrainConfig, default_of, flag_of, freeze_error, options
 
@@ -46,6 +47,8 @@ class Parser(argparse.ArgumentParser):
 
     def __init__(self, *args, hints: dict[str, str] | None = None, **kwargs):
         kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        # argparse would take --epoch for --epochs silently: a prefix is refused with the nearest flag instead
+        kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
         self.hints = hints or {}
 
@@ -76,11 +79,18 @@ class Parser(argparse.ArgumentParser):
 
 
 class OptionsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows defaults, except None: "(default: None)" says nothing; those flags' help says what unset means."""
+    """Shows defaults, except None: "(default: None)" says nothing; those flags' help says what unset means.
+    Nor a switch's: "--no-bucket ... (default: True)" would read as if the flag were on, and a switch is off
+    until given."""
+
+    def __init__(self, prog, indent_increment=2, max_help_position=26, width=None):
+        # room for the flags whose short metavar fits beside them: one line less each
+        super().__init__(prog, indent_increment, max_help_position, width)
 
     def _get_help_string(self, action):
-        # "--no-bucket ... (default: True)" would read as if the flag were on: an off-switch's help says it
-        if action.default is None or isinstance(action, argparse._StoreFalseAction):
+        said = "(default: " in (action.help or "")  # a default_text (add_option) says it in words
+        if said or action.default is None or isinstance(action, (argparse._StoreFalseAction,
+                                                                 argparse._StoreTrueAction)):
             return action.help
         return super()._get_help_string(action)
 
@@ -98,14 +108,16 @@ def add_option(group, f, default=None, help_suffix: str = "") -> None:
                 group.add_argument(f"--{task}-{split}", metavar=meta["metavar"], default=None,
                                    help=meta["help"].format(file=COURSE_FILES[task][split]))
     elif meta["onoff"]:
-        group.add_argument(flag, choices=["off", "on"], default="on" if default else "off", help=text)
+        group.add_argument(flag, choices=["off", "on"], default="on" if default else "off", help=text,
+                           metavar=meta["metavar"])
     elif kind == "bool":
         if default:  # an off-switch
             group.add_argument(f"--no-{flag[2:]}", dest=f.name, action="store_false", help=text)
         else:
             group.add_argument(flag, action="store_true", help=text)
     elif f.name == "tasks":
-        group.add_argument(flag, nargs="+", choices=meta["choices"], default=list(default), help=text)
+        group.add_argument(flag, nargs="+", choices=meta["choices"], default=list(default), help=text,
+                           metavar=meta["metavar"])
     else:
         parse = {"int": int, "float": float, "int | None": _opt_int, "float | None": _opt_float,
                  "int | str | None": depth_or_share}.get(kind, str)
@@ -174,7 +186,7 @@ def add_inference_flags(p: argparse.ArgumentParser, whose: str = "the training r
     p.add_argument("--batch-size", dest="batch_size", type=positive_int, help=argparse.SUPPRESS)
     p.add_argument("--eval-tokens", type=non_negative_int, default=None, metavar="N",
                    help="padded tokens (examples x longest) at most per batch, which --eval-batch-size also caps; 0: "
-                        "no budget (default: 1024 on CPU, the fastest measured; none on CUDA)")
+                        "no budget (default: 1024 on CPU, none on CUDA; docs/training.md)")
     p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N")
     precisions = TrainConfig.__dataclass_fields__["precision"].metadata["choices"]
     p.add_argument("--precision", choices=precisions, default=None,
@@ -183,6 +195,16 @@ def add_inference_flags(p: argparse.ArgumentParser, whose: str = "the training r
                    help=f"cross encoding: predict each paraphrase/similarity pair as (a, b) and (b, a) and average "
                         f"(default: {whose} --predict-both-orders)")
     p.add_argument("--both-orders", dest="both_orders", action=argparse.BooleanOptionalAction, help=argparse.SUPPRESS)
+
+
+def course_data(p: Parser, given: str | None) -> str:
+    """The data folder by the one rule of every command (data.folder: the flag, else $MINBERT_DATA_DIR, else
+    data), refused in one line naming where its path came from when it holds none of the dev files."""
+    folder = data_folder(given)
+    problem = folder_problem(folder, origin(folder, given=bool(given)), [COURSE_FILES[t]["dev"] for t in TASKS])
+    if problem:
+        p.fail(problem)
+    return folder
 
 
 def load_model(args: argparse.Namespace, source=None):

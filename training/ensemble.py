@@ -1,6 +1,6 @@
 """An ensemble of trained checkpoints: averaged probabilities, dev metrics, the course's prediction files.
 
-    python -m training.ensemble runs/seed1 runs/seed2 runs/seed3 --data-dir data --predictions-dir ens
+    python -m training.ensemble runs/seed1 runs/seed2 runs/seed3 --predictions-dir ens   # data: as in training
 
 Each member is a run directory (its best.pt) or a checkpoint file. Per task the members' outputs
 are averaged, then turned into predictions: SST, the softmax probabilities of the five classes,
@@ -24,10 +24,11 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from data.folder import HELP as DATA_HELP
 from data.loaders import COURSE_FILES, DataError, load_task_file
 from heads.tasks import MAX_SIMILARITY
 from training.api import LoadError
-from training.args import Parser, add_inference_flags
+from training.args import Parser, add_inference_flags, course_data
 from training.common.progress import setup_logging
 from training.inference.metrics import METRIC, overall, score
 from training.inference.predictions import read_manifest, write_prediction_set
@@ -159,7 +160,7 @@ def main(argv=None, prog: str = PROG) -> int:
     p = Parser(prog=prog, description=__doc__)
     p.add_argument("members", nargs="+", metavar="RUN",
                    help="run directories (their best.pt) or checkpoint files, one per member")
-    p.add_argument("--data-dir", required=True, help="the course's files: dev sets scored, test sets predicted")
+    p.add_argument("--data-dir", default=None, help=f"{DATA_HELP} (dev sets scored, test sets predicted)")
     p.add_argument("--predictions-dir", default="predictions",
                    help="where the ensemble's prediction files go (default: %(default)s)")
     p.add_argument("--json", default=None, metavar="FILE", help="also write every dev metric to FILE as JSON")
@@ -168,10 +169,9 @@ def main(argv=None, prog: str = PROG) -> int:
     add_inference_flags(p, "each member's")
     args = p.parse_args(argv)
     setup_logging()
-    if not Path(args.data_dir).is_dir():
-        p.fail(f"--data-dir {args.data_dir}: no such directory")
+    data_dir = course_data(p, args.data_dir)
     try:
-        result = ensemble(args.members, args.data_dir, args.predictions_dir, args.overwrite, args.device,
+        result = ensemble(args.members, data_dir, args.predictions_dir, args.overwrite, args.device,
                           args.precision, args.batch_size, args.both_orders, args.eval_tokens)
     except (EnsembleError, LoadError, DataError) as e:
         p.fail(str(e))

@@ -1,16 +1,20 @@
 """Dev metrics, the course's prediction files, and predictions for any file.
 
-    python -m training.evaluate runs/default --data-dir data
+    python -m training.evaluate runs/default     # dev metrics, runs/default/predictions/ from $MINBERT_DATA_DIR or data
+    python -m training.evaluate runs/default --data-dir ../cs224n --predictions-dir predictions-copy
     python -m training.evaluate runs/default/best.pt --score sts my-sts.csv --predict sst new.csv out.csv
     python -m training.evaluate runs/default --predict-text sst reviews.txt reviews.tsv --probabilities
 
 RUN is a run directory (its best.pt), a checkpoint file (best.pt, checkpoints/step-N.pt) or a folder
 written by python -m training.export (`--checkpoint RUN`, its earlier form, is still taken).
 
-Course format (--data-dir, --predict): a header `id \t Predicted_Sentiment` (`Predicted_Is_Paraphrase`,
-`Predicted_Similiary` -- the course's spelling), then one `id , prediction` row per example. --data-dir
-writes its files with a manifest.json as one set, replacing the folder's earlier set whole
+The course's files are evaluated and predicted (from the data folder: --data-dir, else $MINBERT_DATA_DIR,
+else data) when --data-dir is given or nothing else is asked; their predictions go to RUN/predictions (or
+--predictions-dir), with a manifest.json, as one set replacing the folder's earlier set whole
 (training/inference/predictions.py; python -m training.submit checks it).
+
+Course format (those files, --predict): a header `id \t Predicted_Sentiment` (`Predicted_Is_Paraphrase`,
+`Predicted_Similiary` -- the course's spelling), then one `id , prediction` row per example.
 
 Plain text (--predict-text TASK FILE OUT): one sentence per line for sst, one `sentence1<TAB>sentence2`
 pair per line for para and sts; blank lines skipped; ids are line numbers. Its output, and --predict's
@@ -28,7 +32,8 @@ from pathlib import Path
 from data.batching import encode_task
 from data.loaders import COURSE_FILES, TASKS, DataError, load_task_file
 from heads import predict
-from training.args import Parser, add_inference_flags, add_reading_flags, load_model
+from training.args import Parser, add_inference_flags, add_reading_flags, course_data, load_model
+from training.common.places import output_folder
 from training.common.progress import setup_logging
 from training.inference.metrics import METRIC, score
 from training.inference.predictions import predict_file, write_all_predictions
@@ -43,11 +48,12 @@ def build_parser(prog: str = PROG) -> Parser:
                    "(best.pt, checkpoints/step-N.pt), or a folder written by the export command")
     p.add_argument("--checkpoint", dest="checkpoint", help=argparse.SUPPRESS)  # RUN's earlier name, still taken
     add_reading_flags(p)
-    p.add_argument("--data-dir", default=None, help="evaluate the course's dev files and predict its test files "
-                   "from this folder, writing PREDICTIONS_DIR/{sst,para,sts}-{dev,test}-output.csv and manifest.json")
-    p.add_argument("--predictions-dir", default="predictions",
-                   help="where --data-dir's prediction files go, with their manifest.json; an earlier set of the same "
-                        "run there is replaced as a whole (default: %(default)s)")
+    p.add_argument("--data-dir", default=None, help="evaluate the course's dev files and predict its test files from "
+                   "this folder (done without --data-dir too when no --score, --predict or --predict-text is given: "
+                   "$MINBERT_DATA_DIR if set, else data)")
+    p.add_argument("--predictions-dir", default=None,
+                   help="where the course's prediction files go, with their manifest.json, replacing an earlier set "
+                        "of the same run (default: RUN/predictions)")
     p.add_argument("--overwrite", action="store_true",
                    help="let --data-dir replace a --predictions-dir holding another run's set (or files of no run)")
     p.add_argument("--score", nargs=2, action="append", default=[], metavar=("TASK", "FILE"),
@@ -75,8 +81,6 @@ def main(argv=None, prog: str = PROG) -> int:
     for task, *_ in args.score + args.predict + args.predict_text:
         if task not in TASKS:
             p.error(f"unknown task {task!r}; one of {', '.join(TASKS)}")
-    if not (args.data_dir or args.score or args.predict or args.predict_text):
-        p.error("nothing to do: give --data-dir, --score, --predict or --predict-text")
     if args.probabilities and not (args.predict or args.predict_text):
         p.error("--probabilities applies to --predict and --predict-text")
 
@@ -86,6 +90,9 @@ def main(argv=None, prog: str = PROG) -> int:
         model = load_model(args)
     except LoadError as e:
         p.fail(str(e))
+    # the course's files, asked for or nothing else is: from the one data folder of every command
+    asked = args.data_dir or not (args.score or args.predict or args.predict_text)
+    args.course = course_data(p, args.data_dir) if asked else None
     try:
         run_commands(args, model)
     except (DataError, ValueError) as e:  # a missing or unusable file, an untrained task, another run's folder
@@ -100,15 +107,16 @@ def run_commands(args, model) -> None:
         examples = load_task_file(path, task, labelled=labelled).examples
         return encode_task(task, examples, model.tokenizer, cfg.pair_encoding, cfg.max_length, model.both_orders)
 
-    if args.data_dir:
+    if args.course:
         from training.run.build import Splits
         splits = Splits({}, {}, {})
         for task in cfg.tasks:
-            splits.dev[task] = encoded(task, Path(args.data_dir) / COURSE_FILES[task]["dev"], True)
-            test = Path(args.data_dir) / COURSE_FILES[task]["test"]
+            splits.dev[task] = encoded(task, Path(args.course) / COURSE_FILES[task]["dev"], True)
+            test = Path(args.course) / COURSE_FILES[task]["test"]
             if test.is_file():
                 splits.test[task] = encoded(task, test, False)
-        write_all_predictions(model, splits, args.predictions_dir, args.overwrite, source=str(args.source))
+        folder = output_folder(args.predictions_dir, args.source, "predictions")
+        write_all_predictions(model, splits, folder, args.overwrite, source=str(args.source))
     for task, path in args.score:
         examples = load_task_file(path, task, labelled=True).examples
         preds = predict(task, model.outputs(task, examples)).double().numpy()
@@ -116,7 +124,7 @@ def run_commands(args, model) -> None:
         print(f"{path}: {METRIC[task]} {value:.4f} ({len(examples)} examples)")
     inputs = [(t, f, o, False) for t, f, o in args.predict] + [(t, f, o, True) for t, f, o in args.predict_text]
     for task, path, out, plain in inputs:
-        n = predict_file(model, task, path, out, plain, args.probabilities)
+        n = predict_file(model, task, path, out, plain, args.probabilities, f"--predict-text {task} FILE OUT")
         print(f"{path}: wrote {n} {task} predictions to {out}")
 
 

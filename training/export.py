@@ -1,9 +1,9 @@
 """Export a trained model: the encoder in the Hugging Face layout, the task heads beside it, a model card.
 
-    python -m training.export runs/default exports/default
+    python -m training.export runs/default                     # writes runs/default/export/
     python -m training.export runs/default/checkpoints/step-0001250.pt exports/step1250 --overwrite
 
-OUT_DIR then holds
+OUT_DIR (default: RUN/export, in the run's folder) then holds
     config.json, model.safetensors    the encoder: transformers.BertModel.from_pretrained(OUT_DIR) loads it
     vocab.txt / tokenizer.json, ...   the run's tokenizer files
     heads.safetensors                 the trained tasks' heads ({task}.{parameter} -> tensor)
@@ -25,6 +25,7 @@ import sys
 
 from training.api import LoadError
 from training.args import Parser, add_model_source
+from training.common.places import output_folder
 from training.common.progress import setup_logging
 from training.results.export import ExportError, export
 
@@ -34,7 +35,8 @@ PROG = "python -m training.export"
 def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     p = Parser(prog=prog, description=__doc__)
     add_model_source(p, "the model to export")
-    p.add_argument("out", metavar="OUT_DIR", help="the folder to write (refused when it exists and is not empty)")
+    p.add_argument("out", metavar="OUT_DIR", nargs="?", help="the folder to write, refused when it exists and is "
+                   "not empty (default: RUN/export, in the run's folder)")
     p.add_argument("--overwrite", action="store_true", help="replace the export files in a non-empty OUT_DIR")
     p.add_argument("--trained-only", action="store_true",
                    help="write only the encoder tensors training changed (LoRA, BitFit, freezing), to be loaded "
@@ -42,7 +44,8 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     args = p.parse_args(argv)
     setup_logging()
     try:
-        out = export(args.source, args.out, args.overwrite, args.raw_weights, args.tokenizer, args.trained_only)
+        out = export(args.source, output_folder(args.out, args.source, "export"), args.overwrite, args.raw_weights,
+                     args.tokenizer, args.trained_only)
     except (ExportError, LoadError) as e:
         p.fail(str(e))
     print(f"wrote {out} (load it with training.api.load({str(out)!r}))")

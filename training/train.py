@@ -10,10 +10,11 @@ import argparse
 import logging
 import sys
 
+from data.folder import origin
 from training.args import OptionsHelpFormatter, Parser, add_option, config_from_args, defaults_from
 from training.common.errors import ConfigError, NonFiniteLossError, TrainingInterrupted, WriteError
 from training.common.progress import setup_logging
-from training.run.config import GROUPS, TrainConfig, data_dir_origin, field_errors, options, read_config_file, validate
+from training.run.config import GROUPS, TrainConfig, field_errors, options, read_config_file, validate
 
 PROG = "run_multitask.py"
 
@@ -29,13 +30,14 @@ STARTER_FLAGS = {"--use_gpu": "--device cuda", "--option": "--freeze-upto N (pre
 
 def build_parser(prog: str = PROG) -> Parser:
     p = Parser(
-        prog=prog, hints={name: f"{ours} for the starter code's {name}" for name, ours in STARTER_FLAGS.items()},
+        prog=prog, usage="%(prog)s [--config FILE] [options]",  # the options are listed below, once
+        hints={name: f"{ours} for the starter code's {name}" for name, ours in STARTER_FLAGS.items()},
         description="Train one BERT on SST-5 sentiment, Quora paraphrase and STS-B similarity, evaluate on "
-                    "the dev sets each epoch, keep the best checkpoint and write the course's prediction files.",
+                    "the dev sets each epoch, keep the best checkpoint and write the course's prediction files. "
+                    "Each option in full: docs/options.md.",
         formatter_class=OptionsHelpFormatter)
     p.add_argument("--config", metavar="FILE", default=None,
-                   help="start from the options in FILE (a run's config.json, or a JSON recipe of some options); "
-                        "flags given on the command line override it")
+                   help="start from FILE's options (a run's config.json, or a recipe); flags override them")
     groups = {name: p.add_argument_group(name) for name in GROUPS}
     for f in options():
         add_option(groups[f.metadata["group"]], f)
@@ -58,10 +60,9 @@ def parse(argv: list[str] | None = None, prog: str = PROG) -> tuple[argparse.Nam
             parser.exit(2, "".join(f"{prog}: error: --config {first.config}: {e}\n" for e in errors))
         parser.set_defaults(**defaults_from(values))
     args = parser.parse_args(argv)
-    typed = any(a == "--data-dir" or a.startswith("--data-dir=") for a in (sys.argv[1:] if argv is None else argv))
-    given = typed or args.data_dir != parser.get_default("data_dir")  # an abbreviation, --data-d X, too
+    given = any(a == "--data-dir" or a.startswith("--data-dir=") for a in (sys.argv[1:] if argv is None else argv))
     config_file = first.config if first.config is not None and "data_dir" in values else None
-    args.data_dir_from = data_dir_origin(args.data_dir, given, config_file)  # for the line of a missing folder
+    args.data_dir_from = origin(args.data_dir, given, config_file)  # for the line of a missing folder
     return args, config_from_args(args)
 
 

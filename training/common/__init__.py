@@ -1,1 +1,2 @@
-"""Small helpers at the bottom of the import graph: errors, device and precision, progress."""
+"""Small helpers at the bottom of the import graph: errors, device and precision, progress, the places
+commands write to."""

