@@ -91,7 +91,8 @@ class TrainConfig:
     # Each help is at most two lines of `--help` (tests/test_cli.py), with no measured figures: the docs
     # page it names says more (docs/options.md: every option in full), with the figures' commands and dates.
     # ------------------------------------------------------------------ model
-    model: str = opt("minilm-l6", "minilm-l6 (installed), a Hugging Face folder or a hub id", "model",
+    model: str = opt("minilm-l6", "minilm-l6 (6 layers), mpnet-base (12 layers; docs/mpnet.md), a Hugging Face "
+                     "folder or a hub id", "model",
                      metavar="MODEL")
     pair_encoding: str = opt("cross", "cross: both sentences in one sequence; siamese: apart", "model",
                              choices=("cross", "siamese"), metavar="MODE")
