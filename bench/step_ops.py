@@ -12,8 +12,9 @@ dropout's mask, the matmul attention where CUDA takes sdpa, the CPU's fused Adam
     python bench/step_ops.py --device cuda --profile 20 -- --smart --smart-lambda 0 --pooling mean --ema-decay 0.998
 
 --profile N then times --steps more steps under torch.profiler and prints the top N ops by the host's
-own time and, on CUDA, by the device's, and the device's busy share: its kernels' time over the steps'
-wall time (where it is low, the host is what the step waits for).
+own time and, on CUDA, by the device's, and the device's busy share: its kernels' time (each kernel
+once, the profiler's "Self CUDA time total") over the steps' wall time (where it is low, the host is what
+the step waits for).
 
 Counts are per step, the mean over --steps steady-state steps after --skip; each synchronisation is
 listed with the line of ours that asked for it.
@@ -31,6 +32,7 @@ import traceback
 from pathlib import Path
 
 import torch
+from torch.autograd import DeviceType
 from torch.utils._python_dispatch import TorchDispatchMode
 
 REPO = Path(__file__).resolve().parents[1]
@@ -205,8 +207,24 @@ def profile_steps(run: Run, updates: list, bar, rows: int) -> None:
     print(events.table(sort_by="self_cpu_time_total", row_limit=rows))
     if cuda:  # torch >= 2.4 names the device's time "device" (it was "cuda")
         print(events.table(sort_by="self_device_time_total", row_limit=rows))
-        kernels = sum(e.self_device_time_total for e in events) / 1e6  # microseconds -> seconds
+        kernels = kernel_seconds(events)
         print(f"device busy: {kernels:.3f} s of kernels in {wall:.3f} s of steps ({kernels / wall:.0%})")
+
+
+def kernel_seconds(events) -> float:
+    """The device's time in the profiled events, each kernel once: the table's "Self CUDA time total".
+
+    Under the CUDA activity a kernel shows twice in key_averages(): as its own event (device_type CUDA)
+    and in the self device time of the aten op that launched it (a CPU event holding the kernel), so a
+    sum over every event counts each kernel twice (before 2026-11-27 this script did: its busy shares
+    were about double). Only the device's own events are summed, less the user annotations (a
+    record_function range such as Optimizer.step#AdamW.step, timed on the device over kernels counted
+    already), as torch's table does for its total."""
+    def once(e) -> bool:
+        if e.device_type == DeviceType.CPU:
+            return e.is_legacy  # the legacy profiler's kernels live on their CPU events alone
+        return not e.is_user_annotation
+    return sum(e.self_device_time_total for e in events if once(e)) / 1e6  # microseconds -> seconds
 
 
 if __name__ == "__main__":
