@@ -27,8 +27,29 @@ def test_quick_start_is_two_commands_and_ci_runs_the_test_one():
     assert "run_multitask.py" in run and "pytest" in test
     ci_lines = (REPO / ".ci" / "run").read_text().splitlines()
     assert test in ci_lines
-    for cmd in commands:  # CPU machines must pin torch, or pip pulls gigabytes of CUDA packages
+    for cmd in commands:  # the torch version the project is tested with (a version, not a build: the README says how)
         assert cmd.startswith("pip install torch==")
+
+
+def test_readme_is_read_in_five_minutes():
+    lines = (REPO / "README.md").read_text().splitlines()
+    assert len(lines) <= 250, f"README.md has {len(lines)} lines; move the detail to docs/ (issue 63)"
+
+
+def test_the_readme_states_lora_r8s_trainable_share_of_the_default_model():
+    """The share the README gives for `--peft lora:r=8`, with the default pooling (the pooler trains) and with
+    `--pooling mean`, is the one the trainer's own model has."""
+    from training.methods.peft import trainable_counts
+    from training.run.build import build_model
+    from training.run.config import TrainConfig
+
+    text = (REPO / "README.md").read_text()
+    shares = {}
+    for pooling in ("cls", "mean"):
+        trainable, total = trainable_counts(build_model(TrainConfig(peft="lora:r=8", pooling=pooling))[0])
+        shares[pooling] = f"{100 * trainable / total:.2f}%"
+    assert re.search(rf"LoRA r=8 trains {re.escape(shares['cls'])} of MiniLM's parameters with the default\s+"
+                     rf"`--pooling cls`.*?{re.escape(shares['mean'])} with `--pooling mean`", text, flags=re.DOTALL), shares
 
 
 # --------------------------------------------------------------------------- every command the README shows
