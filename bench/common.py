@@ -71,3 +71,29 @@ def write_bert_base_shape(out, seed: int) -> Path:
     from minbert import Bert, BertConfig, resolve_checkpoint, save_hf
     torch.manual_seed(seed)
     return save_hf(Bert(BertConfig()), out, vocab_src=resolve_checkpoint("minilm-l6"))
+
+
+# all-mpnet-base-v2's config.json, less what no forward pass reads (MPNetConfig's own defaults differ: 512
+# positions, LayerNorm eps 1e-12)
+MPNET_BASE_SHAPE = {"vocab_size": 30527, "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
+                    "intermediate_size": 3072, "hidden_act": "gelu", "max_position_embeddings": 514,
+                    "layer_norm_eps": 1e-5, "relative_attention_num_buckets": 32, "pad_token_id": 1,
+                    "bos_token_id": 0, "eos_token_id": 2, "hidden_dropout_prob": 0.1,
+                    "attention_probs_dropout_prob": 0.1}
+
+
+def write_mpnet_base_shape(out, seed: int) -> Path:
+    """An MPNet of all-mpnet-base-v2's shape (12 layers, hidden 768, 12 heads, FFN 3072, 32 relative-position
+    buckets, its 30527-token vocabulary's size) with random weights (transformers' initialisation, std 0.02,
+    from `seed`), written by transformers' own MPNetModel to `out`: the file both arms load, MPNet's speed
+    and memory where the real one cannot be had. Its vocab.txt holds MPNet's four special tokens and then
+    placeholders, only so that the folder loads: the step benchmarks draw random ids, and tokenize nothing."""
+    import torch
+    from transformers import MPNetConfig, MPNetModel  # benchmark-only dependency
+
+    torch.manual_seed(seed)
+    MPNetModel(MPNetConfig(**MPNET_BASE_SHAPE)).save_pretrained(out)
+    special = ["<s>", "<pad>", "</s>", "<unk>"]
+    words = special + [f"[unused{i}]" for i in range(MPNET_BASE_SHAPE["vocab_size"] - len(special))]
+    (Path(out) / "vocab.txt").write_text("\n".join(words) + "\n", encoding="utf-8")
+    return Path(out)

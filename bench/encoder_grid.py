@@ -1,4 +1,5 @@
-"""Training step time, ours / transformers.BertModel, over a grid of batch sizes x lengths, padded and not.
+"""Training step time, ours / transformers.BertModel (MPNetModel for an MPNet), over a grid of batch sizes x
+lengths, padded and not.
 
 A step is: forward in train mode (dropout 0.1 on both), loss on the pooled output, backward, AdamW
 step, each model with its own optimiser, all on the same batch. Arms:
@@ -8,7 +9,8 @@ step, each model with its own optimiser, all on the same batch. Arms:
     ours-cls      the path the trainer runs with --pooling cls: encode(..., first_only=True), so
                   the last layer computes [CLS] alone (same loss and gradients, less work)
     hf-sdpa       transformers.BertModel, attn_implementation="sdpa" (its default)
-    hf-eager      the same with "eager" attention (--ref-attn sdpa eager)
+    hf-eager      the same with "eager" attention (--ref-attn sdpa eager); for an MPNet (--mpnet-base, or
+                  --model of an MPNet folder) MPNetModel, the one arm (its attention is eager only)
 
 Each cell: --warmup untimed rounds, then --repeats timed rounds; a round times every arm once, back
 to back, in an order that rotates from round to round, so background load hits all arms alike. A
@@ -20,6 +22,7 @@ shared with other jobs, wall-clock time mostly measures how long the scheduler k
 
     python bench/encoder_grid.py --quick                     # MiniLM-L6, one thread, 3 timed rounds
     python bench/encoder_grid.py --bert-base --batch-sizes 8 --lengths 64 128
+    python bench/encoder_grid.py --mpnet-base --batch-sizes 32 --lengths 64 --padding unpadded
     python bench/encoder_grid.py --attn-core                 # the attention core alone: matmul vs sdpa
 
 --attn-core times the attention core (scores, mask, softmax, dropout, values; forward and backward,
@@ -37,9 +40,9 @@ import tempfile
 import torch
 import torch.nn.functional as F
 from common import add_clock_arg, cpu_model, paired_ratios, pick_clock  # noqa: E402  (puts the repository on sys.path)
-from encoder_vs_hf import add_model_flags, checkpoint_dir, make_optimizer  # noqa: E402
+from encoder_vs_hf import add_model_flags, as_batch, checkpoint_dir, load_reference, make_optimizer, model_label
 
-from minbert import load_bert  # noqa: E402
+from minbert import BertConfig, load_bert  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -50,8 +53,9 @@ def parse_args(argv=None):
     p.add_argument("--lengths", type=int, nargs="+", default=[32, 64, 128, 256], help="(default: %(default)s)")
     p.add_argument("--padding", choices=["both", "padded", "unpadded"], default="both",
                    help="which cells: padded batches, unpadded ones, or both (default: %(default)s)")
-    p.add_argument("--ref-attn", nargs="+", choices=["sdpa", "eager"], default=["sdpa"],
-                   help="the reference's attention implementations, one arm each (default: %(default)s)")
+    p.add_argument("--ref-attn", nargs="+", choices=["sdpa", "eager"], default=None,
+                   help="the reference's attention implementations, one arm each (default: sdpa for a BERT, "
+                        "eager for an MPNet)")
     p.add_argument("--no-cls-arm", dest="cls_arm", action="store_false",
                    help="leave out the ours-cls arm (the trainer's first_only path)")
     p.add_argument("--repeats", type=int, default=7, help="timed rounds per cell (default: %(default)s)")
@@ -69,16 +73,15 @@ def parse_args(argv=None):
     return args
 
 
-def make_batch(B: int, T: int, padded: bool, vocab_size: int, seed: int) -> dict[str, torch.Tensor]:
+def make_batch(B: int, T: int, padded: bool, cfg: BertConfig, seed: int) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(1000, vocab_size, (B, T), generator=g)
-    ids[:, 0] = 101  # [CLS]
+    ids = torch.randint(1000, cfg.vocab_size, (B, T), generator=g)
     lengths = torch.full((B,), T)
     if padded:
         lengths = torch.randint(max(1, T // 4), T + 1, (B,), generator=g)
         lengths[0] = T  # dynamic padding pads to the longest sequence
     mask = (torch.arange(T)[None, :] < lengths[:, None]).long()  # (B, T)
-    return dict(input_ids=ids * mask, attention_mask=mask, token_type_ids=torch.zeros_like(ids))
+    return as_batch(ids, mask, cfg)  # [CLS] first, padding's id, token types for a BERT
 
 
 def pooled_full(model, batch):  # ours and the reference: every position of every layer
@@ -86,7 +89,7 @@ def pooled_full(model, batch):  # ours and the reference: every position of ever
 
 
 def pooled_cls(model, batch):  # ours as the trainer runs it with --pooling cls
-    h = model.embed(batch["input_ids"], batch["token_type_ids"])
+    h = model.embed(batch["input_ids"], batch.get("token_type_ids"))
     return model.pool(model.encode(h, batch["attention_mask"], first_only=True))  # (B, 1, H) -> (B, H)
 
 
@@ -99,12 +102,12 @@ def step_seconds(model, opt, forward, batch, clock) -> float:
 
 
 def build_arms(args, path) -> dict:
-    from transformers import BertModel  # the reference; benchmark-only dependency
     arms = {"ours": (load_bert(path, attn_impl="auto").train(), pooled_full)}
     if args.cls_arm:
         arms["ours-cls"] = (load_bert(path, attn_impl="auto").train(), pooled_cls)
-    for attn in args.ref_attn:
-        arms[f"hf-{attn}"] = (BertModel.from_pretrained(str(path), attn_implementation=attn).train(), pooled_full)
+    for attn in args.ref_attn or [None]:  # None: the reference's default (sdpa; eager for an MPNet)
+        ref, attn = load_reference(path, attn)
+        arms[f"hf-{attn}"] = (ref.train(), pooled_full)
     return {name: (model, make_optimizer(model, torch.device("cpu"))[0], fwd) for name, (model, fwd) in arms.items()}
 
 
@@ -125,8 +128,8 @@ def header(args, what: str, cfg=None) -> None:
     print(f"# {what}  {datetime.datetime.now():%Y-%m-%d %H:%M}  CPU: {cpu_model()}  threads {torch.get_num_threads()}"
           f"  torch {torch.__version__}  timed by {pick_clock(args.clock, args.threads)[1]}")
     if cfg is not None:
-        print(f"# model: {'bert-base shape, random weights' if args.bert_base else args.model} "
-              f"({cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, {cfg.num_attention_heads} heads)  "
+        print(f"# model: {model_label(args)} ({cfg.model_type}, {cfg.num_hidden_layers} layers, hidden "
+              f"{cfg.hidden_size}, {cfg.num_attention_heads} heads)  "
               f"{args.repeats} timed rounds after {args.warmup} warm-up per cell, arms rotated every round")
 
 
@@ -135,8 +138,7 @@ def run_grid(args) -> None:
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()
     with tempfile.TemporaryDirectory() as tmp:
-        arms = build_arms(args, checkpoint_dir(argparse.Namespace(bert_base=args.bert_base, model=args.model,
-                                                                  seed=args.seed), tmp))
+        arms = build_arms(args, checkpoint_dir(args, tmp))
     cfg = arms["ours"][0].config
     header(args, f"training step, ours / transformers {transformers.__version__}", cfg)
     refs = [n for n in arms if n.startswith("hf-")]
@@ -150,7 +152,7 @@ def run_grid(args) -> None:
     for padded in paddings:
         for B in args.batch_sizes:
             for T in args.lengths:
-                batch = make_batch(B, T, padded, cfg.vocab_size, args.seed + 1000 * B + T)
+                batch = make_batch(B, T, padded, cfg, args.seed + 1000 * B + T)
                 times = time_cell(arms, batch, args.warmup, args.repeats, pick_clock(args.clock, args.threads)[0])
                 ms = [f"{statistics.median(times[n]) * 1e3:.0f}" for n in arms]
                 ratios = [paired_ratios(times[o], times[r]) for r in refs for o in ours]
@@ -173,7 +175,7 @@ def run_attn_core(args) -> None:
     """sdpa / matmul time of the attention core per shape: training (dropout 0.1, forward and backward)
     and dropout-free forward (evaluation, frozen layers)."""
     from minbert.model import padding_bias
-    heads, hd = (12, 64) if args.bert_base else (12, 32)
+    heads, hd = (12, 64) if args.bert_base or args.mpnet_base else (12, 32)
     clock = pick_clock(args.clock, args.threads)[0]
     header(args, f"attention core, sdpa / matmul, {heads} heads of {hd}")
     print(f"# {args.repeats} timed rounds after {args.warmup} warm-up, each round 3 calls per arm")
@@ -186,7 +188,8 @@ def run_attn_core(args) -> None:
         for B in args.batch_sizes:
             for T in args.lengths:
                 q, k, v = (torch.randn(B, heads, T, hd, generator=g, requires_grad=True) for _ in range(3))
-                bias = padding_bias(make_batch(B, T, padded, 2000, args.seed)["attention_mask"], torch.float32)
+                mask = make_batch(B, T, padded, BertConfig(vocab_size=2000), args.seed)["attention_mask"]
+                bias = padding_bias(mask, torch.float32)
                 grad = torch.randn(B, heads, T, hd, generator=g)
                 cells = []
                 for p, backward in ((0.1, True), (0.0, False)):

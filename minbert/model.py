@@ -215,6 +215,7 @@ class Embeddings(nn.Module):
         # frozen layers would change their outputs, which the frozen-prefix cache holds fixed.
         n_buckets = cfg.relative_attention_num_buckets
         self.relative = nn.Embedding(n_buckets, cfg.num_attention_heads) if n_buckets else None
+        self._buckets: dict[torch.device, torch.Tensor] = {}  # relative_bias's bucket ids, per device (buckets)
         self.norm = nn.LayerNorm(H, eps=cfg.layer_norm_eps)
         self.drop = Dropout(cfg.hidden_dropout_prob)
 
@@ -243,10 +244,30 @@ class Embeddings(nn.Module):
 
     def relative_bias(self, T: int, device) -> torch.Tensor:  # -> (1, nh, T, T): query i, key j
         """MPNet's relative position bias: each head's score for the bucket of j - i. A function of T alone,
-        as in transformers (positions 0..T-1, padding included)."""
-        pos = torch.arange(T, device=device)
-        buckets = relative_buckets(pos[None, :] - pos[:, None])  # (T, T) from key - query distances
-        return self.relative(buckets).permute(2, 0, 1).unsqueeze(0)
+        as in transformers (positions 0..T-1, padding included). The lookup stays in the graph: the table
+        trains."""
+        return self.relative(self.buckets(T, device)).permute(2, 0, 1).unsqueeze(0)
+
+    def buckets(self, T: int, device) -> torch.Tensor:  # -> (T, T) int64: query i, key j
+        """The bucket ids of relative_bias, computed once rather than at every forward (some 15 small
+        kernels): an id depends on j - i alone, so T's are the top-left corner of any longer length's. One
+        table per device, for the longest length yet met (512 tokens: 2 MiB), sliced. While torch.compile
+        traces or a CUDA graph records, computed afresh instead, as transformers does: nothing made there
+        is kept. The table is made outside inference mode, so a model that met a length first under
+        torch.inference_mode() still trains on it."""
+        device = torch.device(device)
+        if torch.compiler.is_compiling() or (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+            return bucket_grid(T, device)
+        table = self._buckets.get(device)
+        if table is None or table.shape[0] < T:
+            with torch.inference_mode(False):
+                table = self._buckets[device] = bucket_grid(T, device)
+        return table[:T, :T]
+
+
+def bucket_grid(T: int, device) -> torch.Tensor:  # -> (T, T): the bucket of key j - query i
+    pos = torch.arange(T, device=device)
+    return relative_buckets(pos[None, :] - pos[:, None])
 
 
 def relative_buckets(rel, n_buckets: int = MPNET_BUCKETS, max_distance: int = MPNET_MAX_DISTANCE):

@@ -149,3 +149,62 @@ def test_same_bits_runs_carry_the_flags_of_the_points_a_study_has_left():
     assert cmd[-3:] == ["--smart", "--smart-lambda", "0"], cmd
     assert cmd[cmd.index("--freeze-upto") + 1] == "4" and cmd[cmd.index("--precision") + 1] == "bf16"
     assert "--smart" not in run_command(parse_args(["old", "new"]), "none", Path("out"))
+
+
+@pytest.fixture(scope="module")
+def tiny_mpnet(tmp_path_factory):
+    """A random 2-layer, hidden-32 MPNet saved by transformers' MPNetModel, with a vocab.txt."""
+    import torch
+    from transformers import MPNetConfig, MPNetModel
+    d = tmp_path_factory.mktemp("mpnet")
+    torch.manual_seed(0)
+    MPNetModel(MPNetConfig(vocab_size=1100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                           intermediate_size=64, max_position_embeddings=514, layer_norm_eps=1e-5)).save_pretrained(d)
+    (d / "vocab.txt").write_text("\n".join(["<s>", "<pad>", "</s>", "<unk>"] + [f"x{i}" for i in range(1096)]) + "\n")
+    return d
+
+
+def bench(script, *args, cwd):
+    return subprocess.run([sys.executable, str(BENCH / script), *args, "--threads", "1"], cwd=cwd,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_an_mpnet_folder_is_timed_against_mpnet_model(tiny_mpnet, tmp_path, precision):
+    """--model DIR of an MPNet: the reference is transformers' MPNetModel (eager, its only attention), the
+    same function before the steps; the grid's reference arm too. --ref-attn sdpa is refused, not ignored."""
+    tiny = ["--batch-size", "2", "--seq-len", "16", "--steps", "2", "--warmup", "0", "--padded"]
+    r = bench("encoder_vs_hf.py", "--model", str(tiny_mpnet), "--precision", precision, *tiny, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert f"({'bf16 autocast' if precision == 'bf16' else 'fp32'})" in r.stdout, r.stdout
+    assert "(mpnet, 2 layers, hidden 32)" in r.stdout and "transformers   eager" in r.stdout, r.stdout
+    assert float(r.stdout.split("max|diff| ")[1].split()[0]) < 1e-5, r.stdout
+    assert "ratio minbert / transformers: " in r.stdout
+    r = bench("encoder_vs_hf.py", "--model", str(tiny_mpnet), "--ref-attn", "sdpa", *tiny, cwd=tmp_path)
+    assert r.returncode != 0 and "MPNetModel has eager attention only" in r.stderr, r.stderr
+    if precision == "fp32":
+        r = bench("encoder_grid.py", "--model", str(tiny_mpnet), "--batch-sizes", "2", "--lengths", "8",
+                  "--repeats", "1", "--warmup", "0", "--padding", "padded", cwd=tmp_path)
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert "| ours ms | ours-cls ms | hf-eager ms |" in r.stdout and "(mpnet, 2 layers" in r.stdout, r.stdout
+
+
+def test_the_mpnet_base_shape_is_all_mpnet_base_v2s_and_its_step_runs(tmp_path):
+    """--mpnet-base at a tiny batch (2 x 8, one step: about 12 s and 4 GB, the two 110M-parameter models with
+    their AdamW states): the folder transformers writes loads on both sides to the same function, and its
+    config reads as the real all-mpnet-base-v2's where that is in the cache (`--model mpnet-base`)."""
+    sys.path.insert(0, str(BENCH))
+    from common import MPNET_BASE_SHAPE
+    from transformers import MPNetConfig
+
+    from minbert import BertConfig
+    from minbert.parts import MPNET_BASE, cache_root
+    MPNetConfig(**MPNET_BASE_SHAPE).save_pretrained(tmp_path / "shape")
+    real = cache_root() / MPNET_BASE.folder / "config.json"
+    if real.is_file():  # assembled on this machine
+        assert BertConfig.from_json(tmp_path / "shape" / "config.json") == BertConfig.from_json(real)
+    r = bench("encoder_vs_hf.py", "--mpnet-base", "--batch-size", "2", "--seq-len", "8", "--steps", "1",
+              "--warmup", "0", "--precision", "bf16", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "# model: mpnet-base shape, random (mpnet, 12 layers, hidden 768)" in r.stdout, r.stdout
+    assert float(r.stdout.split("max|diff| ")[1].split()[0]) < 1e-4, r.stdout

@@ -95,6 +95,28 @@ def test_relative_buckets_are_transformers_buckets():
     assert set(relative_buckets(rel).tolist()) == set(range(32)) - {16}  # 16 would be distance 0 after the query
 
 
+def test_the_bucket_ids_are_kept_and_give_the_bias_and_its_gradient_bit_for_bit(mpnet_dir):
+    """Embeddings.buckets keeps the longest length's ids and slices shorter ones from them: the bias and the
+    table's gradient are those of ids computed afresh, at lengths met in any order, the first of them under
+    inference mode (the kept table must still serve training); a torch.compile trace computes them itself."""
+    emb = load_bert(mpnet_dir).embeddings
+
+    def fresh(T):
+        pos = torch.arange(T)
+        return emb.relative(relative_buckets(pos[None, :] - pos[:, None])).permute(2, 0, 1).unsqueeze(0)
+
+    with torch.inference_mode():
+        emb.relative_bias(150, "cpu")
+    for T in (150, 5, 149, 200, 1, 64):
+        got, want = emb.relative_bias(T, "cpu"), fresh(T)
+        assert got.shape == (1, 4, T, T) and torch.equal(got, want), T
+        w = torch.randn(got.shape)
+        assert torch.equal(*(torch.autograd.grad((b * w).sum(), emb.relative.weight)[0] for b in (got, want))), T
+    assert list(emb._buckets) == [torch.device("cpu")] and emb._buckets[torch.device("cpu")].shape == (200, 200)
+    traced = torch.compile(emb.relative_bias, backend="eager", fullgraph=True)(70, "cpu")
+    assert torch.equal(traced, fresh(70)) and emb._buckets[torch.device("cpu")].shape == (200, 200)
+
+
 def test_the_config_reads_mpnet_and_counts_its_parameters(mpnet_dir):
     cfg = BertConfig.from_json(mpnet_dir / "config.json")
     assert (cfg.model_type, cfg.relative_attention_num_buckets, cfg.type_vocab_size) == ("mpnet", 32, 0)
