@@ -16,7 +16,7 @@ from data.folder import origin
 from training.args import OptionsHelpFormatter, Parser, add_option, config_from_args, defaults_from
 from training.common.errors import ConfigError, NonFiniteLossError, TrainingInterrupted, WriteError
 from training.common.progress import setup_logging
-from training.run.config import GROUPS, TrainConfig, field_errors, options, read_config_file, validate
+from training.config.train_config import GROUPS, TrainConfig, field_errors, options, read_config_file, validate
 
 PROG = "run_multitask.py"
 log = logging.getLogger(__name__)

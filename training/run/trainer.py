@@ -38,16 +38,17 @@ from training.common.device import (
 )
 from training.common.errors import ConfigError, TrainingInterrupted
 from training.common.progress import progress
+from training.config.freeze_spec import parse_schedule
+from training.config.train_config import TrainConfig, validate
 from training.inference.metrics import metrics_of
 from training.inference.outputs import predict_sets
 from training.inference.predictions import check_predictions_dir, write_run_predictions
 from training.methods.cache_keeper import CacheKeeper
-from training.methods.freezing import FreezeSchedule, parse_schedule
+from training.methods.freezing import FreezeSchedule
 from training.methods.peft import share, trainable_counts
 from training.methods.stepper import Stepper
 from training.run.build import build_model, load_data, updates_for_epoch
 from training.run.checkpointing import RollingCheckpoints, load_model_state, save_checkpoint
-from training.run.config import TrainConfig, validate
 from training.run.preflight import check_disk, check_model
 from training.run.rundir import (
     MetricsLog,
