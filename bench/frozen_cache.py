@@ -20,10 +20,10 @@ from common import add_clock_arg, cpu_model, data_parser, paired_ratios, pick_cl
 from data.batching import make_batch  # noqa: E402
 from data.sampler import epoch_schedule, mixed_schedule, padding_efficiency  # noqa: E402
 from training.common.device import seed_everything  # noqa: E402
+from training.config.train_config import TrainConfig  # noqa: E402
 from training.methods.frozen_cache import build_frozen_cache  # noqa: E402
 from training.methods.stepper import Stepper  # noqa: E402
 from training.run.build import build_model, load_data, schedule_for_epoch  # noqa: E402
-from training.run.config import TrainConfig  # noqa: E402
 
 
 def prepare(cfg: TrainConfig, cached: bool, max_steps: int | None):

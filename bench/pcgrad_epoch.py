@@ -28,7 +28,7 @@ import types
 import torch
 from common import add_clock_arg, cpu_model, paired_ratios, pick_clock, step_bench_parser  # noqa: E402
 
-from training.run.config import TrainConfig  # noqa: E402
+from training.config.train_config import TrainConfig  # noqa: E402
 from training.run.trainer import Run  # noqa: E402
 
 ARMS = {"default": {"task_sampling": "mtdnn"}, "mixed": {"task_sampling": "mixed"}, "pcgrad": {"pcgrad": True}}

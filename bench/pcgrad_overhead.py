@@ -22,10 +22,10 @@ from common import step_bench_parser  # noqa: E402  (puts the repository on sys.
 from data.batching import encode_task, make_batch  # noqa: E402
 from data.loaders import load_task_file  # noqa: E402
 from data.sampler import mixed_schedule  # noqa: E402
+from training.config.train_config import TrainConfig  # noqa: E402
 from training.methods.pcgrad import surgery  # noqa: E402
 from training.methods.stepper import Stepper  # noqa: E402
 from training.run.build import build_model  # noqa: E402
-from training.run.config import TrainConfig  # noqa: E402
 
 
 def parse_args(argv=None):

@@ -34,11 +34,11 @@ from smart_cost import task_batches  # noqa: E402
 
 from data.batching import make_batch  # noqa: E402
 from training.common.device import autocast_dtype  # noqa: E402
+from training.config.train_config import TrainConfig  # noqa: E402
 from training.methods.frozen_cache import build_frozen_cache  # noqa: E402
 from training.methods.peft import trainable_counts  # noqa: E402
 from training.methods.stepper import Stepper  # noqa: E402
 from training.run.build import build_model  # noqa: E402
-from training.run.config import TrainConfig  # noqa: E402
 
 
 def parse_args(argv=None):

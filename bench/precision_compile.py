@@ -42,10 +42,10 @@ from smart_cost import task_batches  # noqa: E402
 from data.batching import make_batch  # noqa: E402
 from minbert import Tokenizer, resolve_checkpoint  # noqa: E402
 from training.common.device import DTYPES, pick_device, resolve_precision  # noqa: E402
+from training.config.train_config import TrainConfig  # noqa: E402
 from training.methods.compiling import compile_layers  # noqa: E402
 from training.methods.stepper import Stepper  # noqa: E402
 from training.run.build import build_model  # noqa: E402
-from training.run.config import TrainConfig  # noqa: E402
 
 
 def parse_args(argv=None):

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from common import add_clock_arg, cpu_model, data_parser, paired_ratios, pick_clock  # noqa: E402  (repo on sys.path)
 
-from training.run.config import TrainConfig  # noqa: E402
+from training.config.train_config import TrainConfig  # noqa: E402
 from training.run.trainer import train  # noqa: E402
 
 ARMS = {"full fine-tuning": {}, "fixed: 2 layers frozen": {"freeze_upto": 2},

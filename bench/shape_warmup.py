@@ -39,9 +39,9 @@ from data.batching import encode_task, make_batch  # noqa: E402
 from data.loaders import load_task_file  # noqa: E402
 from minbert import Tokenizer, resolve_checkpoint  # noqa: E402
 from training.common.device import DTYPES, pick_device  # noqa: E402
+from training.config.train_config import TrainConfig  # noqa: E402
 from training.methods.stepper import Stepper  # noqa: E402
 from training.run.build import build_model, schedule_for_epoch  # noqa: E402
-from training.run.config import TrainConfig  # noqa: E402
 
 
 def parse_args(argv=None):

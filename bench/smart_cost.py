@@ -35,10 +35,10 @@ from common import add_clock_arg, cpu_model, paired_ratios, pick_clock, step_ben
 from data.batching import TaskData, encode_task, make_batch  # noqa: E402
 from data.loaders import load_task_file  # noqa: E402
 from training.common.device import autocast_dtype  # noqa: E402
+from training.config.train_config import TrainConfig  # noqa: E402
 from training.methods.frozen_cache import build_frozen_cache  # noqa: E402
 from training.methods.stepper import Stepper  # noqa: E402
 from training.run.build import build_model, schedule_for_epoch  # noqa: E402
-from training.run.config import TrainConfig  # noqa: E402
 
 
 def parse_args(argv=None):

@@ -19,9 +19,9 @@ from common import data_parser  # noqa: E402  (puts the repository on sys.path)
 from smart_cost import task_batches  # noqa: E402
 
 from heads import KIND  # noqa: E402
+from training.config.train_config import TrainConfig  # noqa: E402
 from training.methods.smart import SmartConfig, adversarial_loss, dropout_disabled, perturb  # noqa: E402
 from training.run.build import build_model  # noqa: E402
-from training.run.config import TrainConfig  # noqa: E402
 
 
 def parse_args(argv=None):

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from common import cpu_model, data_parser  # noqa: E402  (puts the repository on sys.path)
 
-from training.run.config import TrainConfig  # noqa: E402
+from training.config.train_config import TrainConfig  # noqa: E402
 from training.study.arms_cost import epoch_kind  # noqa: E402
 from training.study.protocol import Protocol  # noqa: E402
 from training.study.recipe import load_recipe  # noqa: E402

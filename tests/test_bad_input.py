@@ -237,7 +237,7 @@ def test_too_little_disk_for_one_checkpoint_is_refused_with_the_estimate(earlier
 def test_a_model_too_big_for_the_gpu_names_the_gpu(earlier, tmp_path, monkeypatch):
     """On CUDA the training memory is held against the GPU's (faked here: 1 MiB)."""
     from minbert import CheckpointError
-    from training.run.config import TrainConfig
+    from training.config.train_config import TrainConfig
     from training.run.preflight import check_model
 
     class Props:

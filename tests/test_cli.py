@@ -13,7 +13,7 @@ import torch
 from data.loaders import COURSE_FILES, TASKS
 from minbert import Bert, BertConfig, save_hf
 from training.args import config_from_args
-from training.run.config import TrainConfig
+from training.config.train_config import TrainConfig
 from training.train import build_parser, main, validate
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

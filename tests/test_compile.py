@@ -139,8 +139,8 @@ def test_compile_mode_reaches_torch_compile_and_reduce_overhead_marks_each_step(
     import training.methods.stepper as stepper_module
     from data.batching import Batch
     from heads import MultitaskBert
+    from training.config.train_config import TrainConfig
     from training.methods.stepper import Stepper
-    from training.run.config import TrainConfig
 
     seen = []
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: seen.append(kw) or fn)

@@ -163,9 +163,9 @@ def test_cuda_graphs_train_as_eager_does(frozen_setup, true_fp32):
     from torch._dynamo.utils import counters
 
     from data.batching import make_batch
+    from training.config.train_config import TrainConfig
     from training.methods.compiling import compile_layers
     from training.methods.stepper import Stepper
-    from training.run.config import TrainConfig
     ckpt, tok, train = frozen_setup
     counters.clear()
     runs = {}

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from data.loaders import COURSE_FILES
-from training.run.config import TrainConfig, validate
+from training.config.train_config import TrainConfig, validate
 
 REPO = Path(__file__).resolve().parents[1]
 PROG = "run_multitask.py: error: "

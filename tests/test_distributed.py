@@ -18,9 +18,9 @@ import torch
 from test_training import make_checkpoint, write_data
 
 from data.sampler import epoch_schedule, mixed_schedule
+from training.config.train_config import TrainConfig
 from training.methods.distributed import local_step
 from training.run.checkpointing import read_checkpoint
-from training.run.config import TrainConfig
 from training.run.trainer import train
 
 REPO = Path(__file__).resolve().parents[1]

@@ -17,9 +17,9 @@ from data.loaders import COURSE_FILES, load_task_file
 from minbert import Tokenizer
 from training import ensemble as ensemble_mod
 from training import evaluate as evaluate_mod
+from training.config.train_config import TrainConfig
 from training.inference.formats import read_predictions
 from training.run.checkpointing import model_from_checkpoint, save_checkpoint
-from training.run.config import TrainConfig
 from training.run.trainer import train
 
 WORDS = "apple river stone cloud lamp tiger honey piano garden silver rocket paper window forest candle".split()

@@ -7,8 +7,8 @@ import torch
 from data.batching import Batch
 from heads import MultitaskBert
 from minbert import Bert, BertConfig, save_hf
+from training.config.train_config import TrainConfig
 from training.methods.stepper import Stepper, build_optimizer, linear_warmup_decay
-from training.run.config import TrainConfig
 from training.train import main as cli_main
 
 L = 2

@@ -7,9 +7,9 @@ from data.batching import encode_task, make_batch
 from data.loaders import Example
 from heads import MultitaskBert
 from minbert import Bert, BertConfig, Tokenizer, save_hf
+from training.config.train_config import TrainConfig
 from training.methods.frozen_cache import build_frozen_cache, cache_key, estimate_bytes
 from training.methods.stepper import Stepper
-from training.run.config import TrainConfig
 
 WORDS = ["the", "cat", "sat", "on", "mat", "dog", "ran", "far", "away", "home", "big", "red"]
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS

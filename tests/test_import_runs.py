@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from bench_scripts import bench_script
 
-from training.run.config import TrainConfig
+from training.config.train_config import TrainConfig
 from training.sweep.records import settings_of
 
 SETTINGS = settings_of(TrainConfig())

@@ -1,5 +1,5 @@
 """The package's layout rules (docs/development.md): the library never imports a command, common/ sits at
-the bottom, no import circles; and every command is reachable from `minbert` and `python -m training.X`
+the bottom, packages import only the packages below them (PACKAGE_ORDER), no import circles; and every command is reachable from `minbert` and `python -m training.X`
 with one error shape.
 
 The import graph is read from the source with ast (every import, those inside functions too), so a rule
@@ -100,6 +100,78 @@ def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
             if found:
                 return found
     return None
+
+
+# The packages of training/, bottom first (docs/development.md, "Layout"): a module imports only modules of its
+# own package or of one listed before it. A top-level module (training/api.py) is a package of its own; every
+# command module (COMMAND_MODULES, sweep/, study/ and search/'s cli.py and __main__.py included) is "commands".
+PACKAGE_ORDER = [
+    "common",     # errors, device, progress, places, processes
+    "config",     # TrainConfig and its validation, the method flags' small languages (no torch)
+    "methods",    # what a user switches on, built from the config
+    "inference",  # a trained model's outputs, metrics, prediction files
+    "run",        # one training run: the Run, building, checkpoints, the run directory
+    "api",        # a trained model from Python
+    "results",    # finished runs: statistics, summaries, the export
+    "sweep",      # the experiment drivers: grids of runs ...
+    "study",      # ... the freezing study (plans sweeps) ...
+    "search",     # ... hyperparameter search (runs sweep's records)
+    "commands",   # main.py, args.py and every command module
+]
+
+
+def package_of(module: str) -> str:
+    """The PACKAGE_ORDER name of a training.* module."""
+    if module in COMMAND_MODULES:
+        return "commands"
+    return module.split(".")[1]
+
+
+def upward_imports(edges: dict[str, set[str]], order: list[str], package=package_of) -> list[str]:
+    """'module (package) imports module (package)' for each import of a package listed later in `order`
+    (and of any module whose package is not listed: a new package is placed in the order first)."""
+    rank = {name: i for i, name in enumerate(order)}
+    bad = []
+    for m, deps in sorted(edges.items()):
+        for d in sorted(deps):
+            pm, pd = package(m), package(d)
+            if pm not in rank or pd not in rank or rank[pd] > rank[pm]:
+                bad.append(f"{m} ({pm}) imports {d} ({pd})")
+    return bad
+
+
+def test_packages_import_only_downwards():
+    """Among every import, those inside functions too: no package imports one above it in PACKAGE_ORDER, so
+    there is no circle between packages either (a module circle inside one package is test_no_import_circles')."""
+    edges = {m: {d for d in deps if d != "training"} for m, deps in graph().items() if m != "training"}
+    assert upward_imports(edges, PACKAGE_ORDER) == []
+
+
+def test_upward_imports_finds_a_package_circle():
+    """The checker itself, on a planted package circle (methods -> run -> methods, through different modules,
+    with no module circle): the import that runs up is reported; the same graph without it passes."""
+    planted = {"training.methods.stepper": {"training.run.config"}, "training.run.trainer": {"training.methods.stepper"},
+               "training.run.config": set()}
+    assert find_cycle(planted) is None  # no module circle: only the package order catches it
+    assert upward_imports(planted, PACKAGE_ORDER) == [
+        "training.methods.stepper (methods) imports training.run.config (run)"]
+    assert upward_imports({**planted, "training.methods.stepper": set()}, PACKAGE_ORDER) == []
+    # a package the order does not know is reported, not let through
+    assert upward_imports({"training.newpkg.x": {"training.common.errors"}}, PACKAGE_ORDER) == [
+        "training.newpkg.x (newpkg) imports training.common.errors (common)"]
+
+
+def test_upward_imports_on_the_real_tree_with_a_planted_module(tmp_path, monkeypatch):
+    """A module written into a copy of training/ that imports upwards (config -> methods) fails the real graph."""
+    import shutil
+    copy = tmp_path / "training"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    (copy / "config" / "planted.py").write_text("from training.methods.freezing import FreezeSchedule\n")
+    monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", copy)
+    edges = {m: {d for d in deps if d != "training"} for m, deps in graph().items() if m != "training"}
+    assert upward_imports(edges, PACKAGE_ORDER) == [
+        "training.config.planted (config) imports training.methods.freezing (methods)"]
 
 
 def test_no_import_circles():

@@ -11,9 +11,9 @@ import torch
 from data.batching import encode_task
 from data.loaders import Example
 from heads import task_loss
+from training.config.train_config import TrainConfig
 from training.methods.stepper import Stepper
 from training.run.build import build_model, schedule_for_epoch
-from training.run.config import TrainConfig
 
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat", "on", "mat", "##s"]
 WORDS = ["the", "cat", "sat", "on", "mat", "cats", "mats"]

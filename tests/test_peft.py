@@ -15,10 +15,10 @@ import torch
 
 from minbert import Bert, BertConfig, CheckpointError, Tokenizer, load_bert
 from minbert.lora import TARGETS, LoRALinear, add_lora, lora_modules
-from training.methods.peft import parse_peft
+from training.config.peft_spec import parse_peft
+from training.config.train_config import TrainConfig, validate
 from training.run.build import build_model
 from training.run.checkpointing import read_checkpoint
-from training.run.config import TrainConfig, validate
 from training.run.trainer import Run
 from training.train import main as cli_main
 
@@ -163,8 +163,8 @@ def test_a_bad_peft_is_one_line_naming_the_flag_before_any_work(tmp_path, capsys
 
 
 def test_the_spec_parses_its_settings_and_refuses_a_schedule():
-    from training.methods import peft
-    assert peft.TARGETS == TARGETS  # the flag's names are the LoRA module's
+    from training.config import peft_spec
+    assert peft_spec.TARGETS == TARGETS  # the flag's names are the LoRA module's
     spec = parse_peft("lora:r=4,alpha=16,dropout=0.1,targets=v+q")
     assert (spec.kind, spec.r, spec.alpha, spec.dropout, spec.targets) == ("lora", 4, 16.0, 0.1, ("q", "v"))
     assert parse_peft("lora:r=8").targets == TARGETS and parse_peft("lora:r=8").alpha == 8.0

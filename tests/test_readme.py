@@ -39,9 +39,9 @@ def test_readme_is_read_in_five_minutes():
 def test_the_readme_states_lora_r8s_trainable_share_of_the_default_model():
     """The share the README gives for `--peft lora:r=8`, with the default pooling (the pooler trains) and with
     `--pooling mean`, is the one the trainer's own model has."""
+    from training.config.train_config import TrainConfig
     from training.methods.peft import trainable_counts
     from training.run.build import build_model
-    from training.run.config import TrainConfig
 
     text = (REPO / "README.md").read_text()
     shares = {}

@@ -13,8 +13,9 @@ import torch
 from test_resume import CHILD  # the CLI in a child that sends itself SIGTERM after step K
 from tiny_runs import make_encoder, tiny_config, write_data
 
-from training.methods.freezing import FreezeSchedule, parse_schedule, schedule_error
-from training.run.config import TrainConfig, validate
+from training.config.freeze_spec import parse_schedule
+from training.config.train_config import TrainConfig, validate
+from training.methods.freezing import FreezeSchedule, schedule_error
 from training.run.trainer import train
 from training.train import main as cli_main
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import tiny_runs
 
-from training.run.config import TrainConfig
+from training.config.train_config import TrainConfig
 from training.run.trainer import train
 from training.search import cli as C
 from training.search import engine as E

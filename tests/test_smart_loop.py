@@ -13,10 +13,10 @@ import training.methods.smart as smart_mod
 from data.batching import encode_task, make_batch
 from data.loaders import Example
 from heads import KIND, task_loss
+from training.config.train_config import TrainConfig
 from training.methods.smart import perturb, smoothness_loss
 from training.methods.stepper import Stepper
 from training.run.build import build_model
-from training.run.config import TrainConfig
 
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat", "on", "mat", "##s"]
 WORDS = ["the", "cat", "sat", "on", "mat", "cats", "mats"]

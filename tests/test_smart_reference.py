@@ -329,10 +329,10 @@ def test_reference_mode_through_the_stepper(tiny_ckpt):
     from data.batching import encode_task, make_batch
     from data.loaders import Example
     from heads import KIND
+    from training.config.train_config import TrainConfig
     from training.methods.smart import dropout_disabled
     from training.methods.stepper import Stepper
     from training.run.build import build_model
-    from training.run.config import TrainConfig
 
     cfg = TrainConfig(model=str(tiny_ckpt), head_dropout=0.0, device="cpu", precision="fp32", max_grad_norm=0.0,
                       lr=1e-2, warmup_ratio=0.0, seed=5, smart=True, smart_perturbation="reference")

@@ -9,14 +9,14 @@ import math
 from pathlib import Path
 
 import numpy as np
-from scipy import stats as sps
 import pytest
 import tiny_runs
 import torch
+from scipy import stats as sps
 
 from data.loaders import load_task_file
 from training.common.errors import ConfigError
-from training.run.config import TrainConfig
+from training.config.train_config import TrainConfig
 from training.study import arms as A
 from training.study import arms_report as R
 from training.study import baselines as B
@@ -65,7 +65,7 @@ def test_the_tuning_split_is_stratified_disjoint_and_fixed_by_its_own_seed():
 
 def test_training_subsets_never_hold_a_tuning_example(tmp_path):
     data, _ = tiny_runs.inputs(tmp_path)
-    from training.run.config import TrainConfig
+    from training.config.train_config import TrainConfig
     grid = sweep_subsets.Grid(["sst", "para", "sts"], ["all"], [1, 2], tuning_split={"share": 0.25, "seed": 0})
     drawn = sweep_subsets.training_subsets(grid, TrainConfig(data_dir=str(data)))
     for task in grid.tasks:
@@ -667,9 +667,9 @@ def test_a_study_with_out_writes_there_and_leaves_the_projects_record_alone(tmp_
 def test_frozen_dropout_keeps_the_frozen_modules_training_and_drops_the_cache(tmp_path, caplog):
     import torch
 
+    from training.config.train_config import TrainConfig, validate
     from training.methods.cache_keeper import maybe_frozen_cache
     from training.run.build import build_model
-    from training.run.config import TrainConfig, validate
     data, enc = tiny_runs.inputs(tmp_path)
     for keep in (False, True):
         model, _, _ = build_model(TrainConfig(model=str(enc), freeze_upto=1, frozen_dropout=keep))
@@ -928,10 +928,8 @@ def test_the_schedules_section_by_hand(tmp_path):
 
 
 def test_the_size_depth_map_by_hand(tmp_path):
-    from training.study.arms_figures import size_depth_figure, size_depth_grid
+    from training.study.arms_figures import column_name, size_depth_figure, size_depth_grid
     from training.study.figures import pyplot
-
-    from training.study.arms_figures import column_name
     arms = {"": {}, "e2": {"epochs": 2}, "e2s": {"epochs": 2, "pair_encoding": "siamese"}, "e8s": {"epochs": 8, "pair_encoding": "siamese"}}
     recipe = loaded(tmp_path, sizes=["all", 4], arms=arms, points=[
         {"label": "all full", "depth": "none", "arm": "e2", "size": "all"},

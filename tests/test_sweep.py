@@ -21,7 +21,7 @@ from test_training import make_checkpoint, write_data
 
 from data.loaders import Example, load_task_file
 from training import report as R
-from training.run.config import TrainConfig
+from training.config.train_config import TrainConfig
 from training.sweep import cli as sweep_cli
 from training.sweep import engine
 from training.sweep import records as sweep_records

@@ -25,9 +25,9 @@ from data.loaders import COURSE_FILES, load_task_file
 from heads import MultitaskBert, predict
 from minbert import Bert, BertConfig, Tokenizer, load_bert
 from training import evaluate as evaluate_mod
+from training.config.train_config import TrainConfig
 from training.inference.formats import HEADERS, read_predictions
 from training.run.checkpointing import model_from_checkpoint, read_checkpoint
-from training.run.config import TrainConfig
 from training.run.trainer import train
 from training.train import main as cli_main
 

@@ -14,7 +14,7 @@ import torch
 
 from data.loaders import COURSE_FILES
 from minbert import Bert, BertConfig, save_hf
-from training.run.config import TrainConfig
+from training.config.train_config import TrainConfig
 from training.run.trainer import train
 
 WORDS = ("apple river stone cloud lamp tiger honey piano garden silver rocket paper window forest candle "

@@ -30,7 +30,7 @@ from data.batching import EvalBatching, encode_task
 from data.loaders import Example
 from heads import TASKS, MultitaskBert, predict, probabilities
 from training.common import device as _device
-from training.run.config import TrainConfig
+from training.config.train_config import TrainConfig
 from training.run.rundir import read_metrics
 
 log = logging.getLogger(__name__)

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from training.args import Parser
 from training.common.progress import setup_logging
+from training.config.train_config import flag_of, locations
 from training.results.summary import (
     RunDirError,
     depth_order,
@@ -36,7 +37,6 @@ from training.results.summary import (
     size_order,
     summary_rows,
 )
-from training.run.config import flag_of, locations
 from training.run.rundir import read_metrics
 from training.sweep.records import RESULTS, read_results
 

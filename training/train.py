@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
+from pathlib import Path
 
 from data.folder import origin
 from training.args import OptionsHelpFormatter, Parser, add_option, config_from_args, defaults_from
 from training.common.errors import ConfigError, NonFiniteLossError, TrainingInterrupted, WriteError
 from training.common.progress import setup_logging
-from training.run.config import GROUPS, TrainConfig, field_errors, options, read_config_file, validate
+from training.config.train_config import GROUPS, TrainConfig, field_errors, options, read_config_file, validate
 
 PROG = "run_multitask.py"
+log = logging.getLogger(__name__)
 
 
 # The CS224N starter code's flags (multitask_classifier.py) -> ours, for its users' first try
@@ -82,7 +85,12 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     from training.run.trainer import train
 
     try:
+        export = export_to(cfg)
         train(cfg)
+        if export is not None:  # the encoder in the Hugging Face layout, the heads and a model card
+            from training.results.export import export as export_model
+            export_model(Path(cfg.out_dir) / "best.pt", export, overwrite=True)  # checked before training
+            log.info("exported the model to %s", export)
     except (ConfigError, CheckpointError, DataError) as e:  # found once the model / data / checkpoint are read
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
@@ -97,6 +105,22 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         print(f"{prog}: error: {where}{e.strerror or e}", file=sys.stderr)
         return 1
     return 0
+
+
+def export_to(cfg: TrainConfig) -> Path | None:
+    """--export-hf DIR, found unusable before training, not after it: the folder this process exports the
+    best model to once the run is trained, or None (no --export-hf, a rank other than torchrun's rank 0, or
+    a finished run that --resume auto leaves as it is, its export written)."""
+    from training.results.export import ExportError, check_out_dir
+    from training.run.rundir import finished_run
+
+    if not cfg.export_hf or os.environ.get("RANK", "0") != "0" or finished_run(cfg, Path(cfg.out_dir)) is not None:
+        return None
+    try:
+        check_out_dir(Path(cfg.export_hf), cfg.overwrite)
+    except ExportError as e:
+        raise ConfigError(f"--export-hf {e}") from None
+    return Path(cfg.export_hf)
 
 
 if __name__ == "__main__":

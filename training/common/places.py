@@ -26,3 +26,11 @@ def run_folder(source: str | os.PathLike) -> Path:
 def output_folder(given: str | os.PathLike | None, source: str | os.PathLike, name: str) -> Path:
     """`given` (a flag's value) if set, else `name` inside the run's folder."""
     return Path(given) if given else run_folder(source) / name
+
+
+def current_umask() -> int:
+    """The process's umask (read by setting it and setting it back): what a file written through a
+    private temporary one (mkstemp, mkdtemp) is given back, so a shared run's files stay shared."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

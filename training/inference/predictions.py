@@ -25,11 +25,10 @@ import numpy as np
 from data.loaders import load_task_file
 from heads import predict, probabilities
 from training.common.errors import ConfigError, write_error
-from training.common.places import run_folder
+from training.common.places import current_umask, run_folder
 from training.inference.formats import read_text_examples, write_predictions, write_tsv_predictions
 from training.inference.metrics import metrics_of
 from training.inference.outputs import predict_sets
-from training.run.checkpointing import current_umask
 
 log = logging.getLogger(__name__)
 

@@ -25,8 +25,8 @@ import torch
 
 from data.batching import TaskData
 from heads import MultitaskBert
+from training.config.train_config import TrainConfig
 from training.methods.frozen_cache import build_frozen_cache, estimate_bytes
-from training.run.config import TrainConfig
 
 log = logging.getLogger(__name__)
 

@@ -19,12 +19,12 @@ from data.batching import Batch
 from heads import KIND, MultitaskBert, task_loss
 from training.common.device import autocast
 from training.common.errors import ConfigError, NonFiniteLossError
+from training.config.train_config import TrainConfig
 from training.methods import smart as smart_lib  # looked up at call time, so tests can wrap adversarial_loss
 from training.methods.compiling import mark_step
 from training.methods.ema import WeightEMA
 from training.methods.pcgrad import PCGrad
 from training.methods.smart import EMATeacher, SmartConfig, dropout_disabled
-from training.run.config import TrainConfig
 
 log = logging.getLogger(__name__)
 

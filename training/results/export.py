@@ -14,9 +14,9 @@ import torch
 
 from minbert.checkpoint import TRAINED_PART, VOCAB_FILES, WEIGHT_FILES, copy_tokenizer_files
 from training.api import HEADS_FILE, HEADS_WEIGHTS, SENTIMENTS, Model, load
+from training.config.freeze_spec import freeze_depth
 from training.inference.metrics import METRIC
 from training.methods.peft import share, trainable_counts
-from training.run.config import freeze_depth
 from training.run.flags import changed_options, command_line
 
 log = logging.getLogger(__name__)

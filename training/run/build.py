@@ -16,8 +16,9 @@ from data.sampler import TaskBatch, epoch_schedule, mixed_schedule
 from heads import MultitaskBert
 from minbert import Tokenizer, load_bert, resolve_checkpoint
 from training.common.errors import ConfigError
+from training.config.freeze_spec import freeze_depth
+from training.config.train_config import TrainConfig
 from training.methods.peft import apply_peft
-from training.run.config import TrainConfig, freeze_depth
 
 log = logging.getLogger(__name__)
 

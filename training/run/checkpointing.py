@@ -20,16 +20,12 @@ import torch
 from heads import MultitaskBert
 from minbert import Bert, BertConfig
 from training.common.errors import write_error
+from training.common.places import current_umask
+from training.config.freeze_spec import freeze_depth
+from training.config.train_config import TrainConfig
 from training.methods.peft import apply_peft
-from training.run.config import TrainConfig, freeze_depth
 
 log = logging.getLogger(__name__)
-
-
-def current_umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def atomic_save(obj, path: str | os.PathLike) -> None:

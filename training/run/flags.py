@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shlex
 
-from training.run.config import TrainConfig, default_of, flag_of, locations, options
+from training.config.train_config import TrainConfig, default_of, flag_of, locations, options
 
 # Where a run read and wrote, not what it trained: never part of a recipe (data is shown apart).
 LOCATIONS = locations()

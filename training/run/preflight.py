@@ -18,9 +18,10 @@ import torch
 from minbert import BertConfig, Tokenizer, resolve_checkpoint
 from minbert.checkpoint import human_bytes, machine_ram, read_bert_config, refuse_if_too_big
 from training.common.errors import ConfigError
+from training.config.freeze_spec import freeze_depth
+from training.config.peft_spec import parse_peft
+from training.config.train_config import TrainConfig, depth_error
 from training.methods.freezing import optimised_depth, schedule_error
-from training.methods.peft import parse_peft
-from training.run.config import TrainConfig, depth_error, freeze_depth
 
 log = logging.getLogger(__name__)
 

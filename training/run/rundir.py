@@ -18,9 +18,9 @@ from minbert.checkpoint import human_bytes
 from training.common.errors import ConfigError, write_error
 from training.common.processes import process_alive
 from training.common.progress import LOG_FORMAT
+from training.config.train_config import TrainConfig, resume_may_differ
 from training.inference.predictions import read_manifest
 from training.run.checkpointing import RollingCheckpoints, read_checkpoint
-from training.run.config import TrainConfig, resume_may_differ
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
     run = Run(cfg)        # validates cfg (one line per problem, ConfigError)
     run.setup()           # device, model, data, step machine, resume, frozen cache, the run directory
     run.fit()             # epochs of steps; dev evaluation keeps best.pt; checkpoints; signals
-    run.finish()          # predictions of the best model, the optional export
+    run.finish()          # predictions of the best model (the train command then exports it, --export-hf)
 
 `train(cfg)` does all four. One loop for CPU and CUDA, in one process or data-parallel under torchrun
 (training/methods/distributed.py). Each step trains on one task's batch (MT-DNN and the other per-task
@@ -38,16 +38,17 @@ from training.common.device import (
 )
 from training.common.errors import ConfigError, TrainingInterrupted
 from training.common.progress import progress
+from training.config.freeze_spec import parse_schedule
+from training.config.train_config import TrainConfig, validate
 from training.inference.metrics import metrics_of
 from training.inference.outputs import predict_sets
 from training.inference.predictions import check_predictions_dir, write_run_predictions
 from training.methods.cache_keeper import CacheKeeper
-from training.methods.freezing import FreezeSchedule, parse_schedule
+from training.methods.freezing import FreezeSchedule
 from training.methods.peft import share, trainable_counts
 from training.methods.stepper import Stepper
 from training.run.build import build_model, load_data, updates_for_epoch
 from training.run.checkpointing import RollingCheckpoints, load_model_state, save_checkpoint
-from training.run.config import TrainConfig, validate
 from training.run.preflight import check_disk, check_model
 from training.run.rundir import (
     MetricsLog,
@@ -181,7 +182,6 @@ class Run:
                               "each --batch-size batch between them: raise --batch-size instead")
         if self.main:
             check_predictions_dir(cfg.predictions_folder(), self.out_dir, cfg.overwrite)
-            check_export_dir(cfg.export_hf, cfg.overwrite)
         seed_everything(cfg.seed)
         self.choose_device()
         footprint = check_model(cfg, self.device)
@@ -557,7 +557,7 @@ class Run:
     # ------------------------------------------------------------------ finish
 
     def finish(self) -> dict:
-        """Rank 0 predicts with the best checkpoint (and exports it); every rank returns the best dev metrics."""
+        """Rank 0 predicts with the best checkpoint; every rank returns the best dev metrics."""
         dist = self.dist
         if not self.main:  # the others return rank 0's best metrics when it is done
             return dist.broadcast_object(None)
@@ -567,10 +567,6 @@ class Run:
         self.caches.drop()
         best = load_model_state(self.model, self.out_dir / "best.pt", self.device)
         self.write_predictions(best)
-        if self.cfg.export_hf:  # the encoder in the Hugging Face layout, the heads and a model card
-            from training.results.export import export
-            export(self.out_dir / "best.pt", self.cfg.export_hf, overwrite=True)  # checked in setup()
-            log.info("exported the model to %s", self.cfg.export_hf)
         return self.state.best_metrics if dist is None else dist.broadcast_object(self.state.best_metrics)
 
 
@@ -589,16 +585,6 @@ class Run:
         write_run_predictions(self.cfg.predictions_folder(), self.data, dev, test, self.out_dir,
                               self.out_dir / "best.pt", self.cfg.to_dict(), metrics, best.get("epoch"),
                               best.get("step"))
-
-
-def check_export_dir(folder: str | None, overwrite: bool) -> None:
-    """--export-hf DIR: found unusable before training, not after it."""
-    if folder:
-        from training.results.export import ExportError, check_out_dir
-        try:
-            check_out_dir(Path(folder), overwrite)
-        except ExportError as e:
-            raise ConfigError(f"--export-hf {e}") from None
 
 
 def eval_points(steps: int, k: int) -> list[int]:

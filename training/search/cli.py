@@ -18,8 +18,8 @@ from pathlib import Path
 from training.args import Parser, add_option
 from training.common.errors import ConfigError, TrainingInterrupted
 from training.common.progress import setup_logging
+from training.config.train_config import TrainConfig, validate
 from training.run import signals
-from training.run.config import TrainConfig, validate
 from training.run.signals import exit_on_sigterm, stop_after
 from training.search.space import load_space
 

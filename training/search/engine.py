@@ -25,7 +25,7 @@ import warnings
 from pathlib import Path
 
 from training.common.processes import process_alive
-from training.run.config import TrainConfig
+from training.config.train_config import TrainConfig
 from training.run.trainer import train
 from training.search.space import Space
 

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from training.common.errors import ConfigError
+from training.config.train_config import TrainConfig, options_problem, read_json_object
 from training.inference.metrics import METRIC
-from training.run.config import TrainConfig, options_problem, read_json_object
 from training.sweep.records import PER_RUN
 
 METRICS = (*METRIC.values(), "overall")

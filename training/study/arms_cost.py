@@ -26,8 +26,9 @@ import json
 import statistics
 from pathlib import Path
 
-from training.methods.freezing import depth_rank, parse_schedule, start_depth
-from training.run.config import TrainConfig
+from training.config.freeze_spec import parse_schedule
+from training.config.train_config import TrainConfig
+from training.methods.freezing import depth_rank, start_depth
 from training.study.protocol import Protocol, borrows, tune_score
 from training.sweep.records import RunKey
 

@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 
 from data.loaders import load_task_file
+from training.config.train_config import TrainConfig
 from training.inference.metrics import METRIC, overall, score
-from training.run.config import TrainConfig
 from training.sweep.subsets import TUNE
 
 log = logging.getLogger(__name__)

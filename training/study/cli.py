@@ -24,7 +24,7 @@ from data.loaders import load_task_file
 from training.args import Parser, add_option
 from training.common.errors import ConfigError
 from training.common.progress import setup_logging
-from training.run.config import TrainConfig, validate
+from training.config.train_config import TrainConfig, validate
 from training.run.signals import exit_on_sigterm
 from training.study.arms import point_rows, twins_due
 from training.study.arms_cost import read_cost, remaining_work

@@ -47,7 +47,8 @@ from pathlib import Path
 from data.loaders import COURSE_FILES, TASKS
 from training.args import Parser, add_option, config_from_args, depth_or_share
 from training.common.progress import setup_logging
-from training.run.config import TrainConfig, depth_error, freeze_depth, options, seed_error, validate
+from training.config.freeze_spec import freeze_depth
+from training.config.train_config import TrainConfig, depth_error, options, seed_error, validate
 from training.run.signals import exit_on_sigterm
 from training.sweep.engine import Workers, default_runs_dir, model_layers, work, writable_problem
 from training.sweep.records import (
@@ -195,7 +196,8 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
 
 def schedules_problem(args) -> str | None:
     """Each of --schedules on its own, and against the model at every depth it starts from."""
-    from training.methods.freezing import parse_schedule, schedule_error
+    from training.config.freeze_spec import parse_schedule
+    from training.methods.freezing import schedule_error
     args.schedules = _unique(args.schedules)
     layers = model_layers(args.model)
     for schedule in args.schedules:

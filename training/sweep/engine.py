@@ -17,8 +17,8 @@ from pathlib import Path
 
 from training.common.errors import TrainingInterrupted
 from training.common.processes import TRAINER_LOCK, process_alive, wait_for_run_folder
+from training.config.train_config import TrainConfig, dir_problem
 from training.run import signals
-from training.run.config import TrainConfig, dir_problem
 from training.run.signals import stop_after
 from training.sweep.measure import RunFailed, measure, measure_isolated
 from training.sweep.records import (

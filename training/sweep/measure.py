@@ -12,9 +12,9 @@ from pathlib import Path
 from data.loaders import load_task_file
 from training.common.processes import hold_run_folder
 from training.common.progress import setup_logging
+from training.config.train_config import TrainConfig
 from training.methods.peft import trainable_counts
 from training.run import signals
-from training.run.config import TrainConfig
 from training.run.signals import exit_with_parent, stop_after
 
 log = logging.getLogger(__name__)

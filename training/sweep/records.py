@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from training.config.train_config import TrainConfig
 from training.methods.peft import share
-from training.run.config import TrainConfig
 from training.sweep.subsets import TUNE, Grid
 
 log = logging.getLogger(__name__)

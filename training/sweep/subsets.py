@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Hashable, Sequence
 
 from data.loaders import LABEL_COLUMN, TEXT_COLUMNS, Example, load_task_file
-from training.run.config import TrainConfig
+from training.config.train_config import TrainConfig
 
 TUNE = "tune"  # training_subsets' key of a task's tuning split: (task, TUNE)
 

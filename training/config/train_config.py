@@ -21,8 +21,8 @@ from data.folder import data_folder, folder_error, origin
 from data.loaders import COURSE_FILES, TASKS
 from training.common.errors import ConfigError
 from training.common.places import output_folder
-from training.methods.freezing import freeze_depth, parse_schedule, parse_share
-from training.methods.peft import parse_peft
+from training.config.freeze_spec import freeze_depth, parse_schedule, parse_share
+from training.config.peft_spec import parse_peft
 
 if TYPE_CHECKING:
     from data.batching import EvalBatching
