@@ -32,7 +32,8 @@ FALLBACK = [("A man is playing a guitar.", "A man plays the guitar on stage."),
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False)
     p.add_argument("model", help="a Hugging Face MPNet folder (config.json with model_type mpnet, the weights, "
                                  "tokenizer.json or vocab.txt)")
     p.add_argument("--data-dir", default=str(REPO.parent / "shared" / "data" / "cs224n"),
