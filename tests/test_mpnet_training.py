@@ -4,16 +4,12 @@ cached states' length), and a run stopped by a real SIGTERM and resumed equals a
 bit, with freezing and SMART (both perturbation points), PCGrad, LoRA, BitFit, a weight EMA and siamese
 pairs; the resumed run's course prediction files are the uninterrupted run's. The references are BERT's
 own tests' (tests/test_frozen_cache.py, tests/test_resume.py) with the model swapped."""
-import os
-import subprocess
-import sys
-
 import numpy as np
 import pytest
-import torch
 import tiny_runs
+import torch
 from test_frozen_cache import _model, _train
-from test_resume import CHILD, _args, _epoch_records
+from test_resume import resume_equals_uninterrupted
 from test_training import write_data
 
 from data.batching import encode_task
@@ -21,9 +17,6 @@ from data.loaders import Example
 from minbert import Tokenizer, load_bert
 from training.methods.frozen_cache import build_frozen_cache
 from training.run.checkpointing import read_checkpoint
-from training.train import main as cli_main
-
-REPO = tiny_runs.Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -68,21 +61,5 @@ def test_cached_training_matches_uncached_on_mpnet(mpnet):
     (3, ("--peft", "bitfit", "--freeze-upto", "1")),
 ])
 def test_sigterm_then_resume_equals_an_uninterrupted_run_on_mpnet(mpnet, tmp_path, k, extra):
-    ckpt, data = mpnet
-    torch.set_num_threads(1)
-    assert cli_main(_args(ckpt, data, tmp_path / "straight", *extra)) == 0
-    out = tmp_path / "interrupted"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    r = subprocess.run([sys.executable, "-c", CHILD, str(k), *_args(ckpt, data, out, *extra)], env=env,
-                       capture_output=True, text=True, timeout=300, check=False)
-    assert r.returncode == 143, r.stderr
-    assert cli_main(_args(ckpt, data, out, *extra, "--resume", "auto")) == 0
-    assert _epoch_records(out) == _epoch_records(tmp_path / "straight")
-    a, b = read_checkpoint(out / "best.pt")["model"], read_checkpoint(tmp_path / "straight" / "best.pt")["model"]
-    assert a.keys() == b.keys() and any("relative" in name for name in a)
-    for name in a:
-        assert torch.equal(a[name], b[name]), name
-    predictions = sorted((tmp_path / "straight" / "pred").glob("*-output.csv"))
-    assert len(predictions) == 6
-    for f in predictions:
-        assert (out / "pred" / f.name).read_text() == f.read_text()
+    out, _ = resume_equals_uninterrupted(*mpnet, tmp_path, k, extra)
+    assert any("relative" in name for name in read_checkpoint(out / "best.pt")["model"])  # MPNet's bias table

@@ -60,32 +60,41 @@ def _epoch_records(out):
                                       (4, ("--peft", "lora:r=2,dropout=0.1")),
                                       (3, ("--peft", "bitfit", "--freeze-upto", "1"))])
 def test_sigterm_then_resume_equals_an_uninterrupted_run(files, tmp_path, k, extra):
-    ckpt, data = files
+    def interrupted_at_k(out):
+        saved = read_checkpoint(out / "checkpoints" / f"step-{k:07d}.pt")
+        assert saved["run_state"]["global_step"] == k
+        return saved["run_state"]["epoch_seconds"]
+
+    out, before = resume_equals_uninterrupted(*files, tmp_path, k, extra, interrupted_at_k)
+    assert before > 0  # the interrupted epoch's time counts both parts
+    epoch = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if '"train_seconds"' in x]
+    assert epoch[(k - 1) // 6]["train_seconds"] >= round(before, 1)  # the epoch of step k
+
+
+def resume_equals_uninterrupted(ckpt, data, tmp_path, k, extra, interrupted=lambda out: None):
+    """Train straight; train again with a real SIGTERM after step k (interrupted(out) sees the stopped run),
+    then --resume auto: the epoch records, best.pt and the six prediction files must be the straight run's.
+    Returns the resumed run's folder and what interrupted() returned."""
     torch.set_num_threads(1)
     assert cli_main(_args(ckpt, data, tmp_path / "straight", *extra)) == 0
-
     out = tmp_path / "interrupted"
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     r = subprocess.run([sys.executable, "-c", CHILD, str(k), *_args(ckpt, data, out, *extra)], env=env,
-                       capture_output=True, text=True, timeout=300)
+                       capture_output=True, text=True, timeout=300, check=False)
     assert r.returncode == 143, r.stderr
     assert f"SIGTERM received: stopped after step {k}" in r.stderr and "--resume auto" in r.stderr
-    saved = read_checkpoint(out / "checkpoints" / f"step-{k:07d}.pt")
-    assert saved["run_state"]["global_step"] == k
-
+    seen = interrupted(out)
     assert cli_main(_args(ckpt, data, out, *extra, "--resume", "auto")) == 0
     assert _epoch_records(out) == _epoch_records(tmp_path / "straight")
-    before = saved["run_state"]["epoch_seconds"]  # the interrupted epoch's time counts both parts
-    assert before > 0
-    epoch = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if '"train_seconds"' in x]
-    assert epoch[(k - 1) // 6]["train_seconds"] >= round(before, 1)  # the epoch of step k
     a, b = read_checkpoint(out / "best.pt")["model"], read_checkpoint(tmp_path / "straight" / "best.pt")["model"]
+    assert a.keys() == b.keys()
     for name in a:
         assert torch.equal(a[name], b[name]), name
     predictions = sorted((tmp_path / "straight" / "pred").glob("*-output.csv"))  # manifest.json: other run, time
     assert len(predictions) == 6
     for f in predictions:
         assert (out / "pred" / f.name).read_text() == f.read_text()
+    return out, seen
 
 
 def test_keeps_the_last_k_checkpoints(files, tmp_path):
