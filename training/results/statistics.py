@@ -132,6 +132,26 @@ def paired_tests(a, b) -> dict:
     return out
 
 
+def tost(a, b, margin: float) -> dict:
+    """Equivalence of B and A within +-margin over pairs (two one-sided paired t tests, TOST): p is the larger
+    of the two one-sided p's (B - A <= -margin; B - A >= +margin), below alpha when the (1 - 2 alpha) t
+    interval of the mean difference lies inside (-margin, +margin). The margin must be fixed before the test."""
+    d = np.asarray(b, dtype=np.float64) - np.asarray(a, dtype=np.float64)
+    n = len(d)
+    out = {"n": n, "diff": float(d.mean()) if n else math.nan, "margin": margin, "tost_p": math.nan}
+    if n < 2:
+        return out
+    se = float(d.std(ddof=1)) / math.sqrt(n)
+    mean = float(d.mean())
+    if se <= SAME:  # the same difference on every pair: inside the margin or not, without doubt
+        out["tost_p"] = 0.0 if abs(mean) < margin else 1.0
+        return out
+    lower = float(sps.t.sf((mean + margin) / se, n - 1))   # H0: diff <= -margin
+    upper = float(sps.t.cdf((mean - margin) / se, n - 1))  # H0: diff >= +margin
+    out["tost_p"] = max(lower, upper)
+    return out
+
+
 def resamples(n: int, reps: int, rng: np.random.Generator):
     """Bootstrap resamples of n examples, `reps` in all, as (rows, n) index arrays in chunks."""
     chunk = max(1, MAX_CHUNK_CELLS // max(n, 1))
