@@ -316,3 +316,25 @@ def test_an_ensembles_prediction_set_is_compared_by_its_files(recipes, capsys):
     bad.mkdir()
     (bad / "manifest.json").write_text("{}")
     assert f"{bad / 'manifest.json'}: no dev_metrics" in _error(capsys, member[0], "--vs", bad, "--pair-by-order")
+
+
+# ----------------------------------------------------------------------------- equivalence (TOST)
+
+@pytest.mark.parametrize("shift, margin", [(0.001, 0.005), (0.004, 0.005), (-0.006, 0.005), (0.0, 0.002)])
+def test_tost_is_the_larger_of_scipys_two_one_sided_paired_tests(shift, margin):
+    """The reference: scipy's one-sample t test of the differences against -margin (greater) and +margin
+    (less), written out here; TOST's p is the larger of the two."""
+    rng = np.random.default_rng(7)
+    a = rng.normal(0.7, 0.01, size=6)
+    b = a + shift + rng.normal(0, 0.003, size=6)
+    d = b - a
+    want = max(stats.ttest_1samp(d, -margin, alternative="greater").pvalue,
+               stats.ttest_1samp(d, margin, alternative="less").pvalue)
+    got = S.tost(a, b, margin)
+    assert got["n"] == 6 and got["diff"] == pytest.approx(d.mean())
+    assert got["tost_p"] == pytest.approx(want, rel=1e-10)
+
+
+def test_tost_of_identical_differences_is_certain_either_way():
+    a = np.array([0.5, 0.6, 0.7])
+    assert S.tost(a, a + 0.001, 0.005)["tost_p"] == 0.0 and S.tost(a, a + 0.01, 0.005)["tost_p"] == 1.0
