@@ -131,6 +131,44 @@ def test_a_depth_past_the_model_is_refused(tmp_path, capsys):
     assert "depth 3 is out of range for a model of 2 layers" in capsys.readouterr().err
 
 
+def test_a_recipe_may_name_its_model_and_model_overrides_it(tmp_path, capsys):
+    """A recipe's "train" may name the model (mpnet-depth.json: mpnet-base), so that a worker started without
+    --model (bench/gpu_study.sh's) trains it: its depths resolve on that model's layers, and its runs get it;
+    --model, where given, wins over it."""
+    from argparse import Namespace
+
+    data, enc = tiny_runs.inputs(tmp_path)
+    named = write_recipe(tmp_path / "named.json", depths=["none", "100%"], train={"epochs": 1, "model": str(enc)})
+    assert C.main([str(named), "--data-dir", str(data), "--dry-run"]) == 0
+    planned = capsys.readouterr().out
+    assert "freeze2-" in planned and "freeze6-" not in planned  # 100% of the tiny model's 2 layers, not MiniLM's 6
+    r = load_recipe(str(named))
+    assert C.base_config(r, Namespace(model=None, data_dir=str(data))).model == str(enc)
+    assert C.base_config(r, Namespace(model="other", data_dir=str(data))).model == "other"
+    assert C.base_config(load_recipe(str(write_recipe(tmp_path / "plain.json"))),
+                         Namespace(model=None, data_dir=str(data))).model == TrainConfig.model
+    # a recipe naming a model this machine lacks: --model stands in for it, and without it the error names it
+    missing = write_recipe(tmp_path / "missing.json", train={"epochs": 1, "model": str(tmp_path / "nowhere")})
+    assert C.main([str(missing), "--model", str(enc), "--data-dir", str(data), "--dry-run"]) == 0
+    capsys.readouterr()
+    assert C.main([str(missing), "--data-dir", str(data), "--dry-run"]) == 2
+    assert f"--model {tmp_path / 'nowhere'}: cannot read its config.json" in capsys.readouterr().err
+
+
+def test_the_12_layer_study_recipes_load_plan_and_name_their_models():
+    for name, model, layers, depths in [("mpnet-depth", "mpnet-base", 12, [None, -1, 3, 6, 9, 11, 12]),
+                                        ("mpnet-scale-minilm", "minilm-l6", 6, [None, 3, 4])]:
+        r = load_recipe(name).resolve(layers)
+        assert r.train["model"] == model and r.sizes == [1000] and len(r.seeds) >= 5
+        assert r.resolved_depths() == depths
+        assert len(r.plan([])) == 3 * len(r.points)  # three rates a point on the tuning seed, before any run
+    shared = ("epochs", "early_stop_patience", "pooling", "precision", "frozen_cache")
+    mpnet, minilm = load_recipe("mpnet-depth"), load_recipe("mpnet-scale-minilm")
+    assert {k: mpnet.train[k] for k in shared} == {k: minilm.train[k] for k in shared}  # one scale, one protocol
+    assert (mpnet.tuning_split, mpnet.seeds, mpnet.lr_grid["tuning_seeds"]) == \
+        (minilm.tuning_split, minilm.seeds, minilm.lr_grid["tuning_seeds"])
+
+
 def test_the_built_in_recipes_load_and_plan_on_6_and_12_layers():
     for name in ("depth", "size", "seed-report"):
         for layers in (6, 12):

@@ -6,9 +6,10 @@
 
 RECIPE is one of the built-in recipes (training/study/recipes/: whole, whole-size, whole-rates and
 whole-size-rates (the near ties of whole and of whole-size at their runner-up rate), the clean protocol
-on the whole training files; depth, size, seed-report and schedules, the small study) or a JSON file of
-one's own. Each finished run is appended to OUT/results.jsonl at once
-(training.sweep's format), so a killed study loses only the run in progress, and rerunning the command
+on the whole training files; mpnet-depth and mpnet-scale-minilm, the 12-layer study on MPNet-base and
+MiniLM at its scale, 1000 examples per task, each recipe naming its model; depth, size, seed-report and
+schedules, the small study) or a JSON file of one's own. Each finished run is appended to OUT/results.jsonl
+at once (training.sweep's format), so a killed study loses only the run in progress, and rerunning the command
 goes on where it stopped. Start the same command in a second shell to train on two workers: each run is
 claimed by one. The report (report.md, report.csv and the figures) is rewritten after every run, in
 OUT/<the recipe's report folder>. The project's own record is --out docs/freezing-study (the small
@@ -43,8 +44,10 @@ PROG = "python -m training.study"
 def build_parser(prog: str = PROG) -> Parser:
     p = Parser(prog=prog, description=__doc__)
     p.add_argument("recipe", help=f"a built-in recipe ({', '.join(available())}) or a recipe file (JSON)")
-    for name in ("data_dir", "model"):
-        add_option(p, TrainConfig.__dataclass_fields__[name], help_suffix=" (default: %(default)s)")
+    add_option(p, TrainConfig.__dataclass_fields__["data_dir"], help_suffix=" (default: %(default)s)")
+    add_option(p, TrainConfig.__dataclass_fields__["model"], help_suffix=" (default: the recipe's \"model\" in its "
+               f"\"train\", else {TrainConfig.model})")
+    p.set_defaults(model=None)  # given or not: a recipe may name its model (study_model)
     p.add_argument("--out", default=None, help="folder for results.jsonl and the report (default: the recipe's "
                    "\"results\" if it names one, else runs/study)")
     p.add_argument("--runs-dir", default=None, help="folder for the run directories (default: runs/<name of "
@@ -60,11 +63,18 @@ def build_parser(prog: str = PROG) -> Parser:
     return p
 
 
+def study_model(recipe: Recipe, given: str | None) -> str:
+    """The model a study trains: --model where given, else the recipe's (its "train" may name one, as
+    mpnet-depth.json does, so that a worker started without --model, bench/gpu_study.sh's, trains the
+    recipe's model), else TrainConfig's default."""
+    return given or recipe.train.get("model") or TrainConfig.model
+
+
 def base_config(recipe: Recipe, args) -> TrainConfig:
-    """What every run of the study gets: the recipe's options over TrainConfig's defaults, checkpoints at
-    epoch ends only, no test predictions."""
+    """What every run of the study gets: the recipe's options over TrainConfig's defaults, the model
+    study_model's, checkpoints at epoch ends only, no test predictions."""
     return TrainConfig(**{"save_every": 0, "keep_last": 1, "log_every": 2, "test_predictions": False,
-                          "data_dir": args.data_dir, "model": args.model, **recipe.train})
+                          "data_dir": args.data_dir, **recipe.train, "model": study_model(recipe, args.model)})
 
 
 def check(recipe: Recipe, base: TrainConfig) -> list[str]:
@@ -95,9 +105,10 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     exit_on_sigterm()
     try:
         recipe = load_recipe(args.recipe)
-        layers = model_layers(args.model)
+        model = study_model(recipe, args.model)  # the depths resolve on the model the runs train
+        layers = model_layers(model)
         if layers is None:
-            raise ConfigError(f"--model {args.model}: cannot read its config.json (num_hidden_layers)")
+            raise ConfigError(f"--model {model}: cannot read its config.json (num_hidden_layers)")
         recipe.resolve(layers)
         base = base_config(recipe, args)
     except ConfigError as e:
