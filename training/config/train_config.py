@@ -200,8 +200,9 @@ class TrainConfig:
     seed: int = opt(11711, "seed of every random draw", "run", metavar="N",
                     range=Range(0, 2**32, high_open=True, text="in [0, 2**32), as numpy's seeds are"))
     device: str = opt("auto", "cpu, cuda, cuda:N or auto", "run", resume_may_differ=True, metavar="DEV")
-    precision: str = opt("auto", "auto, fp32, bf16 or fp16 (docs/training.md)", "run",
-                         choices=("auto", "fp32", "bf16", "fp16"), metavar="P")
+    precision: str = opt("auto", "auto, fp32 (TF32 matmuls on Ampere+ GPUs), fp32-strict, bf16 or fp16 "
+                         "(docs/training.md)", "run", choices=("auto", "fp32", "fp32-strict", "bf16", "fp16"),
+                         metavar="P")
     compile: bool = opt(False, "compile each layer, for CUDA (docs/training.md)", "run",
                         resume_may_differ=True)
     compile_mode: str = opt("default", "default or reduce-overhead (docs/training.md)", "run",
