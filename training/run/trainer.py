@@ -238,7 +238,7 @@ class Run:
         total = self.steps_per_epoch * cfg.epochs
         self.schedule = FreezeSchedule(parse_schedule(cfg.unfreeze_schedule), self.model.frozen_upto,
                                        self.model.encoder.num_layers, self.steps_per_epoch, total,
-                                       int(total * cfg.warmup_ratio), cfg.lr)
+                                       int(total * cfg.warmup_ratio), cfg.peak_lr())
         if problem := self.schedule.check_length():
             raise ConfigError(problem)
         self.stepper = Stepper.build(self.model, cfg, total, self.device, self.amp_dtype, dist, self.schedule)
@@ -282,6 +282,10 @@ class Run:
         log.info("model %s: %d layers, %.1fM parameters, %d trainable = %.4f%% (freeze-upto %s%s%s); device %s, %s",
                  cfg.model, model.encoder.num_layers, n_all / 1e6, n_train, 100 * n_train / n_all, upto, schedule,
                  peft, self.device, f"{self.precision} autocast" if self.amp_dtype else self.precision)
+        if cfg.scale_lr_with_batch is not None:
+            log.info("learning rate %.4g: --lr %g at batch %d, times sqrt(%d x %d / %d) (--scale-lr-with-batch)",
+                     cfg.peak_lr(), cfg.lr, cfg.scale_lr_with_batch, cfg.batch_size, cfg.grad_accum_steps,
+                     cfg.scale_lr_with_batch)
         # once, with why: a run under auto must say what it used (each epoch's record names it too)
         log.info("precision %s (%s)", self.precision, self.precision_reason)
         slow = emulated_precision(self.precision, self.device)
