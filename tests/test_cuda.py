@@ -146,7 +146,7 @@ def test_training_with_the_cache_follows_the_run_without_it(tmp_path, inputs):
     for mode in ("off", "memory"):
         from training.run.trainer import train
         cfg = config(tmp_path / mode, *inputs, epochs=3, freeze_upto=1, frozen_cache=mode, device="cuda",
-                     precision="fp32")
+                     precision="fp32-strict")
         runs[mode] = (train(cfg), [r for r in metrics_records(Path(cfg.out_dir)) if "train_seconds" in r])
     (best_off, rec_off), (best_mem, rec_mem) = runs["off"], runs["memory"]
     for a, b in zip(rec_off, rec_mem):
@@ -175,7 +175,7 @@ def test_cuda_graphs_train_as_eager_does(frozen_setup, true_fp32):
             if isinstance(getattr(m, "p", None), float):
                 m.p = 0.0
         model.to(CUDA)
-        cfg = TrainConfig(lr=1e-2, max_grad_norm=1.0, warmup_ratio=0.0, device="cuda", precision="fp32",
+        cfg = TrainConfig(lr=1e-2, max_grad_norm=1.0, warmup_ratio=0.0, device="cuda", precision="fp32-strict",
                           compile=compiled, compile_mode="reduce-overhead", pad_multiple=8)
         stepper = Stepper.build(model, cfg, 6, CUDA, None)
         if compiled:
@@ -266,7 +266,7 @@ def _cli_args(inputs, root, *extra) -> list[str]:
             "--predictions-dir", str(root / "pred"), *extra]
 
 
-@pytest.mark.parametrize("precision", ["auto", "fp32"])
+@pytest.mark.parametrize("precision", ["auto", "fp32", "fp32-strict"])
 def test_cli_trains_on_cuda_end_to_end(tmp_path, inputs, capsys, caplog, precision):
     """It learns (test_training's memorisation check), says it ran on CUDA (in bf16 where the GPU
     computes it natively, else fp16, for --precision auto), writes the prediction files, and its best.pt
@@ -274,13 +274,18 @@ def test_cli_trains_on_cuda_end_to_end(tmp_path, inputs, capsys, caplog, precisi
     from training import evaluate as evaluate_mod
     from training.train import main as cli_main
     caplog.set_level(logging.INFO)  # what train.log receives (pytest's own handler leaves the root at WARNING)
+    found = (torch.backends.cuda.matmul.allow_tf32, torch.get_float32_matmul_precision())
     assert cli_main(_cli_args(inputs, tmp_path, "--precision", precision, "--ema-decay", "0.5")) == 0
+    assert (torch.backends.cuda.matmul.allow_tf32, torch.get_float32_matmul_precision()) == found  # put back
     cfg = config(tmp_path, *inputs, device="cuda", precision=precision)
     best = max((r for r in metrics_records(tmp_path / "run") if "dev_overall" in r), key=lambda r: r["dev_overall"])
     check_learnt(cfg, {k[len("dev_"):]: v for k, v in best.items() if k.startswith("dev_")})
     log = (tmp_path / "run" / "train.log").read_text()
     native_bf16 = torch.cuda.get_device_capability() >= (8, 0)  # auto: bf16 there, else fp16 with a loss scale
-    assert f"device cuda, {('bf16' if native_bf16 else 'fp16') + ' autocast' if precision == 'auto' else 'fp32'}" in log
+    asked = ('bf16' if native_bf16 else 'fp16') + ' autocast' if precision == 'auto' else precision
+    assert f"device cuda, {asked}" in log
+    if precision != "auto" and native_bf16:  # Ampere and later: TF32 for fp32, not for fp32-strict
+        assert ("; TF32 matmuls)" in log) == (precision == "fp32"), log
     assert sorted(p.name for p in (tmp_path / "pred").iterdir()) == sorted(
         ["manifest.json"] + [f"{t}-{s}-output.csv" for t in ("sst", "para", "sts") for s in ("dev", "test")])
     capsys.readouterr()
@@ -312,7 +317,7 @@ def test_a_study_run_on_the_gpu_names_it(tmp_path):
     from training.sweep.records import read_results
 
     data, enc = tiny_runs.inputs(tmp_path)
-    train = {"epochs": 1, "batch_size": 4, "device": "cuda", "precision": "fp32", "frozen_cache": "disk"}
+    train = {"epochs": 1, "batch_size": 4, "device": "cuda", "precision": "fp32-strict", "frozen_cache": "disk"}
     path = arms_recipe(tmp_path, train=train, points=[{"label": "full", "depth": "none", "arm": ""}])
     out = tmp_path / "out"
     assert study_cli.main([str(path), "--model", str(enc), "--data-dir", str(data), "--in-process", "--threads", "1",

@@ -336,3 +336,78 @@ def test_fp16_without_autocast_support_is_refused_in_one_line(tmp_path, monkeypa
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--precision fp16: torch" in err[0] and "no float16 autocast on cpu" in err[0]
     assert not Path(cfg.out_dir).exists()
+
+
+# ----------------------------------------------------------------------------- fp32: TF32 or strict
+
+@pytest.fixture
+def tf32_switches():
+    """torch's process-wide TF32 switches, put back after the test whatever it set."""
+    saved = device_mod.tf32_flags()
+    yield
+    device_mod.set_tf32_flags(saved)
+
+
+@pytest.mark.parametrize("capability, precision, expected", [
+    ((9, 0), "fp32", (True, True, "high")),  # Hopper: TF32 matmuls and convolutions
+    ((8, 0), "fp32", (True, True, "high")),  # Ampere
+    ((8, 0), "fp32-strict", (False, False, "highest")),  # full fp32, convolutions' TF32 off too
+    ((7, 0), "fp32", None),  # Volta: no TF32 tensor cores, nothing touched
+    ((9, 0), "bf16", None),  # autocast picks the matmuls' type
+    ((9, 0), "fp16", None),
+])
+def test_fp32_allows_tf32_on_ampere_and_later_and_strict_does_not(monkeypatch, tf32_switches, capability,
+                                                                   precision, expected):
+    """The function a run sets its fp32 arithmetic with, on a fake CUDA device of each capability: the
+    switches it sets, and the ones it found returned for train() to put back."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    found = (False, True, "highest")  # torch's defaults
+    device_mod.set_tf32_flags(found)
+    cuda = torch.device("cuda")
+    assert device_mod.apply_fp32_math(precision, cuda) == (found if expected else None)
+    assert device_mod.tf32_flags() == (expected or found)
+    words = {"fp32": "TF32 matmuls", "fp32-strict": "full fp32 matmuls (TF32 off)"}
+    assert device_mod.fp32_math(precision, cuda) == (words[precision] if expected else None)
+    for fp32 in ("fp32", "fp32-strict"):  # the CPU: never touched, fp32-strict is fp32
+        device_mod.set_tf32_flags(found)
+        assert device_mod.apply_fp32_math(fp32, CPU) is None and device_mod.tf32_flags() == found
+        assert device_mod.autocast_dtype(fp32, CPU) is None
+
+
+def test_a_run_puts_back_the_switches_it_found(tmp_path, monkeypatch, tf32_switches, caplog):
+    """A run that chose TF32 (a CPU run with the device check faked as an Ampere GPU's) logs it, records
+    it per epoch, and train() leaves torch's switches as the caller had them."""
+    monkeypatch.setattr(device_mod, "fp32_math", lambda p, d: "TF32 matmuls" if p == "fp32" else None)
+    monkeypatch.setattr("training.run.trainer.fp32_math", device_mod.fp32_math)
+    mine = (False, False, "highest")
+    device_mod.set_tf32_flags(mine)
+    seen = []
+    with caplog.at_level(logging.INFO, logger="training.run.trainer"):
+        train(tiny_runs.tiny_config(tmp_path, precision="fp32", epochs=1),
+              on_update=lambda stepper: seen.append(device_mod.tf32_flags()))
+    assert seen and set(seen) == {(True, True, "high")}  # set while it trained
+    assert device_mod.tf32_flags() == mine  # and put back
+    assert [r.getMessage() for r in caplog.records if r.getMessage().startswith("precision ")] == [
+        "precision fp32 (--precision fp32; TF32 matmuls)"]
+    epochs = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+              if "train_seconds" in x]
+    assert [(r["precision"], r["tf32"]) for r in epochs] == [("fp32", True)]
+
+
+def test_fp32_strict_on_a_cpu_is_fp32_and_recorded(tmp_path, tf32_switches, caplog):
+    """--precision fp32-strict through the command line on the CPU: accepted, config.json keeps it, the
+    log line and each epoch's record name it, nothing says TF32, and the switches are not touched."""
+    before = device_mod.tf32_flags()
+    cfg = tiny_runs.tiny_config(tmp_path, precision="fp32-strict")
+    args = ["--model", cfg.model, "--data-dir", cfg.data_dir, "--out-dir", cfg.out_dir, "--device", "cpu",
+            "--precision", "fp32-strict", "--epochs", "1", "--batch-size", str(cfg.batch_size)]
+    with caplog.at_level(logging.INFO, logger="training.run.trainer"):
+        assert cli_main(args) == 0
+    assert device_mod.tf32_flags() == before
+    run = Path(cfg.out_dir)
+    assert json.loads((run / "config.json").read_text())["precision"] == "fp32-strict"
+    log = (run / "train.log").read_text()
+    assert "precision fp32-strict (--precision fp32-strict)\n" in log and "device cpu, fp32-strict" in log
+    assert "TF32" not in log
+    epochs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if "train_seconds" in x]
+    assert [r["precision"] for r in epochs] == ["fp32-strict"] and "tf32" not in epochs[0]

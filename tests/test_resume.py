@@ -55,10 +55,12 @@ def _epoch_records(out):
 
 # mid-epoch, at an epoch's last step, with a weight EMA that must be restored too, and right after a
 # mid-epoch evaluation (which the resumed run must not repeat)
-# and LoRA (its dropout draws from the restored stream) and BitFit above a cached frozen prefix
+# and LoRA (its dropout draws from the restored stream) and BitFit above a cached frozen prefix, and a
+# learning rate scaled with the batch
 @pytest.mark.parametrize("k, extra", [(3, ()), (6, ()), (3, ("--ema-decay", "0.5")), (9, ("--evals-per-epoch", "2")),
                                       (4, ("--peft", "lora:r=2,dropout=0.1")),
-                                      (3, ("--peft", "bitfit", "--freeze-upto", "1"))])
+                                      (3, ("--peft", "bitfit", "--freeze-upto", "1")),
+                                      (4, ("--scale-lr-with-batch", "2"))])  # the rate's schedule scaled
 def test_sigterm_then_resume_equals_an_uninterrupted_run(files, tmp_path, k, extra):
     def interrupted_at_k(out):
         saved = read_checkpoint(out / "checkpoints" / f"step-{k:07d}.pt")

@@ -411,3 +411,28 @@ def test_schedules_combine_with_accumulation_and_evaluations_within_epochs(root,
         [False, False, True, True, True]
     rows = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
     assert len([r for r in rows if "dev_overall" in r]) == 9
+
+
+# ----------------------------------------------------------------------------- --scale-lr-with-batch
+
+@pytest.mark.parametrize("batch, accum, ref, factor", [(8, 1, 2, 2.0), (4, 2, 2, 2.0), (2, 1, 8, 0.5), (4, 1, 4, 1.0)])
+def test_scale_lr_with_batch_trains_at_the_square_root_rule(tmp_path, caplog, batch, accum, ref, factor):
+    """--lr at batch B, trained at --batch-size x --grad-accum-steps: every parameter group's peak rate
+    (and the schedule's, which lp-ft and layer decay divide by) is lr * sqrt(batch x accum / B), the
+    --layer-lr-decay ratios kept; the log says so; without the flag nothing changes."""
+    import logging
+
+    from training.run.trainer import Run
+    caplog.set_level(logging.INFO, logger="training.run.trainer")
+    base = dict(lr=1e-2, batch_size=batch, grad_accum_steps=accum, layer_lr_decay=0.5, warmup_ratio=0.0)
+    plain = Run(tiny_config(tmp_path, "a", **base)).build()
+    scaled = Run(tiny_config(tmp_path, "b", **base, scale_lr_with_batch=ref)).build()
+    assert scaled.cfg.peak_lr() == pytest.approx(1e-2 * factor) and plain.cfg.peak_lr() == 1e-2
+    assert scaled.schedule.lr == pytest.approx(1e-2 * factor)
+    rates = [g["lr"] for g in plain.stepper.optimizer.param_groups]
+    assert rates[0] == pytest.approx(1e-2)
+    assert [g["lr"] for g in scaled.stepper.optimizer.param_groups] == pytest.approx([r * factor for r in rates])
+    said = [r.getMessage() for r in caplog.records if "--scale-lr-with-batch" in r.getMessage()]
+    assert said == [f"learning rate {1e-2 * factor:.4g}: --lr 0.01 at batch {ref}, times sqrt({batch} x {accum} / "
+                    f"{ref}) (--scale-lr-with-batch)"]
+    assert any("--scale-lr-with-batch" in e for e in validate(tiny_config(tmp_path, "c", **base, scale_lr_with_batch=0)))

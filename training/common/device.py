@@ -47,8 +47,8 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-# --precision's names -> the autocast dtype (None: no autocast, plain fp32)
-DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+# --precision's names -> the autocast dtype (None: no autocast, plain fp32; fp32 may use TF32 on CUDA)
+DTYPES = {"fp32": None, "fp32-strict": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 # the CPU's bf16 instructions, best first: torch's probes (private; absent in some builds), what they mean
 CPU_BF16 = (("_is_amx_tile_supported", "AMX tiles"), ("_is_avx512_bf16_supported", "AVX512-BF16"))
 
@@ -90,6 +90,43 @@ def resolve_precision(precision: str, device: torch.device) -> tuple[str, str]:
                         f"dynamic loss scaling")
     what = "the CPU has neither AMX nor AVX512-BF16" if device.type == "cpu" else f"a {device.type} device"
     return "fp32", f"--precision auto: {what}"
+
+
+def tf32_capable(device: torch.device) -> bool:
+    """Whether `device` has TF32 tensor cores: a CUDA GPU of compute capability 8.0 (Ampere) or later."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 0)
+
+
+def fp32_math(precision: str, device: torch.device) -> str | None:
+    """How a resolved --precision computes fp32 matmuls on `device`, in words, or None where it changes
+    nothing: fp32 on a GPU with TF32 tensor cores uses them, fp32-strict keeps full fp32 there. The
+    CPU, older GPUs and bf16/fp16 runs (autocast picks their matmuls' type) are left as torch has them."""
+    if device.type != "cuda" or precision not in ("fp32", "fp32-strict") or not tf32_capable(device):
+        return None
+    return "TF32 matmuls" if precision == "fp32" else "full fp32 matmuls (TF32 off)"
+
+
+def tf32_flags() -> tuple[bool, bool, str]:
+    """torch's process-wide TF32 switches: (cuda matmul, cuDNN, float32 matmul precision)."""
+    return (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+            torch.get_float32_matmul_precision())
+
+
+def set_tf32_flags(flags: tuple[bool, bool, str]) -> None:
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = flags[:2]
+    torch.set_float32_matmul_precision(flags[2])
+
+
+def apply_fp32_math(precision: str, device: torch.device) -> tuple[bool, bool, str] | None:
+    """Set torch's TF32 switches for a run's resolved --precision (fp32_math): TF32 matmuls and cuDNN
+    convolutions on for fp32 on Ampere and later, both off for fp32-strict; elsewhere nothing is touched
+    (None). The switches are process-wide: returns the ones found, for set_tf32_flags to put back."""
+    if fp32_math(precision, device) is None:
+        return None
+    saved = tf32_flags()
+    tf32 = precision == "fp32"
+    set_tf32_flags((tf32, tf32, "high" if tf32 else "highest"))
+    return saved
 
 
 def emulated_precision(precision: str, device: torch.device) -> str | None:

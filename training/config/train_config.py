@@ -144,6 +144,9 @@ class TrainConfig:
     # ------------------------------------------------------------------ optimisation
     lr: float = opt(1e-4, "peak learning rate of AdamW", "optimisation", range=Range(low=0, low_open=True),
                     metavar="LR")
+    scale_lr_with_batch: int | None = opt(None, "--lr is for batch B: scale it by sqrt(batch / B) "
+                                          "(docs/training.md)",
+                                          "optimisation", metavar="B", range=_at_least(1), default_text="off")
     weight_decay: float = opt(0.01, "AdamW's weight decay (not on biases and LayerNorm)", "optimisation",
                               range=_at_least(0), metavar="W")
     warmup_ratio: float = opt(0.1, "share of steps of linear warm-up, then decay to 0", "optimisation", range=UNIT,
@@ -200,8 +203,9 @@ class TrainConfig:
     seed: int = opt(11711, "seed of every random draw", "run", metavar="N",
                     range=Range(0, 2**32, high_open=True, text="in [0, 2**32), as numpy's seeds are"))
     device: str = opt("auto", "cpu, cuda, cuda:N or auto", "run", resume_may_differ=True, metavar="DEV")
-    precision: str = opt("auto", "auto, fp32, bf16 or fp16 (docs/training.md)", "run",
-                         choices=("auto", "fp32", "bf16", "fp16"), metavar="P")
+    precision: str = opt("auto", "auto, fp32 (TF32 matmuls on Ampere+ GPUs), fp32-strict, bf16 or fp16 "
+                         "(docs/training.md)", "run", choices=("auto", "fp32", "fp32-strict", "bf16", "fp16"),
+                         metavar="P")
     compile: bool = opt(False, "compile each layer, for CUDA (docs/training.md)", "run",
                         resume_may_differ=True)
     compile_mode: str = opt("default", "default or reduce-overhead (docs/training.md)", "run",
@@ -232,6 +236,13 @@ class TrainConfig:
         self.tasks = tuple(self.tasks)
         if self.task_sampling is None:
             self.task_sampling = "mixed" if self.pcgrad else "mtdnn"
+
+    def peak_lr(self) -> float:
+        """The peak learning rate a run trains at: --lr, or with --scale-lr-with-batch B the square-root
+        rule's lr * sqrt(examples per update / B) (docs/training.md says why square root for AdamW)."""
+        if self.scale_lr_with_batch is None:
+            return self.lr
+        return self.lr * math.sqrt(self.batch_size * self.grad_accum_steps / self.scale_lr_with_batch)
 
     def perturbs_embeddings(self) -> bool:
         """SMART's adversarial term perturbs the embedding output: the frozen layers then need a graph

@@ -30,11 +30,14 @@ from minbert.checkpoint import copy_tokenizer_files
 from training.common.device import (
     DTYPES,
     GlobalRng,
+    apply_fp32_math,
     emulated_precision,
     fp16_autocast_problem,
+    fp32_math,
     pick_device,
     resolve_precision,
     seed_everything,
+    set_tf32_flags,
 )
 from training.common.errors import ConfigError, TrainingInterrupted
 from training.common.progress import progress
@@ -102,7 +105,7 @@ def train(cfg: TrainConfig, on_evaluation=None, on_update=None) -> dict:
         return finished["best_metrics"]
     with init_distributed(cfg.device) as dist:
         run = Run(cfg, dist, on_evaluation, on_update)
-        with run.logging_to_out_dir():
+        with run.logging_to_out_dir(), contextlib.closing(run):
             run.setup()
             t0 = time.time()
             try:  # what ends a run goes into train.log too: the file a `nohup` run is read from
@@ -147,6 +150,8 @@ class Run:
         # choose_device(): where and in which precision the run computes
         self.device: torch.device | None = None
         self.precision, self.precision_reason, self.amp_dtype = None, None, None
+        self.fp32_math = None  # on a TF32 GPU in fp32: what its matmuls use (device.fp32_math)
+        self.tf32_found = None  # torch's TF32 switches before choose_device set them (restore_fp32_math)
         # build(): the parts, made from the config
         self.model, self.tokenizer, self.ckpt_dir = None, None, None
         self.data, self.steps_per_epoch, self.schedule = None, None, None
@@ -233,7 +238,7 @@ class Run:
         total = self.steps_per_epoch * cfg.epochs
         self.schedule = FreezeSchedule(parse_schedule(cfg.unfreeze_schedule), self.model.frozen_upto,
                                        self.model.encoder.num_layers, self.steps_per_epoch, total,
-                                       int(total * cfg.warmup_ratio), cfg.lr)
+                                       int(total * cfg.warmup_ratio), cfg.peak_lr())
         if problem := self.schedule.check_length():
             raise ConfigError(problem)
         self.stepper = Stepper.build(self.model, cfg, total, self.device, self.amp_dtype, dist, self.schedule)
@@ -253,6 +258,20 @@ class Run:
         if self.precision == "fp16" and (problem := fp16_autocast_problem(self.device)):
             raise ConfigError(problem)
         self.amp_dtype = DTYPES[self.precision]
+        if (found := apply_fp32_math(self.precision, self.device)) is not None and self.tf32_found is None:
+            self.tf32_found = found
+        self.fp32_math = fp32_math(self.precision, self.device)
+        self.precision_reason += f"; {self.fp32_math}" if self.fp32_math else ""
+
+    def close(self) -> None:
+        self.restore_fp32_math()
+
+    def restore_fp32_math(self) -> None:
+        """Put torch's process-wide TF32 switches back as choose_device found them (train() does at the
+        end of a run, so that a library user's settings outlive it)."""
+        if self.tf32_found is not None:
+            set_tf32_flags(self.tf32_found)
+            self.tf32_found = None
 
     def _log_model(self) -> None:
         model, cfg = self.model, self.cfg
@@ -262,7 +281,11 @@ class Run:
         peft = f", peft {cfg.peft}" if cfg.peft != "none" else ""
         log.info("model %s: %d layers, %.1fM parameters, %d trainable = %.4f%% (freeze-upto %s%s%s); device %s, %s",
                  cfg.model, model.encoder.num_layers, n_all / 1e6, n_train, 100 * n_train / n_all, upto, schedule,
-                 peft, self.device, f"{self.precision} autocast" if self.amp_dtype else "fp32")
+                 peft, self.device, f"{self.precision} autocast" if self.amp_dtype else self.precision)
+        if cfg.scale_lr_with_batch is not None:
+            log.info("learning rate %.4g: --lr %g at batch %d, times sqrt(%d x %d / %d) (--scale-lr-with-batch)",
+                     cfg.peak_lr(), cfg.lr, cfg.scale_lr_with_batch, cfg.batch_size, cfg.grad_accum_steps,
+                     cfg.scale_lr_with_batch)
         # once, with why: a run under auto must say what it used (each epoch's record names it too)
         log.info("precision %s (%s)", self.precision, self.precision_reason)
         slow = emulated_precision(self.precision, self.device)
@@ -497,6 +520,7 @@ class Run:
             record = {"epoch": epoch, "step": state.global_step, "train_seconds": round(train_time, 1),
                       "padding_efficiency": padding_eff, "trainable_params": trainable,
                       "trainable_share": share(trainable, total), "precision": self.precision,
+                      **({"tf32": self.precision == "fp32"} if self.fp32_math else {}),
                       **self.stepper.scale_record(),
                       **({"frozen_cache_seconds": round(self.caches.seconds, 2)} if self.caches.seconds is not None else {}),
                       **{f"train_loss_{t}": float(np.mean(v)) for t, v in state.losses.items() if v}}
