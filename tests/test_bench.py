@@ -9,6 +9,7 @@ import pytest
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 HELPERS = {"common.py", "gpu_summary.py"}  # shared code, and gpu_check.sh's report writer: no --threads
 RECORD_TOOLS = {"device_twin.py", "equivalence.py", "import_runs.py", "size_gaps.py"}  # read and write study records, train nothing: no --threads
+RECORD_TOOLS |= {"gpu_mpnet_assemble.py"}  # joins files, computes nothing: no --threads
 SCRIPTS = sorted(p.name for p in BENCH.glob("*.py") if p.name not in HELPERS)
 
 
