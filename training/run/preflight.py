@@ -18,9 +18,9 @@ import torch
 from minbert import BertConfig, Tokenizer, resolve_checkpoint
 from minbert.checkpoint import human_bytes, machine_ram, read_bert_config, refuse_if_too_big
 from training.common.errors import ConfigError
-from training.config.freeze_spec import freeze_depth
+from training.config.freeze_spec import depth_error, freeze_depth
 from training.config.peft_spec import parse_peft
-from training.config.train_config import TrainConfig, depth_error
+from training.config.train_config import TrainConfig
 from training.methods.freezing import optimised_depth, schedule_error
 
 log = logging.getLogger(__name__)
