@@ -357,6 +357,22 @@ def validate(cfg: TrainConfig, data_dir_from: str | None = None) -> list[str]:
     return errors + path_errors(cfg)
 
 
+def validate_once(cfg: TrainConfig, data_dir_from: str | None = None) -> list[str]:
+    """validate(cfg), run once per run: a config found valid keeps the values it was found valid with, and
+    the later steps of the run (train(), Run(), after the command line's validation) read that mark instead
+    of validating again. A config changed since it was marked is validated afresh."""
+    values = asdict(cfg)
+    if cfg.__dict__.get(_VALID_AS) == values:
+        return []
+    errors = validate(cfg, data_dir_from)
+    if not errors:
+        cfg.__dict__[_VALID_AS] = values  # not a field: equality, asdict and config.json never see it
+    return errors
+
+
+_VALID_AS = "_valid_as"  # where validate_once leaves its mark on a config
+
+
 def seed_error(seed, flag: str) -> str | None:
     """The message for a seed numpy cannot take (the sweep's --seeds too), else None."""
     seeds = TrainConfig.__dataclass_fields__["seed"].metadata["range"]
