@@ -22,9 +22,10 @@ from common import add_clock_arg, cpu_model, paired_ratios, pick_clock, step_ben
 
 from data.batching import CPU_EVAL_TOKENS, EvalBatching, _sorted_spans, encode_task  # noqa: E402
 from data.loaders import COURSE_FILES, load_task_file  # noqa: E402
+from training.common.device import seed_everything  # noqa: E402
 from training.config.train_config import TrainConfig  # noqa: E402
 from training.inference.metrics import evaluate  # noqa: E402
-from training.run.trainer import build_model, seed_everything  # noqa: E402
+from training.run.build import build_model  # noqa: E402
 
 
 def parse_args(argv=None):

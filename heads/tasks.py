@@ -146,7 +146,8 @@ class MultitaskBert(nn.Module):
                                     "sts": SimilarityHead(H, dropout, siamese, eye)})
         self.frozen_upto: int | None = None  # see freeze()
         self.frozen_dropout = False  # keep dropout in the frozen modules (a confound arm of the freezing study)
-        self.peft = "none"  # none, bitfit or lora: what of the encoder may train (training/methods/peft.py sets it)
+        self.peft = "none"  # none, bitfit or lora: what of the encoder may train (use_peft)
+        self.peft_factors: list[nn.Parameter] = []  # lora: the factors it added, the encoder's weights that train
         self.freeze(None)
 
     # ------------------------------------------------------------------ freezing
@@ -155,24 +156,32 @@ class MultitaskBert(nn.Module):
         but pooler and heads). Frozen modules get no grads and always run in eval mode, so their
         dropout is off and their output is a fixed function of the input (the frozen cache needs that)."""
         L = self.encoder.num_layers
+        factors = {id(f) for f in self.peft_factors}  # this model's own (a deep copy's list holds the copy's)
         if upto is not None and not -1 <= upto <= L:
             raise ValueError(f"--freeze-upto {upto} is out of range: the model has {L} layers, "
                              f"so it must be between -1 (embeddings only) and {L} (all layers)")
         self.frozen_upto = upto
         for name, p in self.encoder.named_parameters():
-            p.requires_grad_(self.peft_trains(name))
+            p.requires_grad_(self.peft_trains(name, p, factors))
         for m in self.frozen_modules():
             m.requires_grad_(False)
         if self.pooling == "mean":  # unused: no gradient, not in the optimiser
             self.encoder.pooler.requires_grad_(False)
         self.train(self.training)
 
-    def peft_trains(self, name: str) -> bool:
+    def use_peft(self, mode: str, factors: list[nn.Parameter] = ()) -> None:
+        """Train the encoder under PEFT `mode` (none, bitfit or lora) from the next freeze() on; factors: the
+        parameters LoRA added (training/methods/peft.py passes them), told rather than guessed from names."""
+        if mode not in ("none", "bitfit", "lora") or (factors and mode != "lora"):
+            raise ValueError(f"PEFT mode must be none, bitfit or lora (factors with lora alone), not {mode!r}")
+        self.peft, self.peft_factors = mode, list(factors)
+
+    def peft_trains(self, name: str, param: nn.Parameter, factors: set[int]) -> bool:
         """Whether the encoder's parameter `name` may train under self.peft: BitFit's bias terms (LayerNorm's
-        beta too), LoRA's factors (minbert/lora.py), and the pooler, which trains like the heads."""
+        beta too), LoRA's factors (ids in `factors`), and the pooler, which trains like the heads."""
         if self.peft == "none" or name.startswith("pooler."):
             return True
-        return name.endswith(".bias") if self.peft == "bitfit" else ".lora_" in name
+        return name.endswith(".bias") if self.peft == "bitfit" else id(param) in factors
 
     def frozen_modules(self) -> list[nn.Module]:
         if self.frozen_upto is None:

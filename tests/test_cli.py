@@ -13,8 +13,8 @@ import torch
 from data.loaders import COURSE_FILES, TASKS
 from minbert import Bert, BertConfig, save_hf
 from training.args import config_from_args
-from training.config.train_config import TrainConfig
-from training.train import build_parser, main, validate
+from training.config.train_config import TrainConfig, validate
+from training.train import build_parser, main
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat", "on", "mat", "##s"]

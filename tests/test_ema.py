@@ -9,10 +9,11 @@ from test_training import EPOCHS, config, make_checkpoint, write_data
 from torch import nn
 
 from training.args import config_from_args
+from training.config.train_config import validate
 from training.methods.ema import WeightEMA
 from training.run.checkpointing import read_checkpoint
 from training.run.trainer import train
-from training.train import build_parser, validate
+from training.train import build_parser
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -243,7 +243,8 @@ def test_layer_lr_decay_gives_each_depth_its_rate(upto):
 
 def test_layer_lr_decay_rejects_values_outside_0_1():
     from training.args import config_from_args
-    from training.train import build_parser, validate
+    from training.config.train_config import validate
+    from training.train import build_parser
     for bad in ("0", "1.5", "-0.9"):
         cfg = config_from_args(build_parser().parse_args(["--layer-lr-decay", bad]))
         assert any("--layer-lr-decay must be in (0, 1]" in e for e in validate(cfg)), bad

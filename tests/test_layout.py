@@ -186,6 +186,32 @@ def test_find_cycle_finds_one():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
 
 
+def defined_names(path: Path) -> set[str]:
+    """The names a module defines at its top level (functions, classes, assignments), not those it imports."""
+    names = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+    return names
+
+
+def test_names_are_imported_from_the_module_that_defines_them():
+    """No re-exports: `from training.X import name` (in training/, tests/ and bench/) names a module X that
+    defines `name`, so each import line says where the name lives and one name has one home (freeze_depth
+    once came through the config module as well as its own)."""
+    known = modules()
+    defined = {m: defined_names(p) for m, p in known.items()}
+    files = [p for d in ("training", "tests", "bench") for p in (REPO / d).rglob("*.py")]
+    bad = [f"{p.relative_to(REPO)}:{node.lineno}: {a.name} from {node.module}" for p in files
+           for node in ast.walk(ast.parse(p.read_text()))
+           if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module in known
+           for a in node.names if f"{node.module}.{a.name}" not in known and a.name not in defined[node.module]]
+    assert bad == []
+
+
 # --------------------------------------------------------------------------- the commands
 
 def run(*args: str) -> subprocess.CompletedProcess:

@@ -17,8 +17,8 @@ import tiny_runs
 import torch
 
 from data.batching import EvalBatching
-from training.config.freeze_spec import freeze_depth
-from training.config.train_config import TrainConfig, depth_error, validate
+from training.config.freeze_spec import depth_error, freeze_depth
+from training.config.train_config import TrainConfig, validate
 from training.study import aggregate as A
 from training.study import cli as C
 from training.study import tables as T

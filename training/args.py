@@ -9,7 +9,8 @@ from typing import NoReturn
 
 from data.folder import data_folder, folder_problem, origin
 from data.loaders import COURSE_FILES, TASKS
-from training.config.train_config import TrainConfig, default_of, flag_of, freeze_error, options
+from training.config.freeze_spec import freeze_error
+from training.config.train_config import TrainConfig, default_of, flag_of, options
 
 
 def _opt_int(s: str) -> int | None:

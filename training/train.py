@@ -16,7 +16,7 @@ from data.folder import origin
 from training.args import OptionsHelpFormatter, Parser, add_option, config_from_args, defaults_from
 from training.common.errors import ConfigError, NonFiniteLossError, TrainingInterrupted, WriteError
 from training.common.progress import setup_logging
-from training.config.train_config import GROUPS, TrainConfig, field_errors, options, read_config_file, validate
+from training.config.train_config import GROUPS, TrainConfig, field_errors, options, read_config_file, validate_once
 
 PROG = "run_multitask.py"
 log = logging.getLogger(__name__)
@@ -72,7 +72,7 @@ def parse(argv: list[str] | None = None, prog: str = PROG) -> tuple[argparse.Nam
 def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     args, cfg = parse(argv, prog)
     setup_logging(logging.DEBUG if args.verbose else logging.INFO)
-    errors = validate(cfg, args.data_dir_from)
+    errors = validate_once(cfg, args.data_dir_from)  # the run's one validation: train() reads its mark
     if errors:
         for e in errors:
             print(f"{prog}: error: {e}", file=sys.stderr)

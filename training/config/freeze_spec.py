@@ -1,5 +1,6 @@
-"""The values of --unfreeze-schedule and --freeze-upto, parsed and checked on their own (no model, no torch):
-what the config validates and methods/freezing.py runs. The schedules themselves: methods/freezing.py."""
+"""The values of --unfreeze-schedule and --freeze-upto, parsed and checked on their own (no model, no torch),
+and --freeze-upto against a model's layer count (depth_error): what the config validates and
+methods/freezing.py runs. The schedules themselves: methods/freezing.py."""
 from __future__ import annotations
 
 import math
@@ -110,3 +111,36 @@ def freeze_depth(value: int | str | None, num_layers: int) -> int | None:
     if share is None:
         return value
     return math.ceil(share * num_layers - Fraction(1, 2))
+
+
+def freeze_error(value, flag: str = "--freeze-upto") -> str | None:
+    """Why a --freeze-upto value is neither a depth (an integer >= -1) nor a share P% (0 <= P <= 100)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return None if value >= -1 else f"{flag} must be >= -1 (-1: embeddings only), not {value}"
+    if parse_share(value) is not None:
+        return None
+    return (f"{flag} must be a number of layers (an integer >= -1) or a share of the layers (P% with "
+            f"0 <= P <= 100, e.g. 75%), not {value!r}")
+
+
+def depth_error(value: int | str | None, num_layers: int, model: str) -> str | None:
+    """The one line for a --freeze-upto value past the model's layers, naming what to run instead."""
+    return range_error(value, freeze_depth(value, num_layers), num_layers, model)
+
+
+def range_error(value: int | str | None, depth: int | None, num_layers: int, model: str) -> str | None:
+    """depth_error for a value already resolved to `depth` (a run's settings hold it: run_settings.py)."""
+    if depth is None or -1 <= depth <= num_layers:
+        return None
+    line = (f"--freeze-upto {value} is out of range: {model} has {num_layers} layers, so N is between -1 "
+            f"(embeddings only) and {num_layers} (only the pooler and heads train)")
+    # a 12-layer model that installs offline first (mpnet-base), then the hub's BERTs
+    for names, layers in (("mpnet-base (or bert-base-uncased)", 12), ("bert-large-uncased", 24)):
+        if depth <= layers:
+            pct = Fraction(100 * depth, layers)
+            pct_text = f"{float(pct):g}%" if pct.denominator == 1 else f"{float(pct):.1f}%"
+            same = freeze_depth(pct_text, num_layers)
+            return (f"{line}. {depth} of {layers} layers is a {layers}-layer recipe: run it there with --model "
+                    f"{names}, or freeze the same share of this model with --freeze-upto {pct_text} ({same} of "
+                    f"{num_layers} layers)")
+    return line

@@ -12,7 +12,6 @@ import logging
 import math
 import os
 from dataclasses import MISSING, asdict, dataclass, field, fields
-from fractions import Fraction
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,7 +20,7 @@ from data.folder import data_folder, folder_error, origin
 from data.loaders import COURSE_FILES, TASKS
 from training.common.errors import ConfigError
 from training.common.places import output_folder
-from training.config.freeze_spec import freeze_depth, parse_schedule, parse_share
+from training.config.freeze_spec import freeze_error, parse_schedule
 from training.config.peft_spec import parse_peft
 
 if TYPE_CHECKING:
@@ -358,33 +357,20 @@ def validate(cfg: TrainConfig, data_dir_from: str | None = None) -> list[str]:
     return errors + path_errors(cfg)
 
 
-def freeze_error(value, flag: str = "--freeze-upto") -> str | None:
-    """Why a --freeze-upto value is neither a depth (an integer >= -1) nor a share P% (0 <= P <= 100)."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return None if value >= -1 else f"{flag} must be >= -1 (-1: embeddings only), not {value}"
-    if parse_share(value) is not None:
-        return None
-    return (f"{flag} must be a number of layers (an integer >= -1) or a share of the layers (P% with "
-            f"0 <= P <= 100, e.g. 75%), not {value!r}")
+def validate_once(cfg: TrainConfig, data_dir_from: str | None = None) -> list[str]:
+    """validate(cfg), run once per run: a config found valid keeps the values it was found valid with, and
+    the later steps of the run (train(), Run(), after the command line's validation) read that mark instead
+    of validating again. A config changed since it was marked is validated afresh."""
+    values = asdict(cfg)
+    if cfg.__dict__.get(_VALID_AS) == values:
+        return []
+    errors = validate(cfg, data_dir_from)
+    if not errors:
+        cfg.__dict__[_VALID_AS] = values  # not a field: equality, asdict and config.json never see it
+    return errors
 
 
-def depth_error(value: int | str | None, num_layers: int, model: str) -> str | None:
-    """The one line for a depth past the model's layers, naming what to run instead."""
-    depth = freeze_depth(value, num_layers)
-    if depth is None or -1 <= depth <= num_layers:
-        return None
-    line = (f"--freeze-upto {value} is out of range: {model} has {num_layers} layers, so N is between -1 "
-            f"(embeddings only) and {num_layers} (only the pooler and heads train)")
-    # a 12-layer model that installs offline first (mpnet-base), then the hub's BERTs
-    for names, layers in (("mpnet-base (or bert-base-uncased)", 12), ("bert-large-uncased", 24)):
-        if depth <= layers:
-            pct = Fraction(100 * depth, layers)
-            pct_text = f"{float(pct):g}%" if pct.denominator == 1 else f"{float(pct):.1f}%"
-            same = freeze_depth(pct_text, num_layers)
-            return (f"{line}. {depth} of {layers} layers is a {layers}-layer recipe: run it there with --model "
-                    f"{names}, or freeze the same share of this model with --freeze-upto {pct_text} ({same} of "
-                    f"{num_layers} layers)")
-    return line
+_VALID_AS = "_valid_as"  # where validate_once leaves its mark on a config
 
 
 def seed_error(seed, flag: str) -> str | None:

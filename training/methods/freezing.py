@@ -45,15 +45,16 @@ from training.config.freeze_spec import FLAG, ScheduleSpec, freeze_depth, parse_
 
 log = logging.getLogger(__name__)
 
-def schedule_error(text: str, freeze_upto, num_layers: int) -> str | None:
-    """The one line for a schedule that cannot run on a model of num_layers layers, else None."""
+def schedule_error(text: str, freeze_upto: int | None, num_layers: int) -> str | None:
+    """The one line for a schedule that cannot run on a model of num_layers layers from depth freeze_upto
+    (--freeze-upto already resolved on the model: run_settings.py), else None."""
     try:
         spec = parse_schedule(text)
     except ValueError as e:
         return str(e)
     if spec.kind == "fixed":
         return None
-    start = start_depth(spec, freeze_depth(freeze_upto, num_layers), num_layers)
+    start = start_depth(spec, freeze_upto, num_layers)
     floor, ceiling = freeze_depth(spec.floor, num_layers), freeze_depth(spec.ceiling, num_layers)
     for key, depth in (("floor", floor), ("ceiling", ceiling)):
         if depth is not None and depth > num_layers:
@@ -69,10 +70,9 @@ def schedule_error(text: str, freeze_upto, num_layers: int) -> str | None:
     return None
 
 
-def optimised_depth(text: str, freeze_upto: int | None, num_layers: int) -> int | None:
+def optimised_depth(spec: ScheduleSpec, freeze_upto: int | None, num_layers: int) -> int | None:
     """The shallowest depth a run of this schedule reaches (the optimiser holds what trains there), from
     --freeze-upto already resolved on the model."""
-    spec = parse_schedule(text)
     return widest_depth(spec, start_depth(spec, freeze_upto, num_layers), freeze_depth(spec.floor, num_layers))
 
 

@@ -24,20 +24,22 @@ LoRA input defaults to 0.
 """
 from __future__ import annotations
 
-from training.config.peft_spec import parse_peft
+from training.config.peft_spec import PeftSpec, parse_peft
 
 
-def apply_peft(model, text: str, first_layer: int, seed: int) -> int:
-    """Set up `model` (a heads.MultitaskBert) for --peft `text`: LoRA factors in layers first_layer.. (the
-    ones above a frozen prefix), and the rule of what trains in its encoder, which model.freeze() follows.
-    Returns the number of parameters added (LoRA's factors)."""
-    from minbert.lora import add_lora
+def apply_peft(model, spec: PeftSpec | str, first_layer: int, seed: int) -> int:
+    """Set up `model` (a heads.MultitaskBert) for --peft `spec` (a run passes its settings' parsed spec; a
+    text is parsed here): LoRA factors in layers first_layer.. (the ones above a frozen prefix), and the
+    mode, with the factors, that model.freeze() follows, applied at the model's depth as it is. Returns the
+    number of parameters added (LoRA's factors)."""
+    from minbert.lora import add_lora, lora_modules
 
-    spec = parse_peft(text)
-    added = 0
+    spec = parse_peft(spec) if isinstance(spec, str) else spec
+    added, factors = 0, []
     if spec.kind == "lora":
         added = add_lora(model.encoder, spec.targets, spec.r, spec.alpha, spec.dropout, max(first_layer, 0), seed)
-    model.peft = spec.kind
+        factors = [p for m in lora_modules(model.encoder) for p in (*m.lora_A, *m.lora_B)]
+    model.use_peft(spec.kind, factors)
     model.freeze(model.frozen_upto)
     return added
 

@@ -16,14 +16,16 @@ from data.sampler import TaskBatch, epoch_schedule, mixed_schedule
 from heads import MultitaskBert
 from minbert import Tokenizer, load_bert, resolve_checkpoint
 from training.common.errors import ConfigError
-from training.config.freeze_spec import freeze_depth
+from training.config.run_settings import RunSettings, resolve_settings
 from training.config.train_config import TrainConfig
 from training.methods.peft import apply_peft
 
 log = logging.getLogger(__name__)
 
 
-def build_model(cfg: TrainConfig) -> tuple[MultitaskBert, Tokenizer, Path]:
+def build_model(cfg: TrainConfig, settings: RunSettings | None = None) -> tuple[MultitaskBert, Tokenizer, Path]:
+    """The model at the run's frozen depth with its --peft set up. settings: the run's (Run.setup settles them
+    once); worked out here on the loaded encoder for a caller without them."""
     ckpt = resolve_checkpoint(cfg.model)
     try:
         tokenizer = Tokenizer.from_checkpoint(ckpt)
@@ -44,11 +46,12 @@ def build_model(cfg: TrainConfig) -> tuple[MultitaskBert, Tokenizer, Path]:
     torch.manual_seed(cfg.seed)  # head initialisation
     model = MultitaskBert(encoder, cfg.pair_encoding, cfg.head_dropout, cfg.pooling, cfg.siamese_init)
     model.frozen_dropout = cfg.frozen_dropout
+    settings = settings or resolve_settings(cfg, encoder.num_layers)
     try:
-        model.freeze(freeze_depth(cfg.freeze_upto, encoder.num_layers))
+        model.freeze(settings.freeze_depth)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    apply_peft(model, cfg.peft, model.first_trainable_layer, cfg.seed)
+    apply_peft(model, settings.peft, settings.first_trainable_layer, cfg.seed)
     return model, tokenizer, ckpt
 
 

@@ -18,9 +18,9 @@ import torch
 from minbert import BertConfig, Tokenizer, resolve_checkpoint
 from minbert.checkpoint import human_bytes, machine_ram, read_bert_config, refuse_if_too_big
 from training.common.errors import ConfigError
-from training.config.freeze_spec import freeze_depth
-from training.config.peft_spec import parse_peft
-from training.config.train_config import TrainConfig, depth_error
+from training.config.freeze_spec import range_error
+from training.config.run_settings import RunSettings, resolve_settings
+from training.config.train_config import TrainConfig
 from training.methods.freezing import optimised_depth, schedule_error
 
 log = logging.getLogger(__name__)
@@ -56,14 +56,16 @@ class Footprint:
         return "weights, gradients, AdamW's two moments" + "".join(f", {e}" for e in extra)
 
 
-def footprint(bert: BertConfig, cfg: TrainConfig) -> Footprint:
+def footprint(bert: BertConfig, cfg: TrainConfig, settings: RunSettings | None = None) -> Footprint:
+    """settings: the run's (settle()); worked out here for a caller without them."""
     params = bert.num_parameters()
     H, L = bert.hidden_size, bert.num_hidden_layers
+    settings = settings or resolve_settings(cfg, L)
     embeddings = (bert.vocab_size + bert.max_position_embeddings + bert.type_vocab_size) * H + 2 * H
     per_layer = (params - embeddings - H * H - H) // L
-    depth = optimised_depth(cfg.unfreeze_schedule, freeze_depth(cfg.freeze_upto, L), L)
+    depth = optimised_depth(settings.schedule, settings.freeze_depth, L)
     frozen = 0 if depth is None else embeddings + max(0, min(depth, L)) * per_layer
-    spec = parse_peft(cfg.peft)
+    spec = settings.peft
     if spec.kind == "none":
         return Footprint(params, params - frozen, cfg.ema_decay is not None, cfg.smart)
     # --peft: the pooler, and in each layer above the prefix LoRA's factors r x (in + out) per target (added
@@ -75,20 +77,31 @@ def footprint(bert: BertConfig, cfg: TrainConfig) -> Footprint:
     return Footprint(params + lora, H * H + H + lora + biases, cfg.ema_decay is not None, cfg.smart)
 
 
-def check_model(cfg: TrainConfig, device: torch.device) -> Footprint:
-    """The model folder read and checked without building the model, and its training memory against
-    the machine's (RAM; on CUDA the GPU's too). ConfigError / CheckpointError naming the culprit."""
-    path = resolve_checkpoint(cfg.model)
-    bert = read_bert_config(path)
-    problem = (depth_error(cfg.freeze_upto, bert.num_hidden_layers, cfg.model)
-               or schedule_error(cfg.unfreeze_schedule, cfg.freeze_upto, bert.num_hidden_layers))
+def settle(cfg: TrainConfig) -> RunSettings:
+    """The run's settings (--freeze-upto in layers, --peft and --unfreeze-schedule parsed) on the layer count
+    of its model's config.json, read without building the model, and checked against it: the one place a
+    run works these flags out (ConfigError / CheckpointError naming the culprit). cfg: validated."""
+    L = read_bert_config(resolve_checkpoint(cfg.model)).num_hidden_layers
+    settings = resolve_settings(cfg, L)
+    problem = (range_error(cfg.freeze_upto, settings.freeze_depth, L, cfg.model)
+               or schedule_error(cfg.unfreeze_schedule, settings.freeze_depth, L))
     if problem:
         raise ConfigError(problem)
+    return settings
+
+
+def check_model(cfg: TrainConfig, device: torch.device, settings: RunSettings | None = None) -> Footprint:
+    """The model folder read and checked without building the model, and its training memory against
+    the machine's (RAM; on CUDA the GPU's too). ConfigError / CheckpointError naming the culprit.
+    settings: the run's (settle()); settled here for a caller without them."""
+    settings = settings or settle(cfg)
+    path = resolve_checkpoint(cfg.model)
+    bert = read_bert_config(path)
     try:
         Tokenizer.from_checkpoint(path)  # the vocabulary: UTF-8, BERT's special tokens
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    need = footprint(bert, cfg)
+    need = footprint(bert, cfg, settings)
     config_file = path / "config.json"
     what = f"training it ({need.parts()})"
     if device.type == "cuda":

@@ -1,6 +1,6 @@
 """The training recipe: a Run whose phases are named methods, with the loop's state on `self`.
 
-    run = Run(cfg)        # validates cfg (one line per problem, ConfigError)
+    run = Run(cfg)        # validates cfg unless validated already (one line per problem, ConfigError)
     run.setup()           # device, model, data, step machine, resume, frozen cache, the run directory
     run.fit()             # epochs of steps; dev evaluation keeps best.pt; checkpoints; signals
     run.finish()          # predictions of the best model (the train command then exports it, --export-hf)
@@ -41,8 +41,8 @@ from training.common.device import (
 )
 from training.common.errors import ConfigError, TrainingInterrupted
 from training.common.progress import progress
-from training.config.freeze_spec import parse_schedule
-from training.config.train_config import TrainConfig, validate
+from training.config.run_settings import RunSettings
+from training.config.train_config import TrainConfig, validate_once
 from training.inference.metrics import metrics_of
 from training.inference.outputs import predict_sets
 from training.inference.predictions import check_predictions_dir, write_run_predictions
@@ -52,7 +52,7 @@ from training.methods.peft import share, trainable_counts
 from training.methods.stepper import Stepper
 from training.run.build import build_model, load_data, updates_for_epoch
 from training.run.checkpointing import RollingCheckpoints, load_model_state, save_checkpoint
-from training.run.preflight import check_disk, check_model
+from training.run.preflight import check_disk, check_model, settle
 from training.run.rundir import (
     MetricsLog,
     drop_earlier_log,
@@ -124,7 +124,9 @@ def train(cfg: TrainConfig, on_evaluation=None, on_update=None) -> dict:
 
 
 def check_config(cfg: TrainConfig) -> None:
-    errors = validate(cfg)
+    """ConfigError with every problem of cfg; a config the command line (or train()) validated is not
+    validated again (validate_once)."""
+    errors = validate_once(cfg)
     if errors:
         raise ConfigError("; ".join(errors))
 
@@ -152,6 +154,7 @@ class Run:
         self.precision, self.precision_reason, self.amp_dtype = None, None, None
         self.fp32_math = None  # on a TF32 GPU in fp32: what its matmuls use (device.fp32_math)
         self.tf32_found = None  # torch's TF32 switches before choose_device set them (restore_fp32_math)
+        self.settings: RunSettings | None = None  # settle(): the flags worked out on the model, once
         # build(): the parts, made from the config
         self.model, self.tokenizer, self.ckpt_dir = None, None, None
         self.data, self.steps_per_epoch, self.schedule = None, None, None
@@ -189,7 +192,8 @@ class Run:
             check_predictions_dir(cfg.predictions_folder(), self.out_dir, cfg.overwrite)
         seed_everything(cfg.seed)
         self.choose_device()
-        footprint = check_model(cfg, self.device)
+        self.settings = settle(cfg)
+        footprint = check_model(cfg, self.device, self.settings)
         resume = find_resume_checkpoint(cfg, self.out_dir)
         self.earlier = (earlier_run_to_replace(self.out_dir, cfg.overwrite, cfg.resume == "auto")
                         if resume is None and self.main else [])
@@ -207,9 +211,9 @@ class Run:
         if dist is not None and self.schedule.scheduled:
             raise ConfigError("--unfreeze-schedule is for one process (its caches and convergence test are "
                               "not shared between ranks): leave it out under torchrun, or use --freeze-upto N")
-        self.model.freeze(self.depth_in_force())
         step = self.state.global_step
-        if resume is not None:  # the caches as the run that wrote the checkpoint computed them
+        if resume is not None:  # the depth and caches of the run that wrote the checkpoint (else build()'s)
+            self.model.freeze(self.depth_in_force())
             self.caches.restore(resume.get("caches"), self.phase_steps(step))
         else:
             self.caches.serve(self.phase_steps(step))
@@ -225,7 +229,9 @@ class Run:
         if self.device is None:  # called alone
             seed_everything(cfg.seed)
             self.choose_device()
-        self.model, self.tokenizer, self.ckpt_dir = build_model(cfg)
+        if self.settings is None:
+            self.settings = settle(cfg)
+        self.model, self.tokenizer, self.ckpt_dir = build_model(cfg, self.settings)
         self.model.to(self.device)
         if dist is not None:  # the same initial model everywhere, but each rank its own dropout masks
             from training.methods.distributed import rank_seed
@@ -236,8 +242,8 @@ class Run:
         self.steps_per_epoch = len(updates_for_epoch(cfg, self.data.train, 0))
         eval_points(self.steps_per_epoch, cfg.evals_per_epoch)  # refused now, not after an epoch's work
         total = self.steps_per_epoch * cfg.epochs
-        self.schedule = FreezeSchedule(parse_schedule(cfg.unfreeze_schedule), self.model.frozen_upto,
-                                       self.model.encoder.num_layers, self.steps_per_epoch, total,
+        self.schedule = FreezeSchedule(self.settings.schedule, self.settings.freeze_depth,
+                                       self.settings.num_layers, self.steps_per_epoch, total,
                                        int(total * cfg.warmup_ratio), cfg.peak_lr())
         if problem := self.schedule.check_length():
             raise ConfigError(problem)

@@ -34,8 +34,8 @@ from pathlib import Path
 
 from data.loaders import TASKS
 from training.common.errors import ConfigError
-from training.config.freeze_spec import freeze_depth
-from training.config.train_config import TrainConfig, freeze_error, read_json_object, seed_error
+from training.config.freeze_spec import freeze_depth, freeze_error
+from training.config.train_config import TrainConfig, read_json_object, seed_error
 from training.config.train_config import options_problem as config_options_problem
 from training.study.protocol import BORROWS, borrows
 from training.sweep.records import PER_RUN, RunKey

@@ -47,8 +47,8 @@ from pathlib import Path
 from data.loaders import COURSE_FILES, TASKS
 from training.args import Parser, add_option, config_from_args, depth_or_share
 from training.common.progress import setup_logging
-from training.config.freeze_spec import freeze_depth
-from training.config.train_config import TrainConfig, depth_error, options, seed_error, validate
+from training.config.freeze_spec import depth_error, freeze_depth
+from training.config.train_config import TrainConfig, options, seed_error, validate
 from training.run.signals import exit_on_sigterm
 from training.sweep.engine import Workers, default_runs_dir, model_layers, work, writable_problem
 from training.sweep.records import (
