@@ -259,6 +259,11 @@ class TrainConfig:
     def predictions_folder(self) -> str:
         return str(output_folder(self.predictions_dir, self.out_dir, "predictions"))
 
+    @property
+    def cross_pairs(self) -> bool:
+        """Whether a pair task trains with both sentences in one sequence (the length rules depend on it)."""
+        return self.pair_encoding == "cross" and any(t in self.tasks for t in ("para", "sts"))
+
     def file(self, task: str, split: str) -> str:
         """Path of a task's split: the per-file override, else data_dir/<course file name>."""
         return self.files.get(f"{task}_{split}") or os.path.join(self.data_dir, COURSE_FILES[task][split])
@@ -428,8 +433,7 @@ def _feature_errors(cfg: TrainConfig) -> list[str]:
 def _combination_errors(cfg: TrainConfig) -> list[str]:
     """Rules between fields."""
     errors = []
-    pairs = cfg.pair_encoding == "cross" and any(t in cfg.tasks for t in ("para", "sts"))
-    if 1 <= cfg.max_length < (5 if pairs else 3):
+    if 1 <= cfg.max_length < (5 if cfg.cross_pairs else 3):
         errors.append("--max-length must leave room for [CLS] and [SEP] around a token of text: at least 3, "
                       "and 5 for cross-encoded pairs ([CLS] a [SEP] b [SEP])")
     if cfg.siamese_init != "random" and cfg.pair_encoding != "siamese":

@@ -36,8 +36,7 @@ def build_model(cfg: TrainConfig, settings: RunSettings | None = None) -> tuple[
         longest = encoder.config.max_sequence_length
         raise ConfigError(f"--max-length {cfg.max_length} is longer than the model's {longest} positions "
                           f"(max_position_embeddings in {ckpt / 'config.json'})")
-    cross_pairs = cfg.pair_encoding == "cross" and any(t in cfg.tasks for t in ("para", "sts"))
-    if encoder.config.model_type == "mpnet" and cross_pairs and cfg.max_length < 6:
+    if encoder.config.model_type == "mpnet" and cfg.cross_pairs and cfg.max_length < 6:
         raise ConfigError(f"--max-length {cfg.max_length}: MPNet's cross-encoded pairs need at least 6 "
                           f"(<s> a </s></s> b </s>)")
     if tokenizer.vocab_size > encoder.config.vocab_size:
