@@ -7,11 +7,12 @@
 # Parts, in this order, each under its own `timeout` and all under DEADLINE seconds from the start
 # (default 460; a part that would start with under 20 s left is skipped and recorded as such):
 #   cuda-tests   pytest -m cuda tests/test_cuda.py (the bit-for-bit ones run --precision fp32-strict)
-#   recipe       the best recipe (docs/results.md; gpu_check.sh's train stage) end to end, 3 epochs,
-#                --precision fp32 (TF32 now) --pad-multiple 32, its dev scores beside the CPU run's
+#   recipe-*     the best recipe (docs/results.md; gpu_check.sh's train stage) end to end, 3 epochs,
+#                --precision fp32 (TF32 now) --pad-multiple 32, with --step-graphs and eagerly, its dev
+#                scores beside the CPU run's
 #   step-*       bench/step_ops.py --profile: ops, ms a step and the profiler's busy share at MiniLM, for
-#                eager and per-layer CUDA graphs (--compile --compile-mode reduce-overhead) x fp32 (TF32),
-#                fp32-strict and bf16
+#                eager, per-layer CUDA graphs (--compile --compile-mode reduce-overhead) and whole-step
+#                graphs (--step-graphs) x fp32 (TF32) and bf16
 #   mfu-*        bench/encoder_vs_hf.py: MFU at MiniLM and the bert-base shape (random weights), 32 x 128,
 #                fp32 (TF32) and bf16, ours against transformers
 # Every log goes to OUT/logs/; OUT/summary.md (small) is the file to bring back: per part its exit
@@ -96,17 +97,22 @@ fi
 # ------------------------------------------------------------------ parts
 part cuda-tests 150 "passed|failed|error|skipped" "$PY" -m pytest -p no:cacheprovider "${TESTS[@]}" tests/test_cuda.py
 
-run="$WORK/recipe"
-part recipe 130 "finished in|best dev|precision " "$PY" run_multitask.py --model "$MODEL" --data-dir "$DATA" \
-    --epochs 3 --smart --smart-lambda 0 --pooling mean --ema-decay 0.998 --predict-both-orders --seed 2 \
-    --device "$DEVICE" --precision fp32 --pad-multiple 32 --out-dir "$run" --predictions-dir "$run/predictions" \
-    --overwrite "${RECIPE_SIZE[@]}"
+for mode in step-graphs eager; do
+    run="$WORK/recipe-$mode"
+    extra=()
+    [[ $mode == step-graphs ]] && extra=(--step-graphs)
+    part "recipe-$mode" 110 "finished in|best dev|precision |step-graphs" "$PY" run_multitask.py --model "$MODEL" \
+        --data-dir "$DATA" --epochs 3 --smart --smart-lambda 0 --pooling mean --ema-decay 0.998 \
+        --predict-both-orders --seed 2 --device "$DEVICE" --precision fp32 --pad-multiple 32 --out-dir "$run" \
+        --predictions-dir "$run/predictions" --overwrite "${extra[@]}" "${RECIPE_SIZE[@]}"
+done
 echo "the CPU run of this recipe (docs/results.md, fp32, seed 2) is the one to set these dev scores beside" >>"$FIGURES"
 
-for mode in eager graphs; do
+for mode in eager graphs step-graphs; do
     extra=()
     [[ $mode == graphs ]] && extra=(--compile --compile-mode reduce-overhead --pad-multiple 32)
-    for precision in fp32 fp32-strict bf16; do
+    [[ $mode == step-graphs ]] && extra=(--step-graphs --pad-multiple 32)
+    for precision in fp32 bf16; do
         part "step-minilm-$mode-$precision" "$STEP_LIMIT" "^# |ms a step|device busy|^all " \
             "$PY" bench/step_ops.py "${STEP_SIZE[@]}" -- --model "$MODEL" --data-dir "$DATA" \
             --smart --smart-lambda 0 --pooling mean --ema-decay 0.998 --precision "$precision" "${extra[@]}"

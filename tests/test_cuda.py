@@ -192,6 +192,44 @@ def test_cuda_graphs_train_as_eager_does(frozen_setup, true_fp32):
         torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-4)
 
 
+@pytest.mark.parametrize("precision", ["fp32-strict", "bf16"])
+def test_step_graphs_train_as_eager_does(frozen_setup, true_fp32, precision):
+    """--step-graphs: 20 steps over six batches (three tasks, up to two shapes each, --pad-multiple 8), each
+    shape's first step eager and the rest replayed from its CUDA graph, reach the eager run's losses and
+    weights (dropout off: the same kernels, so the tolerances only allow for cuBLAS picking other
+    algorithms on a side stream). A graph replaying stale inputs, or AdamW stepping a head no batch
+    reached, would be off by far more."""
+    from data.batching import make_batch
+    from training.config.train_config import TrainConfig
+    from training.methods.step_graphs import StepGraphs, shape_key
+    from training.methods.stepper import Stepper
+    ckpt, tok, train = frozen_setup
+    amp = None if precision == "fp32-strict" else torch.bfloat16
+    batches = [make_batch(train[task], list(range(k * 8, k * 8 + 8)), tok, 8, 24).to(CUDA)
+               for k in range(2) for task in ("sst", "para", "sts")]
+    runs = {}
+    for graphed in (False, True):
+        model = frozen_model(ckpt, None)
+        for m in model.modules():
+            if isinstance(getattr(m, "p", None), float):
+                m.p = 0.0
+        model.to(CUDA)
+        cfg = TrainConfig(lr=1e-2, max_grad_norm=1.0, warmup_ratio=0.0, device="cuda", precision=precision,
+                          step_graphs=graphed, pad_multiple=8)
+        stepper = Stepper.build(model, cfg, 20, CUDA, amp)
+        if graphed:
+            stepper.graphs = StepGraphs.for_run(stepper, CUDA)
+        losses = [stepper.step([batches[step % 6]], step)[batches[step % 6].task]["loss"] for step in range(20)]
+        runs[graphed] = losses, [p.detach().cpu() for p in model.parameters()]
+        if graphed:
+            shapes = {shape_key(model, [b]) for b in batches}
+            assert len(stepper.graphs.recorded) == len(shapes) and not stepper.graphs.eager
+    tol = dict(rel=1e-4, abs=1e-5) if amp is None else dict(rel=2e-2, abs=2e-2)
+    assert runs[True][0] == pytest.approx(runs[False][0], **tol)
+    for got, want in zip(runs[True][1], runs[False][1]):
+        torch.testing.assert_close(got, want, rtol=tol["rel"], atol=tol["abs"])
+
+
 # ----------------------------------------------------------------------------- LoRA, SMART, PCGrad, EMA
 
 def test_lora_layer_is_its_formula(true_fp32):

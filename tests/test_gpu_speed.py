@@ -10,8 +10,8 @@ import pytest
 import tiny_runs
 
 REPO = Path(__file__).resolve().parents[1]
-PARTS = ["cuda-tests", "recipe"] + [f"step-minilm-{m}-{p}" for m in ("eager", "graphs")
-                                    for p in ("fp32", "fp32-strict", "bf16")] + \
+PARTS = ["cuda-tests", "recipe-step-graphs", "recipe-eager"] + \
+        [f"step-minilm-{m}-{p}" for m in ("eager", "graphs", "step-graphs") for p in ("fp32", "bf16")] + \
         ["mfu-minilm-fp32", "mfu-minilm-bf16", "mfu-bert-base"]
 
 
@@ -30,6 +30,7 @@ def test_dry_run_writes_one_small_summary(tmp_path):
     assert rows["mfu-bert-base"].startswith("skipped: DRY")
     failed = {k: v for k, v in rows.items() if k != "mfu-bert-base" and v.strip() != "0"}
     assert failed == {}, summary
-    assert "## recipe" in summary and "best dev" in summary
+    assert "## recipe-eager" in summary and "best dev" in summary
+    assert "--step-graphs: CUDA graphs need a CUDA device, not cpu" in summary  # DRY runs on the CPU
     assert "device busy" not in summary or "ms a step" in summary  # the profiler's lines where it ran
     assert re.search(r"^total \d+ s of DEADLINE 600 s$", summary, re.M)

@@ -165,11 +165,12 @@ def fp16_autocast_problem(device: torch.device) -> str | None:
     return None
 
 
-def autocast(device: torch.device, dtype: torch.dtype | None):
-    """The autocast context of a precision choice (a no-op for fp32)."""
+def autocast(device: torch.device, dtype: torch.dtype | None, cache: bool = True):
+    """The autocast context of a precision choice (a no-op for fp32). cache=False: no cache of the
+    weights' casts, which a CUDA graph's capture must not keep (torch's CUDA graph notes)."""
     if dtype is None:
         return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=dtype)
+    return torch.autocast(device.type, dtype=dtype, cache_enabled=cache)
 
 
 def gpu_name() -> str | None:

@@ -210,6 +210,8 @@ class TrainConfig:
     compile_mode: str = opt("default", "default or reduce-overhead (docs/training.md)", "run",
                             choices=("default", "reduce-overhead"), feature="compile", resume_may_differ=True,
                             metavar="MODE")
+    step_graphs: bool = opt(False, "replay each batch shape's forward and backward as one CUDA graph "
+                            "(docs/training.md)", "run", resume_may_differ=True)
     out_dir: str = opt("runs/default", "run directory", "run", resume_may_differ=True, where="output",
                        metavar="DIR")
     predictions_dir: str | None = opt(None, "the course's prediction files", "run", resume_may_differ=True,
@@ -451,6 +453,9 @@ def _combination_errors(cfg: TrainConfig) -> list[str]:
                       "gradient of a step at once): raise --batch-size instead")
     if cfg.pcgrad and len(cfg.tasks) < 2:
         errors.append("--pcgrad needs at least two --tasks")
+    if cfg.step_graphs and cfg.compile and cfg.compile_mode == "reduce-overhead":
+        errors.append("--step-graphs records the whole step as a CUDA graph, --compile-mode reduce-overhead each "
+                      "layer: use one of them")
     errors += _schedule_errors(cfg) + _peft_errors(cfg)
     if cfg.frozen_dropout and cfg.frozen_cache in ("memory", "disk"):
         errors.append(f"--frozen-dropout cannot use --frozen-cache {cfg.frozen_cache}: with dropout the frozen layers' "

@@ -166,6 +166,7 @@ class Stepper:
         # under fp16); for instrumentation (train(cfg, on_update=...)): it must not change them
         self.on_update = None
         self.smart_terms = None
+        self.graphs = None  # a training.methods.step_graphs.StepGraphs under --step-graphs (set by the run)
         if cfg.smart:
             # Data-parallel: every rank its own noise (the teacher stays identical: it follows the
             # parameters, which are).
@@ -206,8 +207,8 @@ class Stepper:
     def generator(self) -> torch.Generator | None:
         return self.smart_terms.generator if self.smart_terms else None
 
-    def autocast(self):
-        return autocast(self.device, self.amp_dtype)
+    def autocast(self, cache: bool = True):
+        return autocast(self.device, self.amp_dtype, cache)
 
     def state_dict(self) -> dict:
         """The optimiser's, the scheduler's and each component's state, one key each."""
@@ -243,9 +244,15 @@ class Stepper:
         return {"loss_scale": self.loss_scaler.get_scale(), "overflow_steps": self.loss_scaler.skipped}
 
     def task_loss(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
-        """The loss of one task's group: task loss, plus SMART's terms when on; and its parts, for the
-        log and the finiteness test, in one copy to the host (on CUDA each `.item()` and `if tensor`
-        waits for the GPU, and a small model's step is bound by the host: docs/benchmarks.md, H200)."""
+        """The loss of one task's group and its parts (loss_terms), the parts for the log and the
+        finiteness test in one copy to the host (on CUDA each `.item()` and `if tensor` waits for the
+        GPU, and a small model's step is bound by the host: docs/benchmarks.md, H200)."""
+        loss, terms = self.loss_terms(batch)
+        values = torch.stack([t.detach().float().reshape(()) for t in terms.values()]).tolist()
+        return loss, dict(zip(terms, values))
+
+    def loss_terms(self, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The loss of one task's group: task loss, plus SMART's terms when on; and its parts, as tensors."""
         model, layer = self.model, self.model.first_trainable_layer
         masks = [s["attention_mask"] for s in batch.inputs]
         perturb_layer = 0 if self.cfg.perturbs_embeddings() else layer
@@ -270,9 +277,7 @@ class Stepper:
                 d_breg = smart_lib.bregman_loss(out, self.teacher(batch.task, teacher_inputs, perturb_layer), kind)
                 loss = loss + self.smart.mu * d_breg
                 terms["d_breg"] = d_breg
-        # the same floats as each term's .item(), fetched together
-        values = torch.stack([t.detach().float().reshape(()) for t in terms.values()]).tolist()
-        return loss, dict(zip(terms, values))
+        return loss, terms
 
     def _smoothness(self, task: str, hs: list, out: torch.Tensor, masks: list, perturb_layer: int, kind: str):
         """SMART's R_s at the hidden states `hs` that gave the clean output `out`."""
@@ -302,8 +307,29 @@ class Stepper:
         Data-parallel (self.dist): `batches` are this rank's slices and `weights` their shares
         n_local / n_global of their task's global batch; the weighted gradients and loss parts are
         summed over the ranks (training/methods/distributed.py), so the update and the returned parts are
-        those of the global batch."""
+        those of the global batch.
+
+        --step-graphs (self.graphs): a shape seen before replays its graph; a new one runs eagerly, then is
+        recorded."""
         self.model.train()
+        if self.graphs is not None and self.graphs.ready(batches):
+            return self._replayed_step(batches, step)
+        parts = self._eager_step(batches, step, weights)
+        if self.graphs is not None and parts is not None:
+            self.graphs.capture(batches)
+        return parts
+
+    def _replayed_step(self, batches: list[Batch], step: int) -> dict[str, dict[str, float]] | None:
+        """The forward and backward by the shape's CUDA graph, then the eager update."""
+        parts = self.graphs.replay(batches)
+        tasks = ",".join(b.task for b in batches)
+        if not all(finite(p) for p in parts.values()):
+            return self._skip(tasks, step, parts)
+        params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        return parts if self._update(params, tasks, step) else None
+
+    def _eager_step(self, batches: list[Batch], step: int, weights: list[float] | None
+                    ) -> dict[str, dict[str, float]] | None:
         if self.cfg.compile and self.cfg.compile_mode == "reduce-overhead":
             mark_step()  # the layers' CUDA graphs may reuse the last step's output memory
         self.optimizer.zero_grad(set_to_none=True)

@@ -254,6 +254,9 @@ class Run:
             from training.methods.compiling import compile_layers
             compile_layers(self.model.encoder, mode=cfg.compile_mode)
             log.info("--compile: encoder layers compiled lazily; the first steps of each shape family are slow")
+        if cfg.step_graphs:
+            from training.methods.step_graphs import StepGraphs
+            self.stepper.graphs = StepGraphs.for_run(self.stepper, self.device, dist)
         self.caches = CacheKeeper(cfg, self.model, self.data, self.tokenizer, self.device, self.amp_dtype, dist)
         return self
 
