@@ -344,7 +344,7 @@ def linear_rows(m: nn.Linear, x, lo: int, hi: int):
 # On CPU, sdpa's tiled (flash) kernel beats the matmul path once a layer's scores (B x heads x
 # queries x keys) outgrow the caches: 0.3-0.85x of its time from 1.5M scores, 0.82-1.04x between
 # 0.1M and 0.8M. Under dropout sdpa falls back to unfused math like ours: 0.98-1.24x, never a gain.
-# `python bench/encoder_grid.py --attn-core` (docs/benchmarks-grid.md).
+# `python bench/encoder_grid.py --attn-core` (docs/benchmarks.md).
 SDPA_MIN_SCORES_CPU = 2 ** 18
 
 

@@ -195,7 +195,7 @@ class TrainConfig:
     smart_perturb_at: str = opt("embeddings", "embeddings or first-trainable", "SMART (Jiang et al. 2020)",
                                 choices=("embeddings", "first-trainable"), feature="smart", metavar="WHERE")
     smart_perturbation: str = opt("reference", "reference (MT-DNN's noise) or paper (Algorithm 1); "
-                                  "docs/smart-perturbation.md",
+                                  "docs/smart.md",
                                   "SMART (Jiang et al. 2020)", choices=("paper", "reference"), feature="smart",
                                   metavar="MODE")
     # ------------------------------------------------------------------ run

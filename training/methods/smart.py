@@ -10,7 +10,7 @@ Two ways to find the delta (SmartConfig.perturbation): "paper", Algorithm 1 as w
 normalised ascent step, then projection onto an eps ball: |delta| <= eps = 1e-5), and "reference",
 what the authors' MT-DNN code runs (noise plus step normalised per token, no projection: |delta|
 about 1 per token; R_s grows with |delta|^2, so it is many orders of magnitude larger).
-docs/smart-perturbation.md has the details.
+docs/smart.md has the details ("Perturbation modes").
 
 Typical use for one batch of one task:
 
@@ -60,7 +60,7 @@ class SmartConfig:
     # "paper": Algorithm 1 as written (per-example normalised step, projection onto the eps ball,
     # padding untouched, symmetric KL against a detached target). "reference": the adversarial step
     # of the MT-DNN code (mt_dnn/perturbation.py): noise plus step normalised per token, no
-    # projection, so the perturbation's per-token norm is about 1. docs/smart-perturbation.md lists
+    # projection, so the perturbation's per-token norm is about 1. docs/smart.md lists
     # every difference. This dataclass keeps the paper's algorithm as its default; the trainer's
     # default is "reference" (TrainConfig.smart_perturbation says why).
     perturbation: str = "paper"
@@ -320,7 +320,7 @@ def reference_divergence(adv: Tensor, clean: Tensor, kind: str) -> Tensor:
     symmetric_kl's; its gradient is not: each side is pulled towards the other as by a cross-entropy
     with the other's probabilities as soft labels, and the clean side is differentiated too.
     Regression: mean (adv - clean)^2 with both sides differentiated (MseCriterion, without the
-    reference's (B,) against (B, 1) broadcast; docs/smart-perturbation.md).
+    reference's (B,) against (B, 1) broadcast; docs/smart.md).
     """
     if kind == "regression":
         return F.mse_loss(adv, clean)
