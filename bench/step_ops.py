@@ -114,7 +114,7 @@ def instrument(run: Run, count: Counter) -> None:
     model.hidden_at = count.enter("forward: embeddings", model.hidden_at)
     model.from_hidden = count.enter("forward: encoder, pooling, head", model.from_hidden)
     stepper.task_loss = count.enter("loss", stepper.task_loss)
-    smart.bregman_loss = count.enter("SMART: Bregman term", smart.bregman_loss)
+    stepper.bregman_loss = count.enter("SMART: Bregman term", stepper.bregman_loss)
     smart.EMATeacher.__call__ = count.enter("SMART: teacher forward", smart.EMATeacher.__call__)
     smart.EMATeacher.update = count.enter("SMART: teacher update", smart.EMATeacher.update)
     stepper.Stepper._backward = count.enter("backward", stepper.Stepper._backward)

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import training.methods.smart as smart_mod
+import training.methods.stepper as stepper_mod
 from data.batching import encode_task, make_batch
 from data.loaders import Example
 from heads import KIND, task_loss
@@ -153,7 +154,7 @@ def test_perturbation_point(tiny_ckpt, monkeypatch, where, layer):
         seen.append([x.detach().clone() for x in inputs])
         return orig(fn, inputs, clean, kind, cfg, masks=masks, generator=generator)
 
-    monkeypatch.setattr(smart_mod, "adversarial_loss", spy)
+    monkeypatch.setattr(stepper_mod, "adversarial_loss", spy)
     grads = _capture_grads(stepper)
     assert stepper.step(batches, 0) is not None
     assert len(seen) == len(batches)
@@ -186,7 +187,7 @@ def test_zero_weights_give_the_plain_gradients(tiny_ckpt):
 def test_lambda_zero_skips_the_adversarial_passes(tiny_ckpt, monkeypatch):
     """--smart-lambda 0 is the Bregman term alone: its loss is L + mu * D_Breg, with no R_s pass run."""
     calls = []
-    monkeypatch.setattr(smart_mod, "adversarial_loss", lambda *a, **k: calls.append(1))
+    monkeypatch.setattr(stepper_mod, "adversarial_loss", lambda *a, **k: calls.append(1))
     _, _, stepper, batches = _setup(tiny_ckpt, smart=True, smart_lambda=0.0, smart_mu=2.0, **BIG_BALL)
     losses = _record_losses(stepper)
     for step in range(2):  # at step 0 the teacher is the student and D_Breg is 0

@@ -20,11 +20,10 @@ from heads import KIND, MultitaskBert, task_loss
 from training.common.device import autocast
 from training.common.errors import ConfigError, NonFiniteLossError
 from training.config.train_config import TrainConfig
-from training.methods import smart as smart_lib  # looked up at call time, so tests can wrap adversarial_loss
 from training.methods.compiling import mark_step
 from training.methods.ema import WeightEMA
 from training.methods.pcgrad import PCGrad
-from training.methods.smart import EMATeacher, SmartConfig, dropout_disabled
+from training.methods.smart import EMATeacher, SmartConfig, adversarial_loss, bregman_loss, dropout_disabled
 
 log = logging.getLogger(__name__)
 
@@ -274,7 +273,7 @@ class Stepper:
                 if frozen_prefix:  # the teacher's frozen prefix is the student's: reuse its output
                     teacher_inputs = [{"hidden": h, "cache_layer": perturb_layer, "attention_mask": m}
                                       for h, m in zip(hs, masks)]
-                d_breg = smart_lib.bregman_loss(out, self.teacher(batch.task, teacher_inputs, perturb_layer), kind)
+                d_breg = bregman_loss(out, self.teacher(batch.task, teacher_inputs, perturb_layer), kind)
                 loss = loss + self.smart.mu * d_breg
                 terms["d_breg"] = d_breg
         return loss, terms
@@ -298,7 +297,7 @@ class Stepper:
                 # the reference differentiates the clean side of R_s too; the paper's target is fixed
                 with torch.no_grad() if self.smart.perturbation == "paper" else contextlib.nullcontext():
                     clean = f(xs)
-            return smart_lib.adversarial_loss(f, xs, clean, kind, self.smart, masks=tuple(masks), generator=self.generator)
+            return adversarial_loss(f, xs, clean, kind, self.smart, masks=tuple(masks), generator=self.generator)
 
     def step(self, batches: list[Batch], step: int, weights: list[float] | None = None
              ) -> dict[str, dict[str, float]] | None:
