@@ -8,8 +8,8 @@
 # (default 460; a part that would start with under 20 s left is skipped and recorded as such):
 #   cuda-tests   pytest -m cuda tests/test_cuda.py (the bit-for-bit ones run --precision fp32-strict)
 #   recipe-*     the best recipe (docs/results.md; gpu_check.sh's train stage) end to end, 3 epochs,
-#                --precision fp32 (TF32 now) --pad-multiple 32, with --step-graphs and eagerly, its dev
-#                scores beside the CPU run's
+#                --pad-multiple 32: --step-graphs and eager in fp32 (TF32 now), --step-graphs in bf16; its
+#                dev scores beside the CPU run's
 #   step-*       bench/step_ops.py --profile: ops, ms a step and the profiler's busy share at MiniLM, for
 #                eager, per-layer CUDA graphs (--compile --compile-mode reduce-overhead) and whole-step
 #                graphs (--step-graphs) x fp32 (TF32) and bf16
@@ -97,14 +97,16 @@ fi
 # ------------------------------------------------------------------ parts
 part cuda-tests 150 "passed|failed|error|skipped" "$PY" -m pytest -p no:cacheprovider "${TESTS[@]}" tests/test_cuda.py
 
-for mode in step-graphs eager; do
-    run="$WORK/recipe-$mode"
+# bf16 with --pad-multiple 32: four lengths, so cuDNN attention's per-length graph build (341 ms each on an
+# H100) is paid four times, not 74 (issue 64, item 3)
+for arm in step-graphs-fp32 eager-fp32 step-graphs-bf16; do
+    run="$WORK/recipe-$arm"
     extra=()
-    [[ $mode == step-graphs ]] && extra=(--step-graphs)
-    part "recipe-$mode" 110 "finished in|best dev|precision |step-graphs" "$PY" run_multitask.py --model "$MODEL" \
+    [[ $arm == step-graphs-* ]] && extra=(--step-graphs)
+    part "recipe-$arm" 110 "finished in|best dev|precision |step-graphs" "$PY" run_multitask.py --model "$MODEL" \
         --data-dir "$DATA" --epochs 3 --smart --smart-lambda 0 --pooling mean --ema-decay 0.998 \
-        --predict-both-orders --seed 2 --device "$DEVICE" --precision fp32 --pad-multiple 32 --out-dir "$run" \
-        --predictions-dir "$run/predictions" --overwrite "${extra[@]}" "${RECIPE_SIZE[@]}"
+        --predict-both-orders --seed 2 --device "$DEVICE" --precision "${arm##*-}" --pad-multiple 32 \
+        --out-dir "$run" --predictions-dir "$run/predictions" --overwrite "${extra[@]}" "${RECIPE_SIZE[@]}"
 done
 echo "the CPU run of this recipe (docs/results.md, fp32, seed 2) is the one to set these dev scores beside" >>"$FIGURES"
 

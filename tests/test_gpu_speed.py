@@ -10,7 +10,7 @@ import pytest
 import tiny_runs
 
 REPO = Path(__file__).resolve().parents[1]
-PARTS = ["cuda-tests", "recipe-step-graphs", "recipe-eager"] + \
+PARTS = ["cuda-tests", "recipe-step-graphs-fp32", "recipe-eager-fp32", "recipe-step-graphs-bf16"] + \
         [f"step-minilm-{m}-{p}" for m in ("eager", "graphs", "step-graphs") for p in ("fp32", "bf16")] + \
         ["mfu-minilm-fp32", "mfu-minilm-bf16", "mfu-bert-base"]
 
@@ -30,7 +30,7 @@ def test_dry_run_writes_one_small_summary(tmp_path):
     assert rows["mfu-bert-base"].startswith("skipped: DRY")
     failed = {k: v for k, v in rows.items() if k != "mfu-bert-base" and v.strip() != "0"}
     assert failed == {}, summary
-    assert "## recipe-eager" in summary and "best dev" in summary
+    assert "## recipe-eager-fp32" in summary and "best dev" in summary
     assert "--step-graphs: CUDA graphs need a CUDA device, not cpu" in summary  # DRY runs on the CPU
     assert "device busy" not in summary or "ms a step" in summary  # the profiler's lines where it ran
     assert re.search(r"^total \d+ s of DEADLINE 600 s$", summary, re.M)
