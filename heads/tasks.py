@@ -25,8 +25,8 @@ import torch.nn.functional as F
 
 from minbert import Bert
 
-TASKS = ("sst", "para", "sts")
-# The kind of output each task has: what its loss, prediction and SMART's smoothness loss use.
+# The kind of output each task has (the tasks of data.loaders.TASKS): what its loss, prediction and
+# SMART's smoothness loss use.
 KIND = {"sst": "categorical", "para": "bernoulli", "sts": "regression"}
 NUM_SENTIMENTS = 5
 MAX_SIMILARITY = 5.0

@@ -6,8 +6,7 @@ A starts random (kaiming-uniform, nn.Linear's own initialisation, as the `peft` 
 zero, so that before the first update the layer computes exactly W x + b: step 0 is the pretrained
 model. Our Q, K and V share one fused `qkv` Linear (minbert/model.py); each of them that is adapted
 gets its own A and B over its block of output rows, which is what LoRA on Hugging Face's separate
-query/key/value Linears computes. merge() folds the update into W (for export or fast inference),
-unmerge() takes it out again.
+query/key/value Linears computes. merged_state_dict() folds the updates into the weights (for export).
 """
 from __future__ import annotations
 
@@ -39,15 +38,12 @@ class LoRALinear(nn.Linear):
         for a in self.lora_A:
             nn.init.kaiming_uniform_(a, a=math.sqrt(5), generator=generator)
         self.lora_drop = Dropout(dropout)
-        self.merged = False
 
     def forward(self, x):  # (..., in) -> (..., out)
         return self.rows(x, 0, self.out_features)
 
     def rows(self, x, lo: int, hi: int):  # (..., in) -> (..., hi - lo): output features lo..hi-1 alone
         y = F.linear(x, self.weight[lo:hi], None if self.bias is None else self.bias[lo:hi])
-        if self.merged:
-            return y
         # Every block's A x in one product, scaled while it has r columns per block rather than out, then
         # added to y inside one GEMM: an update per block, a scale over (..., out), an add and a cat of the
         # pieces made a LoRA step dispatch 1202 operations against full fine-tuning's 625 (bf16; 949 this
@@ -82,18 +78,6 @@ class LoRALinear(nn.Linear):
         for (lo, hi), A, B in zip(self.blocks, self.lora_A, self.lora_B):
             d[lo:hi] = self.scale * (B @ A)
         return d
-
-    @torch.no_grad()
-    def merge(self) -> None:
-        if not self.merged:
-            self.weight += self.delta()
-            self.merged = True
-
-    @torch.no_grad()
-    def unmerge(self) -> None:
-        if self.merged:
-            self.weight -= self.delta()
-            self.merged = False
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, r={self.r}, alpha={self.alpha:g}, blocks={self.blocks}"
@@ -131,6 +115,6 @@ def merged_state_dict(bert: Bert) -> dict[str, torch.Tensor]:
     sd = {k: v for k, v in bert.state_dict().items() if ".lora_" not in k}
     with torch.no_grad():
         for name, m in bert.named_modules():
-            if isinstance(m, LoRALinear) and not m.merged:
+            if isinstance(m, LoRALinear):
                 sd[f"{name}.weight"] = m.weight + m.delta()
     return sd

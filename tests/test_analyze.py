@@ -26,7 +26,7 @@ def run(tmp_path_factory):
 def analysis(run, tmp_path_factory):
     out = tmp_path_factory.mktemp("out") / "analysis"
     assert main([run.out_dir, "--data-dir", run.data_dir, "--out", str(out), "--device", "cpu",
-                 "--batch-size", "5"]) == 0
+                 "--eval-batch-size", "5"]) == 0
     return out, json.loads((out / "analysis.json").read_text())["tasks"]
 
 
@@ -118,16 +118,16 @@ def test_a_bad_source_is_one_line(tmp_path, capsys):
 
 
 def test_both_orders_follow_the_run_unless_told(run, analysis, tmp_path, capsys):
-    """The inference flags are training.evaluate's: --both-orders averages each pair in both orders, as
-    `training.evaluate --both-orders` scores it (the tiny run predicted one order)."""
+    """The inference flags are training.evaluate's: --predict-both-orders averages each pair in both orders, as
+    `training.evaluate --predict-both-orders` scores it (the tiny run predicted one order)."""
     from training import evaluate as evaluate_mod
     out = tmp_path / "both"
     assert main([run.out_dir, "--data-dir", run.data_dir, "--out", str(out), "--device", "cpu",
-                 "--both-orders"]) == 0
+                 "--predict-both-orders"]) == 0
     sts = json.loads((out / "analysis.json").read_text())["tasks"]["sts"]
     dev = Path(run.data_dir) / "sts-dev.csv"
-    assert evaluate_mod.main(["--checkpoint", run.out_dir, "--score", "sts", str(dev), "--device", "cpu",
-                              "--both-orders"]) == 0
+    assert evaluate_mod.main([run.out_dir, "--score", "sts", str(dev), "--device", "cpu",
+                              "--predict-both-orders"]) == 0
     printed = capsys.readouterr().out
     assert f"sts_pearson {sts['pearson']:.4f}" in printed
     assert abs(sts["pearson"] - analysis[1]["sts"]["pearson"]) > 1e-4  # one order, as the run predicted

@@ -42,7 +42,7 @@ def api_call(model, task, examples):
 
 
 def evaluate(*argv) -> None:
-    assert evaluate_mod.main([*map(str, argv), "--device", "cpu", "--batch-size", "5"]) == 0
+    assert evaluate_mod.main([*map(str, argv), "--device", "cpu", "--eval-batch-size", "5"]) == 0
 
 
 # ----------------------------------------------------------------------------- the API against training.evaluate
@@ -55,8 +55,8 @@ def test_api_predictions_equal_training_evaluates(run, tmp_path, capsys):
         for task in TASKS:
             dev = Path(run.data_dir) / COURSE_FILES[task]["dev"]
             course, tsv = tmp_path / f"{task}.csv", tmp_path / f"{task}.tsv"
-            evaluate("--checkpoint", source, "--predict", task, dev, course)
-            evaluate("--checkpoint", source, "--predict", task, dev, tsv, "--probabilities")
+            evaluate(source, "--predict", task, dev, course)
+            evaluate(source, "--predict", task, dev, tsv, "--probabilities")
             examples = dev_examples(run, task)
             got = api_call(model, task, examples)
             _, rows = read_predictions(course)
@@ -188,8 +188,8 @@ def test_plain_text_round_trips(run, tmp_path, capsys):
         src = tmp_path / f"{task}.txt"
         src.write_text(texts[task], encoding="utf-8")
         out, out_probs = tmp_path / f"{task}.tsv", tmp_path / f"{task}-probs.tsv"
-        evaluate("--checkpoint", run.out_dir, "--predict-text", task, src, out)
-        evaluate("--checkpoint", run.out_dir, "--predict-text", task, src, out_probs, "--probabilities")
+        evaluate(run.out_dir, "--predict-text", task, src, out)
+        evaluate(run.out_dir, "--predict-text", task, src, out_probs, "--probabilities")
         read_task, rows = read_tsv_predictions(out)
         _, prob_rows = read_tsv_predictions(out_probs)
         assert read_task == task
@@ -213,7 +213,7 @@ def test_plain_text_round_trips(run, tmp_path, capsys):
     # the same sentences in the course's format give the same labels
     course = tmp_path / "sst-course.csv"
     course.write_text("\tid\tsentence\n" + "".join(f"{n}\tline{n}\t{s}\n" for n, s in kept_sst))
-    evaluate("--checkpoint", run.out_dir, "--predict", "sst", course, tmp_path / "sst-course-out.csv")
+    evaluate(run.out_dir, "--predict", "sst", course, tmp_path / "sst-course-out.csv")
     _, course_rows = read_predictions(tmp_path / "sst-course-out.csv")
     assert [int(v) for _, v in course_rows] == [int(r["label"]) for r in read_tsv_predictions(tmp_path / "sst.tsv")[1]]
     capsys.readouterr()
@@ -222,7 +222,7 @@ def test_plain_text_round_trips(run, tmp_path, capsys):
 def test_plain_text_errors_name_the_file_and_line(run, tmp_path, capsys):
     def error(*argv) -> str:
         with pytest.raises(SystemExit) as e:
-            evaluate_mod.main(["--checkpoint", str(run.out_dir), "--device", "cpu", *map(str, argv)])
+            evaluate_mod.main([str(run.out_dir), "--device", "cpu", *map(str, argv)])
         assert e.value.code == 2
         return capsys.readouterr().err.strip().splitlines()[-1]
 

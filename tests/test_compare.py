@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 from tiny_runs import tiny_run
 
-from training.compare import main as compare_main
 from training.report import main
 from training.run.checkpointing import read_checkpoint
 
@@ -57,10 +56,6 @@ def test_a_folder_that_is_not_a_run_is_named(runs, tmp_path, capsys):
     assert e.value.code == 2
     assert capsys.readouterr().err == (f"python -m training.report: error: {tmp_path / 'config.json'}: no such file "
                                        f"(is {tmp_path} a run directory?)\n")
-    with pytest.raises(SystemExit) as e:  # the compare command: the same line under its own name
-        compare_main([str(runs[0]), str(tmp_path)], prog="minbert compare")
-    assert e.value.code == 2
-    assert capsys.readouterr().err.startswith(f"minbert compare: error: {tmp_path / 'config.json'}: no such file")
     with pytest.raises(SystemExit) as e:
         main(["--compare", str(runs[0]), "--curves", str(runs[0])])
     assert e.value.code == 2

@@ -328,7 +328,7 @@ def test_cli_trains_on_cuda_end_to_end(tmp_path, inputs, capsys, caplog, precisi
         ["manifest.json"] + [f"{t}-{s}-output.csv" for t in ("sst", "para", "sts") for s in ("dev", "test")])
     capsys.readouterr()
     sts_dev = str(inputs[0] / "sts-dev.csv")
-    assert evaluate_mod.main(["--checkpoint", str(tmp_path / "run" / "best.pt"), "--device", "cpu",
+    assert evaluate_mod.main([str(tmp_path / "run" / "best.pt"), "--device", "cpu",
                               "--precision", "fp32", "--score", "sts", sts_dev]) == 0
     pearson = float(capsys.readouterr().out.split("sts_pearson ")[-1].split()[0])
     assert pearson == pytest.approx(best["dev_sts_pearson"], abs=1e-3)

@@ -138,7 +138,7 @@ def test_ensemble_matches_hand_computation(runs, tmp_path, capsys):
     members = [dirs["cross"], dirs["siamese"] / "best.pt", dirs["both"]]  # a run directory or a checkpoint
     out, js = tmp_path / "pred", tmp_path / "metrics.json"
     assert ensemble_mod.main([*map(str, members), "--data-dir", str(data), "--predictions-dir", str(out),
-                              "--json", str(js), "--device", "cpu", "--batch-size", "3"]) == 0
+                              "--json", str(js), "--device", "cpu", "--eval-batch-size", "3"]) == 0
     printed = capsys.readouterr().out
     result = json.loads(js.read_text())
 
@@ -180,7 +180,7 @@ def test_one_member_is_what_evaluate_writes(runs, tmp_path, capsys):
         ens, ev = tmp_path / f"ens-{name}", tmp_path / f"eval-{name}"
         assert ensemble_mod.main([str(dirs[name]), "--data-dir", str(data), "--predictions-dir", str(ens),
                                   "--device", "cpu"]) == 0
-        assert evaluate_mod.main(["--checkpoint", str(dirs[name] / "best.pt"), "--data-dir", str(data),
+        assert evaluate_mod.main([str(dirs[name] / "best.pt"), "--data-dir", str(data),
                                   "--predictions-dir", str(ev), "--device", "cpu"]) == 0
         predictions = sorted(ev.glob("*-output.csv"))  # evaluate's set has a manifest.json beside them
         assert len(predictions) == 6
@@ -256,7 +256,7 @@ def test_the_ensembles_set_has_a_manifest_and_zips(runs, tmp_path, capsys):
     assert manifest["ensemble"] == [str(dirs["cross"] / "best.pt"), str(dirs["both"] / "best.pt")]
     assert manifest["dev_metrics"] == json.loads(js.read_text())["ensemble"]
     assert sorted(manifest["files"]) == sorted(p.name for p in out.glob("*-output.csv")) and len(manifest["files"]) == 6
-    assert submit_mod.main([str(out), "--no-code", "--out", str(tmp_path / "ens.zip")]) == 0
+    assert submit_mod.main([str(out), "--no-code", "--zip", str(tmp_path / "ens.zip")]) == 0
     assert "6 prediction files of the ensemble of 2 checkpoints" in capsys.readouterr().out
     assert ensemble_mod.main(args) == 0  # the same members: replaced
     before = {p.name: p.read_bytes() for p in out.iterdir()}

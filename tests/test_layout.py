@@ -239,7 +239,7 @@ def test_each_command_help_and_unknown_flag(name):
     assert p.returncode == 0 and p.stdout.startswith(f"usage: minbert {name} "), p.stdout[:200]
     required = {"predict": ["RUN", "sst", "in.csv", "out.csv"], "export": ["RUN", "OUT"], "ensemble": ["RUN", "--data-dir", "D"],
                 "stats": ["A", "--vs", "B"], "study": ["whole"], "search": ["space.json"], "analyze": ["RUN"],
-                "submit": ["RUN"], "compare": ["RUN"], "evaluate": ["RUN"]}.get(name, [])
+                "submit": ["RUN"], "evaluate": ["RUN"]}.get(name, [])
     p = run("-m", "training", name, *required, "--frozen-cahce", "on")
     lines = p.stderr.splitlines()
     assert p.returncode == 2 and len(lines) == 1, p.stderr
@@ -267,9 +267,9 @@ def test_python_m_runs_each_command(module):
 
 
 def test_predict_and_compare_through_minbert(tmp_path):
-    """The two commands that are new with `minbert` on a real tiny run: `predict` writes the course-format
-    predictions the Python API gives for the same file (an independent path: training.api, not the
-    command), and `compare` prints the run's row."""
+    """On a real tiny run: `minbert predict` writes the course-format predictions the Python API gives for
+    the same file (an independent path: training.api, not the command), and `minbert report --compare`
+    prints the run's row."""
     import tiny_runs
     from data.loaders import COURSE_FILES, load_task_file
     from training.api import load
@@ -284,5 +284,5 @@ def test_predict_and_compare_through_minbert(tmp_path):
     expected = load(cfg.out_dir, device="cpu").sentiment([e.text_a for e in examples]).labels
     assert [r[0] for r in rows] == [e.id for e in examples]
     assert [int(float(r[1])) for r in rows] == list(expected)
-    p = run("-m", "training", "compare", cfg.out_dir)
+    p = run("-m", "training", "report", "--compare", cfg.out_dir)
     assert p.returncode == 0 and Path(cfg.out_dir).name in p.stdout, p.stderr

@@ -13,13 +13,18 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from training.methods.pcgrad import DOMINANT_RTOL, PCGrad, dominant_task, gram_matrix, project, surgery
+from training.methods.pcgrad import DOMINANT_RTOL, PCGrad, dominant_task, gram_matrix, surgery, surgery_coefficients
 
 T64 = torch.float64
 
 
 def t(rows) -> torch.Tensor:
     return torch.tensor(rows, dtype=T64)
+
+
+def project(g: torch.Tensor, variant: str = "pcgrad", order=None) -> torch.Tensor:
+    """The per-task projected gradients (T, P) whose sum surgery() returns: its coefficients times g."""
+    return surgery_coefficients(gram_matrix(g), variant, order=order).to(g.dtype) @ g
 
 
 # ---------------------------------------------------------------- hand-computed cases

@@ -174,15 +174,15 @@ def test_every_command_the_readme_shows_exists_with_its_flags():
 def test_the_readme_check_finds_a_missing_flag_a_bad_value_and_a_missing_module():
     text = ("Try `python run_multitask.py --epochs 1 --no-such-flag 3`, then\n\n```bash\n"
             "pip install -e . && python run_multitask.py --pooling max \\\n  --epochs 2  # a comment\n```\n"
-            "and `python -m training.nothing RUN...` or `python -m training.evaluate --checkpoint RUN --nope`.")
+            "and `python -m training.nothing RUN...` or `python -m training.evaluate RUN --nope`.")
     shown = commands(text)
     assert shown == [(None, ["--pooling", "max", "--epochs", "2"], False),
                      (None, ["--epochs", "1", "--no-such-flag", "3"], True),
-                     ("training.nothing", ["RUN"], True), ("training.evaluate", ["--checkpoint", "RUN", "--nope"], True)]
+                     ("training.nothing", ["RUN"], True), ("training.evaluate", ["RUN", "--nope"], True)]
     found = [p for cmd in shown for p in problems(*cmd)]
     assert [p.split(":")[0] for p in found] == ["run_multitask.py --pooling max --epochs 2", "run_multitask.py",
                                                 "run_multitask.py --epochs 1 --no-such-flag 3", "training.nothing",
-                                                "training.evaluate", "training.evaluate --checkpoint RUN --nope"], found
+                                                "training.evaluate", "training.evaluate RUN --nope"], found
     assert "argument --pooling: invalid choice: 'max'" in found[0]
     assert found[1].startswith("run_multitask.py: no flag --no-such-flag") and "unrecognized arguments" in found[2]
     assert found[3] == "training.nothing: no module training.nothing"

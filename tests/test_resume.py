@@ -373,11 +373,11 @@ def test_a_training_checkpoint_evaluates_with_the_weight_average(files, tmp_path
     capsys.readouterr()
 
     def score(checkpoint, *extra):
-        assert evaluate_mod.main(["--checkpoint", str(checkpoint), "--device", "cpu", "--score", "sts", sts_dev,
+        assert evaluate_mod.main([str(checkpoint), "--device", "cpu", "--score", "sts", sts_dev,
                                   *extra]) == 0
         return capsys.readouterr().out.split("sts_pearson ")[-1].split()[0]
 
     assert score(step) == score(out / "best.pt") != score(step, "--raw-weights")
     with pytest.raises(SystemExit):
-        evaluate_mod.main(["--checkpoint", str(out / "best.pt"), "--score", "sts", sts_dev, "--raw-weights"])
+        evaluate_mod.main([str(out / "best.pt"), "--score", "sts", sts_dev, "--raw-weights"])
     assert "holds one set of weights, no weight average beside them" in capsys.readouterr().err

@@ -81,7 +81,7 @@ def test_the_dev_files_are_the_kept_evaluations_predictions(tmp_path, inputs, ca
     assert said == ["dev prediction files: the predictions of the evaluation that kept best.pt"]
     mine = _files(Path(cfg.out_dir) / "predictions")
     data, _ = inputs
-    assert evaluate_main(["--checkpoint", str(Path(cfg.out_dir) / "best.pt"), "--device", "cpu", "--data-dir",
+    assert evaluate_main([str(Path(cfg.out_dir) / "best.pt"), "--device", "cpu", "--data-dir",
                           str(data), "--predictions-dir", str(tmp_path / "again")]) == 0
     again = _files(tmp_path / "again")
     assert {k: v for k, v in mine.items() if k != "manifest.json"} == \

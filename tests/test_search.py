@@ -31,7 +31,7 @@ def space_file(path: Path, **over) -> Path:
 def argv(tmp_path, space, *extra):
     data, enc = tiny_runs.inputs(tmp_path)
     return [str(space), "--out", str(tmp_path / "out"), "--data-dir", str(data), "--model", str(enc), "--threads",
-            "1", "--seed", "7", *extra]
+            "1", "--sampler-seed", "7", *extra]
 
 
 def trials(tmp_path, name="space"):

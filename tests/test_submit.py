@@ -27,8 +27,8 @@ def runs(tmp_path_factory):
 
 
 def write_set(cfg, folder: Path, *extra: str, checkpoint=None) -> None:
-    assert evaluate_mod.main(["--checkpoint", str(checkpoint or cfg.out_dir), "--data-dir", cfg.data_dir, "--device",
-                              "cpu", "--predictions-dir", str(folder), "--batch-size", "5", "--overwrite", *extra]) == 0
+    assert evaluate_mod.main([str(checkpoint or cfg.out_dir), "--data-dir", cfg.data_dir, "--device",
+                              "cpu", "--predictions-dir", str(folder), "--eval-batch-size", "5", "--overwrite", *extra]) == 0
 
 
 def error(capsys, *argv) -> str:
@@ -63,10 +63,10 @@ def test_the_zip_has_the_courses_layout(runs, tmp_path, capsys):
     assert ours["config_digest"] == trainers["config_digest"] and ours["dev_metrics"] == trainers["dev_metrics"]
     assert ours["run"] == str(run.resolve()) and ours["checkpoint"] == str((run / "best.pt").resolve())
     assert ours["sha256"] == {n: sha256_of(run / "predictions" / n) for n in COURSE_FILES}
-    assert main([str(run), "--no-code", "--out", str(tmp_path / "only.zip")]) == 0
+    assert main([str(run), "--no-code", "--zip", str(tmp_path / "only.zip")]) == 0
     with zipfile.ZipFile(tmp_path / "only.zip") as z:
         assert sorted(z.namelist()) == sorted(f"predictions/{n}" for n in COURSE_FILES + ["manifest.json"])
-    assert error(capsys, run) == f"{run / COURSE_ZIP}: exists; pass --overwrite to replace it, or --out another file"
+    assert error(capsys, run) == f"{run / COURSE_ZIP}: exists; pass --overwrite to replace it, or --zip another file"
     assert main([str(run), "--overwrite"]) == 0
 
 
@@ -76,7 +76,7 @@ def test_a_folder_of_two_models_is_refused(runs, tmp_path, capsys):
     write_set(full, folder)
     (folder / "notes.txt").write_text("not a prediction file: ignored")
     foreign = tmp_path / "other"
-    write_set(full, foreign, "--both-orders")  # other similarity scores
+    write_set(full, foreign, "--predict-both-orders")  # other similarity scores
     shutil.copy(foreign / "sts-dev-output.csv", folder / "sts-dev-output.csv")  # another set's file, same name
     assert error(capsys, folder) == f"{folder}: sts-dev-output.csv changed since manifest.json was written (another " \
                                     f"run or an edit wrote over them)"
@@ -103,7 +103,7 @@ def test_writing_a_set_replaces_the_folders_earlier_one_as_a_whole(runs, tmp_pat
     folder = tmp_path / "predictions"
     write_set(full, folder)
     with pytest.raises(SystemExit) as e:  # another run's set: refused without --overwrite
-        evaluate_mod.main(["--checkpoint", sst.out_dir, "--data-dir", sst.data_dir, "--device", "cpu",
+        evaluate_mod.main([sst.out_dir, "--data-dir", sst.data_dir, "--device", "cpu",
                            "--predictions-dir", str(folder)])
     assert e.value.code == 2
     assert f"--predictions-dir {folder} holds the run in {Path(full.out_dir).resolve()}" in capsys.readouterr().err

@@ -329,21 +329,19 @@ def test_results_from_before_an_option_existed_still_match(tmp_path):
 
 
 @pytest.mark.parametrize("avx512_bf16", [False, True])
-def test_results_record_the_resolved_precision_and_read_an_old_auto_as_it_was(tmp_path, monkeypatch, avx512_bf16):
-    """settings record what --precision auto resolves to here; a record from before that says "auto",
-    which on a CPU without AMX was fp32: it matches an fp32 sweep, and not one that now runs in bf16."""
+def test_results_record_the_resolved_precision(tmp_path, monkeypatch, avx512_bf16):
+    """settings record what --precision auto resolves to here, so that a sweep resumed where auto now means
+    another precision does not mix the two into one results file."""
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
     now = sweep_records.settings_of(TrainConfig(device="cpu"))
     assert now["precision"] == ("bf16" if avx512_bf16 else "fp32")
     assert sweep_records.settings_of(TrainConfig(device="cpu", precision="fp16"))["precision"] == "fp16"
-    old = [{"settings": {**now, "precision": "auto"}}]
-    clash = sweep_records.settings_clash(old, now, tmp_path / "results.jsonl")
+    fp32 = sweep_records.settings_of(TrainConfig(device="cpu", precision="fp32"))
+    clash = sweep_records.settings_clash([{"settings": fp32}], now, tmp_path / "results.jsonl")
     assert clash == ("" if not avx512_bf16 else
                      f"{tmp_path / 'results.jsonl'} holds 1 result(s) made with other settings (precision: 'fp32' "
                      f"there, 'bf16' now); use another --out")
-    fp32 = sweep_records.settings_of(TrainConfig(device="cpu", precision="fp32"))
-    assert sweep_records.settings_clash(old, fp32, tmp_path / "results.jsonl") == ""
 
 
 def test_shares_in_depths_resolve_on_the_model(inputs, tmp_path, monkeypatch):

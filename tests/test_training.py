@@ -130,7 +130,7 @@ def test_overfits_siamese(tmp_path, inputs, capsys, pooling):
     assert model.pooling == pooling
     # the checkpoint alone rebuilds the same model: evaluation scores what training reported
     sts_dev = Path(cfg.data_dir) / COURSE_FILES["sts"]["dev"]
-    assert evaluate_mod.main(["--checkpoint", str(tmp_path / "run" / "best.pt"), "--device", "cpu",
+    assert evaluate_mod.main([str(tmp_path / "run" / "best.pt"), "--device", "cpu",
                               "--score", "sts", str(sts_dev)]) == 0
     assert f"sts_pearson {best['sts_pearson']:.4f}" in capsys.readouterr().out
 
@@ -302,8 +302,8 @@ def test_evaluate_rewrites_the_same_predictions_and_scores(cross_run, tmp_path, 
     # the checkpoint travels with its run directory alone (tokenizer/ inside it)
     run = tmp_path / "copied-run"
     shutil.copytree(cfg.out_dir, run)
-    rc = evaluate_mod.main(["--checkpoint", str(run / "best.pt"), "--data-dir", str(data), "--device", "cpu",
-                            "--predictions-dir", str(tmp_path / "again"), "--batch-size", "3"])
+    rc = evaluate_mod.main([str(run / "best.pt"), "--data-dir", str(data), "--device", "cpu",
+                            "--predictions-dir", str(tmp_path / "again"), "--eval-batch-size", "3"])
     assert rc == 0
     out = capsys.readouterr().out
     assert f"dev metrics of {run / 'best.pt'}: sst_acc" in out
@@ -318,7 +318,7 @@ def test_evaluate_rewrites_the_same_predictions_and_scores(cross_run, tmp_path, 
 
     sst_dev = data / COURSE_FILES["sst"]["dev"]
     sts_dev = data / COURSE_FILES["sts"]["dev"]
-    rc = evaluate_mod.main(["--checkpoint", str(run / "best.pt"), "--device", "cpu", "--score", "sst", str(sst_dev),
+    rc = evaluate_mod.main([str(run / "best.pt"), "--device", "cpu", "--score", "sst", str(sst_dev),
                             "--score", "sts", str(sts_dev)])
     assert rc == 0
     lines = capsys.readouterr().out.strip().splitlines()
@@ -346,9 +346,9 @@ def test_evaluate_both_orders_averages_the_two_orders(cross_run, tmp_path, capsy
     for task in ("para", "sts"):
         one, both = tmp_path / f"{task}-one.csv", tmp_path / f"{task}-both.csv"
         both_rev = tmp_path / f"{task}-both-rev.csv"
-        base = ["--checkpoint", str(best), "--device", "cpu", "--batch-size", "3"]
+        base = [str(best), "--device", "cpu", "--eval-batch-size", "3"]
         assert evaluate_mod.main(base + ["--predict", task, str(src), str(one)]) == 0
-        assert evaluate_mod.main(base + ["--both-orders", "--predict", task, str(src), str(both),
+        assert evaluate_mod.main(base + ["--predict-both-orders", "--predict", task, str(src), str(both),
                                          "--predict", task, str(rev), str(both_rev)]) == 0
         # one pair at a time, no padding: the mean of the head's outputs for (a, b) and (b, a)
         with torch.no_grad():
@@ -371,9 +371,9 @@ def test_evaluate_both_orders_defaults_to_the_runs(cross_run, tmp_path, capsys):
     torch.save(ckpt, run / "best.pt")
     sts_dev = Path(cfg.data_dir) / COURSE_FILES["sts"]["dev"]
     outs = {}
-    for name, extra in (("default", []), ("on", ["--both-orders"]), ("off", ["--no-both-orders"])):
+    for name, extra in (("default", []), ("on", ["--predict-both-orders"]), ("off", ["--no-predict-both-orders"])):
         outs[name] = tmp_path / f"{name}.csv"
-        assert evaluate_mod.main(["--checkpoint", str(run / "best.pt"), "--device", "cpu",
+        assert evaluate_mod.main([str(run / "best.pt"), "--device", "cpu",
                                   "--predict", "sts", str(sts_dev), str(outs[name]), *extra]) == 0
     assert outs["default"].read_text() == outs["on"].read_text() != outs["off"].read_text()
     capsys.readouterr()
@@ -386,7 +386,7 @@ def test_evaluate_both_orders_needs_a_cross_encoder(cross_run, tmp_path, capsys)
     siamese = TrainConfig.from_dict({**cfg.to_dict(), "pair_encoding": "siamese"})
     save_checkpoint(tmp_path / "best.pt", MultitaskBert(load_bert(cfg.model), "siamese"), siamese)
     with pytest.raises(SystemExit):
-        evaluate_mod.main(["--checkpoint", str(tmp_path / "best.pt"), "--device", "cpu", "--both-orders",
+        evaluate_mod.main([str(tmp_path / "best.pt"), "--device", "cpu", "--predict-both-orders",
                            "--tokenizer", str(Path(cfg.out_dir) / "tokenizer"),
                            "--score", "sts", str(Path(cfg.data_dir) / COURSE_FILES["sts"]["dev"])])
     assert "--predict-both-orders is for cross-encoded pairs; this model is siamese" in capsys.readouterr().err
@@ -398,7 +398,7 @@ def test_evaluate_errors_are_one_line_naming_the_file(cross_run, tmp_path, capsy
 
     def error(checkpoint, *extra):
         with pytest.raises(SystemExit) as e:
-            evaluate_mod.main(["--checkpoint", str(checkpoint), "--device", "cpu", *extra])
+            evaluate_mod.main([str(checkpoint), "--device", "cpu", *extra])
         assert e.value.code == 2
         return capsys.readouterr().err.strip().splitlines()[-1]
 
@@ -409,7 +409,7 @@ def test_evaluate_errors_are_one_line_naming_the_file(cross_run, tmp_path, capsy
     assert "pass --tokenizer DIR" in error(tmp_path / "alone.pt", "--score", "sts", sts_dev)
     # a training checkpoint under checkpoints/ finds the run's tokenizer one folder up
     step = sorted((Path(cfg.out_dir) / "checkpoints").iterdir())[-1]
-    assert evaluate_mod.main(["--checkpoint", str(step), "--device", "cpu", "--score", "sts", sts_dev]) == 0
+    assert evaluate_mod.main([str(step), "--device", "cpu", "--score", "sts", sts_dev]) == 0
     assert "sts_pearson" in capsys.readouterr().out
 
 
@@ -423,6 +423,6 @@ def test_evaluate_precision_defaults_to_the_runs(cross_run, tmp_path, monkeypatc
     monkeypatch.setattr(device_mod, "autocast_dtype", lambda p, d: seen.append(p) or real(p, d))
     sts_dev = Path(cfg.data_dir) / COURSE_FILES["sts"]["dev"]
     extra = ["--precision", flag] if flag else []
-    assert evaluate_mod.main(["--checkpoint", str(Path(cfg.out_dir) / "best.pt"), "--device", "cpu",
+    assert evaluate_mod.main([str(Path(cfg.out_dir) / "best.pt"), "--device", "cpu",
                               "--score", "sts", str(sts_dev), *extra]) == 0
     assert seen == [expected]

@@ -27,8 +27,8 @@ import numpy as np
 import torch
 
 from data.batching import EvalBatching, encode_task
-from data.loaders import Example
-from heads import TASKS, MultitaskBert, predict, probabilities
+from data.loaders import TASKS, Example
+from heads import MultitaskBert, predict, probabilities
 from training.common import device as _device
 from training.config.train_config import TrainConfig
 from training.run.rundir import read_metrics

@@ -180,11 +180,9 @@ def add_reading_flags(p: argparse.ArgumentParser) -> None:
 
 def add_inference_flags(p: argparse.ArgumentParser, whose: str = "the training run's") -> None:
     """--eval-batch-size, --device, --precision, --predict-both-orders, named and meaning as in training;
-    `whose` says where the last two default from. --batch-size and --both-orders, these commands' earlier
-    names, still work (hidden: --batch-size is the training batch in run_multitask.py)."""
+    `whose` says where the last two default from."""
     p.add_argument("--eval-batch-size", dest="batch_size", type=positive_int, default=256,
                    help="examples per inference batch (default: %(default)s)")
-    p.add_argument("--batch-size", dest="batch_size", type=positive_int, help=argparse.SUPPRESS)
     p.add_argument("--eval-tokens", type=non_negative_int, default=None, metavar="N",
                    help="padded tokens (examples x longest) at most per batch, which --eval-batch-size also caps; 0: "
                         "no budget (default: 1024 on CPU, none on CUDA; docs/training.md)")
@@ -195,7 +193,6 @@ def add_inference_flags(p: argparse.ArgumentParser, whose: str = "the training r
     p.add_argument("--predict-both-orders", dest="both_orders", action=argparse.BooleanOptionalAction, default=None,
                    help=f"cross encoding: predict each paraphrase/similarity pair as (a, b) and (b, a) and average "
                         f"(default: {whose} --predict-both-orders)")
-    p.add_argument("--both-orders", dest="both_orders", action=argparse.BooleanOptionalAction, help=argparse.SUPPRESS)
 
 
 def course_data(p: Parser, given: str | None) -> str:

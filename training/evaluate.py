@@ -6,7 +6,7 @@
     python -m training.evaluate runs/default --predict-text sst reviews.txt reviews.tsv --probabilities
 
 RUN is a run directory (its best.pt), a checkpoint file (best.pt, checkpoints/step-N.pt) or a folder
-written by python -m training.export (`--checkpoint RUN`, its earlier form, is still taken).
+written by python -m training.export.
 
 The course's files are evaluated and predicted (from the data folder: --data-dir, else $MINBERT_DATA_DIR,
 else data) when --data-dir is given or nothing else is asked; their predictions go to RUN/predictions (or
@@ -24,7 +24,6 @@ prob_paraphrase for para) -- training/inference/formats.py describes it.
 """
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
 from pathlib import Path
@@ -32,7 +31,7 @@ from pathlib import Path
 from data.batching import encode_task
 from data.loaders import COURSE_FILES, TASKS, DataError, load_task_file
 from heads import predict
-from training.args import Parser, add_inference_flags, add_reading_flags, course_data, load_model
+from training.args import Parser, add_inference_flags, add_model_source, course_data, load_model
 from training.common.places import output_folder
 from training.common.progress import setup_logging
 from training.inference.metrics import METRIC, score
@@ -44,10 +43,7 @@ PROG = "python -m training.evaluate"
 
 def build_parser(prog: str = PROG) -> Parser:
     p = Parser(prog=prog, description=__doc__)
-    p.add_argument("source", metavar="RUN", nargs="?", help="a run directory (its best.pt), a checkpoint file "
-                   "(best.pt, checkpoints/step-N.pt), or a folder written by the export command")
-    p.add_argument("--checkpoint", dest="checkpoint", help=argparse.SUPPRESS)  # RUN's earlier name, still taken
-    add_reading_flags(p)
+    add_model_source(p)
     p.add_argument("--data-dir", default=None, help="evaluate the course's dev files and predict its test files from "
                    "this folder (done without --data-dir too when no --score, --predict or --predict-text is given: "
                    "$MINBERT_DATA_DIR if set, else data)")
@@ -75,9 +71,6 @@ def main(argv=None, prog: str = PROG) -> int:
     p = build_parser(prog)
     args = p.parse_args(argv)
     setup_logging()
-    if (args.source is None) == (args.checkpoint is None):
-        p.error("give the model once: RUN (or --checkpoint RUN)")
-    args.source = args.source or args.checkpoint
     for task, *_ in args.score + args.predict + args.predict_text:
         if task not in TASKS:
             p.error(f"unknown task {task!r}; one of {', '.join(TASKS)}")

@@ -29,7 +29,6 @@ the bootstrap ran, its 95% interval excludes 0; otherwise "no claim".
 """
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import math
@@ -76,7 +75,6 @@ def main(argv=None, prog: str = PROG) -> int:
     p.add_argument("--bootstrap", type=int, default=10_000, metavar="N", help="resamples (default: %(default)s)")
     p.add_argument("--bootstrap-seed", dest="seed", type=int, default=0,
                    help="the bootstrap's random seed (default: %(default)s)")
-    p.add_argument("--seed", dest="seed", type=int, help=argparse.SUPPRESS)  # its earlier name
     p.add_argument("--alpha", type=float, default=0.05, help="the t-test's level for a verdict (default: %(default)s)")
     p.add_argument("--pair-by-order", action="store_true",
                    help="pair the i-th run of A with the i-th of B instead of by seed")

@@ -18,7 +18,6 @@ unless --partial.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import zipfile
@@ -87,7 +86,7 @@ def submit(arg: str | Path, out: str | Path | None = None, overwrite: bool = Fal
     manifest, files = checked_files(folder, partial)
     zip_path = Path(out) if out else (arg if folder != arg else arg.parent) / COURSE_ZIP
     if zip_path.exists() and not overwrite:
-        raise SubmitError(f"{zip_path}: exists; pass --overwrite to replace it, or --out another file")
+        raise SubmitError(f"{zip_path}: exists; pass --overwrite to replace it, or --zip another file")
     zip_path.parent.mkdir(parents=True, exist_ok=True)
     tmp = zip_path.with_name(f"{zip_path.name}.{os.getpid()}.tmp")
     try:
@@ -106,7 +105,6 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     p = Parser(prog=prog, description=__doc__)
     p.add_argument("run", metavar="RUN", help="a run directory (its predictions/) or a predictions folder")
     p.add_argument("--zip", metavar="FILE.zip", default=None, help=f"the zip to write (default: RUN/{COURSE_ZIP})")
-    p.add_argument("--out", dest="zip", help=argparse.SUPPRESS)  # the earlier name; --out is a folder elsewhere
     p.add_argument("--overwrite", action="store_true", help="replace an existing zip")
     p.add_argument("--no-code", dest="code", action="store_false", help="leave the code's .py files out of the zip")
     p.add_argument("--partial", action="store_true", help="zip a set short of the six files the course expects")

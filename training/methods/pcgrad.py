@@ -49,30 +49,6 @@ class ConflictStats:
         return self.conflicting / self.pairs if self.pairs else math.nan
 
 
-def conflict_stats(grads: torch.Tensor) -> ConflictStats:
-    """Pairwise conflict statistics of the original (T, P) task gradients."""
-    return _stats_from_gram(gram_matrix(grads))
-
-
-def project(
-    grads: torch.Tensor,
-    variant: str = "pcgrad",
-    generator: torch.Generator | None = None,
-    order: Sequence[Sequence[int]] | None = None,
-) -> torch.Tensor:
-    """Per-task projected gradients (T, P); their sum is the surgery update.
-
-    ``order[i]`` fixes the sequence of other tasks that task i is projected against (pcgrad
-    only; tests use it to pin Algorithm 1's random order). Otherwise it is drawn from
-    ``generator``. Does not modify ``grads``.
-    """
-    if grads.dim() != 2:
-        raise ValueError(f"grads must be (T, P), got shape {tuple(grads.shape)}")
-    g = grads.float() if grads.dtype in (torch.float16, torch.bfloat16) else grads
-    c = surgery_coefficients(gram_matrix(g), variant, generator, order)
-    return (c.to(g.dtype) @ g).to(grads.dtype)
-
-
 def gram_matrix(grads: torch.Tensor, chunk: int = 1 << 14) -> torch.Tensor:
     """G G^T of the (T, P) gradients: float32 products over column chunks, summed in float64.
     One read of the data, no full-size temporary; relative error ~1e-8 at P = 22M (one fp32
@@ -87,8 +63,11 @@ def gram_matrix(grads: torch.Tensor, chunk: int = 1 << 14) -> torch.Tensor:
 
 def surgery_coefficients(gram: torch.Tensor, variant: str = "pcgrad", generator: torch.Generator | None = None,
                          order: Sequence[Sequence[int]] | None = None) -> torch.Tensor:
-    """project() in the span of the task gradients: row i holds c_i with g_i^PC = sum_k c_ik g_k.
-    Every dot product g_i^PC . g_j = c_i . gram[:, j], so the (T, P) data are never touched."""
+    """The per-task projected gradients in the span of the task gradients: row i holds c_i with
+    g_i^PC = sum_k c_ik g_k (their sum is the surgery update). Every dot product g_i^PC . g_j =
+    c_i . gram[:, j], so the (T, P) data are never touched. ``order[i]`` fixes the sequence of other
+    tasks that task i is projected against (pcgrad only; tests use it to pin Algorithm 1's random
+    order); otherwise it is drawn from ``generator``."""
     if variant not in VARIANTS:
         raise ValueError(f"unknown surgery variant {variant!r}; expected one of {VARIANTS}")
     T = gram.shape[0]

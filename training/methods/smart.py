@@ -19,7 +19,7 @@ Typical use for one batch of one task:
     with dropout_disabled(model):                      # fn is opaque to us, so the caller does this
         r_s = adversarial_loss(fn, (h,), clean, "categorical", cfg, masks=(mask,))
     d = bregman_loss(clean, teacher(batch), "categorical")   # teacher = EMATeacher(model, cfg, total)
-    smart_loss(task, r_s, d, cfg).backward(); opt.step(); teacher.update(model)
+    (task + cfg.lambda_s * r_s + cfg.mu * d).backward(); opt.step(); teacher.update(model)
 
 Modules that use F.scaled_dot_product_attention should take their attention dropout probability
 from `self.dropout.training` (an nn.Dropout submodule) rather than from the module's own
@@ -387,8 +387,3 @@ class EMATeacher:
 def bregman_loss(student_out: Tensor, teacher_out: Tensor, kind: str) -> Tensor:
     """D_Breg = l_s(student, teacher), the teacher being a constant."""
     return smoothness_loss(student_out, teacher_out.detach(), kind)
-
-
-def smart_loss(task_loss: Tensor, r_s: Tensor, d_breg: Tensor, cfg: SmartConfig) -> Tensor:
-    """L + lambda_s * R_s + mu * D_Breg."""
-    return task_loss + cfg.lambda_s * r_s + cfg.mu * d_breg

@@ -9,7 +9,6 @@ workers; they share the budget and never run one grid point twice.
 """
 from __future__ import annotations
 
-import argparse
 import logging
 import signal
 import sys
@@ -44,7 +43,6 @@ def build_parser(prog: str = PROG) -> Parser:
     p.add_argument("--sampler-seed", dest="seed", type=int, default=None, help="the sampler's seed (default: the space's, else 0; "
                    "each worker adds its process id and the number of trials so far, so that workers, and a "
                    "restarted one, do not propose the same settings)")
-    p.add_argument("--seed", dest="seed", type=int, help=argparse.SUPPRESS)  # its earlier name
     p.add_argument("--keep-checkpoints", action="store_true", help="keep every trial's best.pt")
     p.add_argument("--report-only", action="store_true", help="run no trial: write the summary")
     p.add_argument("--repair-journal", action="store_true", help="a journal file damaged in the middle (the "

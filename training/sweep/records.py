@@ -152,25 +152,11 @@ def _resolved_precision(precision: str, device: str) -> str:
     return resolve_precision(precision, pick_device(device))[0]
 
 
-def _legacy_auto(settings: dict) -> dict:
-    """Results written before the precision was recorded resolved say "auto", which then meant bf16 on
-    GPUs with native bf16 and on CPUs with AMX, else fp32: what it meant on this machine."""
-    if settings.get("precision") != "auto":
-        return settings
-    import torch
-
-    from training.common.device import native_bf16, pick_device
-    device = pick_device(settings.get("device", "auto"))
-    amx = getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
-    bf16 = native_bf16(device) is not None if device.type == "cuda" else device.type == "cpu" and amx()
-    return {**settings, "precision": "bf16" if bf16 else "fp32"}
-
-
 def completed_settings(settings: dict, defaults: dict | None = None) -> dict:
     """A record's settings as today's TrainConfig states them: an option the record lacks (added since)
     at its default, which that record's run had. defaults: settings_of(TrainConfig()), for a caller
     completing many records (building it costs a third of a millisecond)."""
-    return {**(settings_of(TrainConfig()) if defaults is None else defaults), **_legacy_auto(settings)}
+    return {**(settings_of(TrainConfig()) if defaults is None else defaults), **settings}
 
 
 def settings_clash(records: list[dict], settings: dict, results_path: Path, then: str = "; use another --out") -> str:
