@@ -3,7 +3,9 @@ that change the update (PCGrad, SMART, weight EMA). Each component owns its stat
 `load_state_dict()`); the Stepper's state is theirs plus the optimiser's and scheduler's.
 
     stepper = Stepper.build(model, cfg, total_steps, device)   # AdamW, warm-up/decay, the tricks
-    parts = stepper.step([batch], step)                        # per-task loss parts, or None if skipped
+    parts = stepper.take(update, load, step)                   # a sampler's update: per-task loss parts,
+                                                               # or None if skipped (non-finite)
+    parts = stepper.step([batch], step)                        # the same from device batches
 """
 from __future__ import annotations
 
@@ -298,6 +300,19 @@ class Stepper:
                 with torch.no_grad() if self.smart.perturbation == "paper" else contextlib.nullcontext():
                     clean = f(xs)
             return adversarial_loss(f, xs, clean, kind, self.smart, masks=tuple(masks), generator=self.generator)
+
+    def take(self, update: list[list], load, step: int) -> dict[str, dict[str, float]] | None:
+        """One optimiser update from a sampler's update (data.sampler: one step's task batches, or
+        --grad-accum-steps steps' of them), each TaskBatch made a device Batch by `load`. Data-parallel:
+        this rank's slice of each task group, its parts come back global."""
+        if self.cfg.grad_accum_steps > 1:
+            return self.accumulated_step([[load(tb) for tb in tbs if tb.indices] for tbs in update], step)
+        tbs, = update
+        if self.dist is None:
+            return self.step([load(tb) for tb in tbs if tb.indices], step)
+        from training.methods.distributed import local_step
+        mine, weights = local_step(tbs, self.dist.rank, self.dist.world_size)
+        return self.step([load(tb) for tb in mine], step, weights)
 
     def step(self, batches: list[Batch], step: int, weights: list[float] | None = None
              ) -> dict[str, dict[str, float]] | None:

@@ -456,17 +456,7 @@ class Run:
         """One optimiser update from the steps of `update` (one, or --grad-accum-steps of them)."""
         state = self.state
         self.follow_schedule(self.schedule.depth_at(state.global_step))
-        if self.cfg.grad_accum_steps > 1:
-            groups = [[self.load_batch(tb) for tb in tbs if tb.indices] for tbs in update]
-            parts = self.stepper.accumulated_step(groups, state.global_step)
-        elif self.dist is None:
-            tbs, = update
-            parts = self.stepper.step([self.load_batch(tb) for tb in tbs if tb.indices], state.global_step)
-        else:  # this rank's slice of each task group; the step's parts come back global
-            from training.methods.distributed import local_step
-            tbs, = update
-            mine, weights = local_step(tbs, self.dist.rank, self.dist.world_size)
-            parts = self.stepper.step([self.load_batch(tb) for tb in mine], state.global_step, weights)
+        parts = self.stepper.take(update, self.load_batch, state.global_step)
         state.step_in_epoch += 1
         state.global_step += 1
         if self.schedule.freezer is not None:  # adaptive freezing: its test at the end of each interval
