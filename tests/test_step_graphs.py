@@ -6,6 +6,7 @@ then goes wrong here as it would on a GPU, and the run must follow the eager run
 the same sums). tests/test_cuda.py checks the real CUDA graphs against eager steps on a GPU.
 """
 import logging
+import re
 from pathlib import Path
 
 import pytest
@@ -63,11 +64,14 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_replayed_steps_follow_the_eager_steps(tmp_path, cpu_recorder, case):
+def test_replayed_steps_follow_the_eager_steps(tmp_path, cpu_recorder, case, caplog):
     kw = dict(epochs=4, pad_multiple=8, weight_decay=0.1, **CASES[case])
     train(eager := tiny_config(tmp_path, "eager", **kw))
-    train(graphed := tiny_config(tmp_path, "graphed", step_graphs=True, **kw))
+    with caplog.at_level(logging.INFO):
+        train(graphed := tiny_config(tmp_path, "graphed", step_graphs=True, **kw))
     assert cpu_recorder, "no step was replayed"
+    said = [int(n) for n in re.findall(r"shapes recorded, (\d+) steps replayed", caplog.text)]
+    assert len(said) == 4 and sum(said) == len(cpu_recorder), caplog.text  # each epoch's count, summed
     assert _strip_times(_losses(Path(graphed.out_dir))) == _strip_times(_losses(Path(eager.out_dir)))
     want, got = _weights(Path(eager.out_dir)), _weights(Path(graphed.out_dir))
     assert want.keys() == got.keys()
@@ -141,3 +145,21 @@ def test_shape_key_tells_padded_from_unpadded_masks():
     b = Batch("sst", [{"input_ids": ids, "attention_mask": full}], torch.zeros(2, dtype=torch.long), [], [])
     assert step_graphs.shape_key(Model, [a]) != step_graphs.shape_key(Model, [b])
     assert step_graphs.static_copy(a).inputs[0]["attention_mask"].unpadded is False
+
+
+def test_a_failed_capture_leaves_that_shape_eager(tmp_path, monkeypatch, caplog):
+    """A capture that raises (a host sync inside the step, on CUDA) is said once per shape, and the run
+    goes on eagerly, the same run as without --step-graphs."""
+    class Failing(step_graphs.EagerGraph):
+        def capture(self, fn):
+            raise RuntimeError("operation not permitted when stream is capturing\nmore lines")
+
+    monkeypatch.setattr(step_graphs, "recorder_for", lambda device: Failing)
+    kw = dict(epochs=3, pad_multiple=32, batch_size=4, task_sampling="round-robin")
+    train(eager := tiny_config(tmp_path, "eager", **kw))
+    with caplog.at_level(logging.WARNING):
+        train(graphed := tiny_config(tmp_path, "graphed", step_graphs=True, **kw))
+    failed = re.findall(r"capturing a (\w+) step failed \(RuntimeError: operation not permitted when stream is "
+                        r"capturing\); steps of that shape run eagerly", caplog.text)
+    assert sorted(set(failed)) == ["para", "sst", "sts"] and len(failed) == len(set(failed)), caplog.text
+    assert _strip_times(_losses(Path(graphed.out_dir))) == _strip_times(_losses(Path(eager.out_dir)))

@@ -94,10 +94,11 @@ class CudaGraph:
         torch.cuda.set_rng_state(rng, self.device)
 
     def capture(self, fn) -> list[torch.Tensor]:
-        """Record fn's kernels (nothing runs); returns its outputs, the tensors each replay refills.
-        thread_local: another thread's CUDA calls (none today) would not break the capture."""
+        """Record fn's kernels (nothing runs); returns its outputs, the tensors each replay refills. The
+        backward's kernels, launched by autograd's device thread onto the capturing stream, are recorded
+        with the forward's (torch's whole-network capture)."""
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=self.pool, capture_error_mode="thread_local"):
+        with torch.cuda.graph(self.graph, pool=self.pool):
             outs = fn()
         return outs
 
@@ -153,6 +154,7 @@ class StepGraphs:
         self.pool = torch.cuda.graph_pool_handle() if recorder is CudaGraph else None
         self.recorded: dict[tuple, _Recorded] = {}
         self.eager: set[tuple] = set()  # shapes whose capture failed
+        self.replayed = 0  # steps replayed so far (the log's count, per epoch: Run.end_epoch)
         self.grads: dict[torch.nn.Parameter, torch.Tensor] = {}  # static gradient buffers
         self.full_logged = False
 
@@ -171,6 +173,12 @@ class StepGraphs:
                  "first step (which runs eagerly), replayed after; the update runs eagerly")
         return cls(stepper, recorder)
 
+    def summary(self) -> str:
+        """The log's line: shapes recorded, failed, steps replayed (counted afresh after each call)."""
+        line = f"--step-graphs: {len(self.recorded)} shapes recorded, {self.replayed} steps replayed"
+        self.replayed = 0
+        return line + (f", {len(self.eager)} shapes eager (their capture failed)" if self.eager else "")
+
     def ready(self, batches: list[Batch]) -> bool:
         return shape_key(self.stepper.model, batches) in self.recorded
 
@@ -182,6 +190,7 @@ class StepGraphs:
             refill(static, batch)
         self._attach(rec.reached)
         rec.graph.replay()
+        self.replayed += 1
         values = torch.cat(rec.outs).tolist()
         parts, i = {}, 0
         for static, names in zip(rec.static, rec.names):

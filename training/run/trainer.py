@@ -514,6 +514,8 @@ class Run:
     def end_epoch(self, epoch: int, train_time: float, padding_eff: float) -> None:
         """The epoch's record and dev evaluation (rank 0), then the loop state of the next epoch."""
         state = self.state
+        if self.stepper.graphs is not None:
+            log.info("epoch %d: %s", epoch, self.stepper.graphs.summary())
         if self.main:  # only rank 0 tracks the best score: the checkpoints are its
             trainable, total = trainable_counts(self.model)  # as trained in this epoch's last step
             record = {"epoch": epoch, "step": state.global_step, "train_seconds": round(train_time, 1),
