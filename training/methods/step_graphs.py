@@ -230,7 +230,7 @@ class StepGraphs:
         finally:
             for p in params:
                 p.grad = None
-        self.recorded[key] = _Recorded(graph, static, reached, names[:len(static)], outs)
+        self.recorded[key] = _Recorded(graph, static, reached, names, outs)
 
     def _attach(self, reached: list) -> None:
         """The static gradients on the parameters a shape reaches; none on the others (eager's None)."""
@@ -249,7 +249,8 @@ class StepGraphs:
             with stepper.autocast(cache=False):  # autocast's weight cache would outlive the graph's memory
                 loss, terms = stepper.loss_terms(b)
             loss.backward()
-            names.append(list(terms))
+            if len(names) < len(static):  # the first call's (a stand-in recorder calls again at each replay)
+                names.append(list(terms))
             outs.append(torch.stack([t.detach().float().reshape(()) for t in terms.values()]))
         return outs
 
