@@ -21,8 +21,8 @@ PACKAGE = REPO / "training"
 # the modules that are commands (argument parsing, printing, exit statuses): training.main's subcommands,
 # their shared argument groups, and the `python -m` entry files
 COMMAND_MODULES = {cmd.module for cmd in COMMANDS.values()} | {
-    "training.main", "training.__main__", "training.args", "training.sweep.__main__", "training.study.__main__",
-    "training.search.__main__"}
+    "training.main", "training.__main__", "training.args", "training.experiments.sweep.__main__",
+    "training.experiments.study.__main__", "training.experiments.search.__main__"}
 
 
 def module_name(path: Path) -> str:
@@ -103,28 +103,34 @@ def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
 
 
 # The packages of training/, bottom first (docs/development.md, "Layout"): a module imports only modules of its
-# own package or of one listed before it. A top-level module (training/api.py) is a package of its own; every
-# command module (COMMAND_MODULES, sweep/, study/ and search/'s cli.py and __main__.py included) is "commands".
+# own package or of one listed before it. A top-level module (training/api.py) is a package of its own; the
+# library's command modules (main.py, args.py, train.py, evaluate.py, ...) are "commands"; the experiment
+# drivers (training/experiments/) sit above the whole library, each of their packages on its own, and their
+# command modules (report.py, stats.py, sweep/, study/ and search/'s cli.py and __main__.py) at the top.
 PACKAGE_ORDER = [
-    "common",     # errors, device, progress, places, processes
-    "config",     # TrainConfig and its validation, the method flags' small languages (no torch)
-    "methods",    # what a user switches on, built from the config
-    "inference",  # a trained model's outputs, metrics, prediction files
-    "run",        # one training run: the Run, building, checkpoints, the run directory
-    "api",        # a trained model from Python
-    "results",    # finished runs: statistics, summaries, the export
-    "sweep",      # the experiment drivers: grids of runs ...
-    "study",      # ... the freezing study (plans sweeps) ...
-    "search",     # ... hyperparameter search (runs sweep's records)
-    "commands",   # main.py, args.py and every command module
+    "common",                # errors, device, progress, places, processes
+    "config",                # TrainConfig and its validation, the method flags' small languages (no torch)
+    "methods",               # what a user switches on, built from the config
+    "inference",             # a trained model's outputs, metrics, prediction files
+    "run",                   # one training run: the Run, building, checkpoints, the run directory
+    "api",                   # a trained model from Python
+    "results",               # finished runs: statistics, summaries, the export
+    "commands",              # the library's commands: main.py, args.py, train.py, evaluate.py, ...
+    "experiments",           # training/experiments/ (its __init__): the experiment drivers, above the library
+    "experiments.sweep",     # grids of runs ...
+    "experiments.study",     # ... the freezing study (plans sweeps) ...
+    "experiments.search",    # ... hyperparameter search (runs sweep's records)
+    "experiments.commands",  # report.py, stats.py, and sweep/, study/ and search/'s cli.py and __main__.py
 ]
 
 
 def package_of(module: str) -> str:
     """The PACKAGE_ORDER name of a training.* module."""
+    parts = module.split(".")
+    experiment = parts[1] == "experiments"
     if module in COMMAND_MODULES:
-        return "commands"
-    return module.split(".")[1]
+        return "experiments.commands" if experiment else "commands"
+    return f"experiments.{parts[2]}" if experiment and len(parts) > 2 else parts[1]
 
 
 def upward_imports(edges: dict[str, set[str]], order: list[str], package=package_of) -> list[str]:

@@ -1,5 +1,5 @@
 import sys
 
-from training.search.cli import main
+from training.experiments.search.cli import main
 
 sys.exit(main())

@@ -1,5 +1,5 @@
 import sys
 
-from training.study.cli import main
+from training.experiments.study.cli import main
 
 sys.exit(main())

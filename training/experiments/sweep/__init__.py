@@ -1,1 +1,1 @@
-"""The sweep: depth x size x seed runs and their records (python -m training.sweep)."""
+"""The sweep: depth x size x seed runs and their records (minbert sweep)."""

@@ -1,5 +1,5 @@
 import sys
 
-from training.sweep.cli import main
+from training.experiments.sweep.cli import main
 
 sys.exit(main())
