@@ -1,6 +1,7 @@
 """The package's layout rules (docs/development.md): the library never imports a command, common/ sits at
-the bottom, packages import only the packages below them (PACKAGE_ORDER), no import circles; and every command is reachable from `minbert` and `python -m training.X`
-with one error shape.
+the bottom, packages import only the packages below them (PACKAGE_ORDER), the experiment drivers
+(training/experiments/) above the whole library and never imported by it, no import circles; and every command
+is reachable from `minbert` and `python -m training.X` (training.experiments.X) with one error shape.
 
 The import graph is read from the source with ast (every import, those inside functions too), so a rule
 broken in a branch no test runs still fails here.
@@ -178,6 +179,40 @@ def test_upward_imports_on_the_real_tree_with_a_planted_module(tmp_path, monkeyp
     edges = {m: {d for d in deps if d != "training"} for m, deps in graph().items() if m != "training"}
     assert upward_imports(edges, PACKAGE_ORDER) == [
         "training.config.planted (config) imports training.methods.freezing (methods)"]
+
+
+def experiment_imports(edges: dict[str, set[str]]) -> list[str]:
+    """'module imports module' for each import of training.experiments.* from a module outside it."""
+    return [f"{m} imports {d}" for m, deps in sorted(edges.items()) if not m.startswith("training.experiments")
+            for d in sorted(deps) if d.startswith("training.experiments")]
+
+
+def test_the_library_never_imports_an_experiment():
+    """training/experiments/ (the sweep, the study, the search, report, stats) imports the library; nothing outside
+    it imports training/experiments/, commands included (minbert reaches them by name, main.py's COMMANDS)."""
+    assert experiment_imports(graph()) == []
+
+
+def test_an_upward_import_into_the_experiments_fails_the_real_graph(tmp_path, monkeypatch):
+    """In a copy of training/: a library module (run/) and a library command (evaluate.py) that import an
+    experiment driver are both reported, by the package order and by the rule above; the copy without them passes."""
+    import shutil
+    copy = tmp_path / "training"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", copy)
+
+    def edges():
+        return {m: {d for d in deps if d != "training"} for m, deps in graph().items() if m != "training"}
+    assert upward_imports(edges(), PACKAGE_ORDER) == []
+    (copy / "run" / "planted.py").write_text("from training.experiments.sweep.records import RESULTS\n")
+    with (copy / "evaluate.py").open("a") as f:
+        f.write("\nfrom training.experiments.study import recipe\n")
+    assert upward_imports(edges(), PACKAGE_ORDER) == [
+        "training.evaluate (commands) imports training.experiments.study.recipe (experiments.study)",
+        "training.run.planted (run) imports training.experiments.sweep.records (experiments.sweep)"]
+    assert experiment_imports(edges()) == ["training.evaluate imports training.experiments.study.recipe",
+                                           "training.run.planted imports training.experiments.sweep.records"]
 
 
 def test_no_import_circles():
