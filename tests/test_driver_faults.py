@@ -328,7 +328,7 @@ def space_argv(tmp_path, epochs=1, trials=3, **over) -> list[str]:
                                  "fixed": {**SEARCH_FIXED, "epochs": epochs}, "params": {"lr": {"low": 1e-4, "high": 1e-2}},
                                  **over}))
     return [str(space), "--out", str(tmp_path / "out"), "--data-dir", str(data), "--model", str(enc), "--threads",
-            "1", "--seed", "7"]
+            "1", "--sampler-seed", "7"]
 
 
 def journal_trials(tmp_path):
