@@ -22,12 +22,12 @@ from pathlib import Path
 
 from common import REPO  # noqa: F401  (puts the repository on sys.path)
 
+from training.experiments.study.arms import METRICS, holm, t_interval  # noqa: E402
+from training.experiments.study.arms_report import choice_margin, machines_phrase, tune_spread  # noqa: E402
+from training.experiments.study.protocol import Protocol, borrows  # noqa: E402
+from training.experiments.study.recipe import load_recipe  # noqa: E402
+from training.experiments.sweep.records import RunKey, read_results  # noqa: E402
 from training.results.statistics import paired_tests, tost  # noqa: E402
-from training.study.arms import METRICS, holm, t_interval  # noqa: E402
-from training.study.arms_report import choice_margin, machines_phrase, tune_spread  # noqa: E402
-from training.study.protocol import Protocol, borrows  # noqa: E402
-from training.study.recipe import load_recipe  # noqa: E402
-from training.sweep.records import RunKey, read_results  # noqa: E402
 
 
 def stem(record: dict) -> str:

@@ -35,7 +35,7 @@ save() { [[ -n "${OUT:-}" ]] && tar -C "$(dirname "$R")" -czf "$OUT/study.tgz.pa
 slot() {  # one worker after another on study $1 (recipe $2), log $3, until complete, failed or near the deadline
     local left rc
     while left=$(( ${DEADLINE:-520} - ($(date +%s) - T0) )); (( left > 60 )); do
-        timeout -k 20 "$left" python3 -m training.study "$2" --out "$R/$1" --runs-dir "$R-runs/$1" \
+        timeout -k 20 "$left" python3 -m training.experiments.study "$2" --out "$R/$1" --runs-dir "$R-runs/$1" \
             --data-dir "$DATA_AS" --threads "${THREADS:-1}" --keep-going >>"$3" 2>&1
         rc=$?
         (( rc == 0 )) || { echo "slot: worker exited $rc" >>"$3"; return; }

@@ -7,7 +7,7 @@ INTO lacks, with its dev predictions, and leaves the runs INTO holds alone. Ever
 have been trained with INTO's settings (the same check a study makes before it trains into a results
 file), so that a study never mixes runs of other settings; the machine is not a setting: the records
 name it (cpu, gpu) and the report counts the runs per machine. Nothing is written unless every record to
-import passes. Then rewrite the report (`python -m training.study RECIPE --out INTO --report-only`).
+import passes. Then rewrite the report (`minbert study RECIPE --out INTO --report-only`).
 """
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ from pathlib import Path
 
 from common import REPO  # noqa: F401  (puts the repository on sys.path)
 
-from training.sweep.records import RunKey, append_result, completed_settings, read_results, settings_clash  # noqa: E402
+from training.experiments.sweep.records import (  # noqa: E402
+    RunKey, append_result, completed_settings, read_results, settings_clash)
 
 
 def new_runs(source: list[dict], target: list[dict]) -> list[dict]:

@@ -1,5 +1,5 @@
 """Does a frozen point's gap to full fine-tuning change with the training-set size, against either of full
-fine-tuning's two near-tied rates? The size study's comparison (training.study.arms.gap_changes: the whole
+fine-tuning's two near-tied rates? The size study's comparison (training.experiments.study.arms.gap_changes: the whole
 files' gap minus a smaller size's, Welch's t over the two sizes' seeds, Holm over the six comparisons), its
 t test alone, with the reference at each size either the rate its tuning chose or the runner-up rate its
 twin trained at (docs/freezing-study/whole-size/rates/).
@@ -15,7 +15,7 @@ from pathlib import Path
 from common import REPO  # noqa: F401  (puts the repository on sys.path)
 
 from equivalence import group  # noqa: E402
-from training.study.arms import holm, welch  # noqa: E402
+from training.experiments.study.arms import holm, welch  # noqa: E402
 
 REFERENCE = {"chosen": {"all": "freezenone-nall-e3-lr3e-05", 3000: "freezenone-n3000-e8-lr3e-05",
                         1000: "freezenone-n1000-e24-lr0.0001"},

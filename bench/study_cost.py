@@ -13,7 +13,7 @@ training epochs up to the first evaluation at or above it), and, for points with
 run with `--frozen-cache off`: the cache's own gain. The rates are the study's choices where --results
 holds them, else the middle of each point's grid; the order of the points rotates from round to round so
 that background load hits all alike. --json writes the same figures for the study's report, which models
-each whole-file run's end-to-end cost from them (training/study/arms_cost.py).
+each whole-file run's end-to-end cost from them (training/experiments/study/arms_cost.py).
 """
 from __future__ import annotations
 
@@ -27,12 +27,12 @@ from pathlib import Path
 from common import cpu_model, data_parser  # noqa: E402  (puts the repository on sys.path)
 
 from training.config.train_config import TrainConfig  # noqa: E402
-from training.study.arms_cost import epoch_kind  # noqa: E402
-from training.study.protocol import Protocol  # noqa: E402
-from training.study.recipe import load_recipe  # noqa: E402
-from training.sweep.engine import model_layers  # noqa: E402
-from training.sweep.measure import measure_isolated
-from training.sweep.records import RESULTS, read_results
+from training.experiments.study.arms_cost import epoch_kind  # noqa: E402
+from training.experiments.study.protocol import Protocol  # noqa: E402
+from training.experiments.study.recipe import load_recipe  # noqa: E402
+from training.experiments.sweep.engine import model_layers  # noqa: E402
+from training.experiments.sweep.measure import measure_isolated
+from training.experiments.sweep.records import RESULTS, read_results
 
 NOCACHE = " (cache off)"
 

@@ -117,7 +117,7 @@ def test_the_cost_benchmark_writes_what_it_prints_and_the_study_reads_it(tmp_pat
     sys.path.insert(0, str(Path(__file__).parent))
     import tiny_runs
 
-    from training.study.arms_cost import read_cost
+    from training.experiments.study.arms_cost import read_cost
 
     data, enc = tiny_runs.inputs(tmp_path)
     out = tmp_path / "study" / "cost" / "cost.json"

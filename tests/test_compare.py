@@ -1,4 +1,4 @@
-"""python -m training.report --compare on two tiny runs: only the options that differ, each run's kept
+"""python -m training.experiments.report --compare on two tiny runs: only the options that differ, each run's kept
 evaluation (the one its best.pt holds), its training time, as markdown and CSV, and the overlaid curves."""
 import csv
 import json
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from tiny_runs import tiny_run
 
-from training.report import main
+from training.experiments.report import main
 from training.run.checkpointing import read_checkpoint
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -54,8 +54,8 @@ def test_a_folder_that_is_not_a_run_is_named(runs, tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["--compare", str(runs[0]), str(tmp_path)])
     assert e.value.code == 2
-    assert capsys.readouterr().err == (f"python -m training.report: error: {tmp_path / 'config.json'}: no such file "
-                                       f"(is {tmp_path} a run directory?)\n")
+    assert capsys.readouterr().err == (f"python -m training.experiments.report: error: {tmp_path / 'config.json'}: "
+                                       f"no such file (is {tmp_path} a run directory?)\n")
     with pytest.raises(SystemExit) as e:
         main(["--compare", str(runs[0]), "--curves", str(runs[0])])
     assert e.value.code == 2
@@ -64,11 +64,11 @@ def test_a_folder_that_is_not_a_run_is_named(runs, tmp_path, capsys):
 
 def test_a_torn_metrics_line_is_skipped_with_its_line_named(runs, tmp_path, capsys, caplog):
     """A run killed mid-write (or still writing) leaves a partial last line: the readers of metrics.jsonl
-    (--compare, --curves, training.stats, the API) skip it and say which, rather than crash."""
+    (--compare, --curves, training.experiments.stats, the API) skip it and say which, rather than crash."""
     import shutil
 
     from training.api import load
-    from training.stats import main as stats_main
+    from training.experiments.stats import main as stats_main
     torn = tmp_path / "torn"
     shutil.copytree(runs[0], torn)
     lines = (torn / "metrics.jsonl").read_text().splitlines()

@@ -10,8 +10,8 @@ from data.loaders import TASKS
 from training.args import config_from_args
 from training.common.errors import ConfigError
 from training.config.train_config import TrainConfig, default_of, flag_of, resume_may_differ, validate
-from training.sweep import cli as sweep_cli
-from training.sweep import records as sweep_records
+from training.experiments.sweep import cli as sweep_cli
+from training.experiments.sweep import records as sweep_records
 from training.train import build_parser, main, parse
 
 REPO = Path(__file__).resolve().parents[1]

@@ -351,8 +351,8 @@ def test_a_study_run_on_the_gpu_names_it(tmp_path):
     import tiny_runs
     from test_study_protocol import arms_recipe
 
-    from training.study import cli as study_cli
-    from training.sweep.records import read_results
+    from training.experiments.study import cli as study_cli
+    from training.experiments.sweep.records import read_results
 
     data, enc = tiny_runs.inputs(tmp_path)
     train = {"epochs": 1, "batch_size": 4, "device": "cuda", "precision": "fp32-strict", "frozen_cache": "disk"}

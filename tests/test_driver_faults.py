@@ -1,4 +1,4 @@
-"""The experiment drivers (training.sweep's workers, training.study, training.search) under kills and bad
+"""The experiment drivers (training.experiments: the sweep's workers, the study, the search) under kills and bad
 state (issue 44): what a worker killed between recording a run and cleaning it up leaves, stop signals
 at given points of a run's or a trial's life (sent by the process to itself from a hook, so that the
 moment is exact), recipes and folders refused before training, a record the disk cannot take, and a
@@ -16,12 +16,12 @@ import pytest
 import tiny_runs
 from test_bad_input import read_only
 
-from training.study import cli as C
-from training.study.recipe import load_recipe
-from training.sweep import cli as sweep_cli
-from training.sweep import engine
-from training.sweep import measure as measure_mod
-from training.sweep import records as sweep_records
+from training.experiments.study import cli as C
+from training.experiments.study.recipe import load_recipe
+from training.experiments.sweep import cli as sweep_cli
+from training.experiments.sweep import engine
+from training.experiments.sweep import measure as measure_mod
+from training.experiments.sweep import records as sweep_records
 
 ROOT = Path(__file__).parents[1]
 TRAIN = {"epochs": 1, "batch_size": 4, "lr": 1e-3, "device": "cpu", "precision": "fp32"}
@@ -65,8 +65,8 @@ def one_line_error(err: str, code: int, rc: int) -> str:
 
 DIE_AFTER_FIRST_RECORD = """
 import os, sys
-from training.sweep import engine
-from training.study import cli as C
+from training.experiments.sweep import engine
+from training.experiments.study import cli as C
 real = engine.append_result
 def append_then_die(path, record):  # SIGKILL right after the record is on disk: no `finally` runs
     real(path, record)
@@ -122,7 +122,8 @@ def test_a_recipe_seed_numpy_cannot_take_is_one_line_before_training(tmp_path, c
     trained = counting_measure(monkeypatch)
     rc = C.main(argv)
     err = one_line_error(capsys.readouterr().err, 2, rc)
-    assert err.startswith(f"python -m training.study: error: {argv[0]}: seeds must be in [0, 2**32)") and "-1" in err
+    assert err.startswith(f"python -m training.experiments.study: error: {argv[0]}: seeds must be in [0, 2**32)")
+    assert "-1" in err
     assert trained == [] and not (tmp_path / "runs").exists()
 
 
@@ -178,7 +179,7 @@ def test_a_full_disk_at_the_record_keeps_the_run_and_the_next_start_records_it_u
     assert C.main(argv) == 1
     err = capsys.readouterr().err
     line = err.strip().splitlines()[-1]
-    assert "Traceback" not in err and line.startswith("training.sweep: error: ")
+    assert "Traceback" not in err and line.startswith("training.experiments.sweep: error: ")
     run = next((tmp_path / "runs").glob("sst-*"))
     assert "No space left on device" in line and str(run / engine.KEPT) in line and "without training" in line
     kept = json.loads((run / engine.KEPT).read_text())["record"]
@@ -209,8 +210,8 @@ def test_a_write_that_fails_part_way_is_cut_off_again(tmp_path, monkeypatch):
 
 STUDY_SIGTERM_IN_A_WEAKREF_CALLBACK = """
 import os, signal, sys, weakref
-from training.sweep import engine
-from training.study import cli as C
+from training.experiments.sweep import engine
+from training.experiments.study import cli as C
 real = engine.append_result
 class Thing: pass
 def append_then_signal(path, record):
@@ -232,15 +233,16 @@ def test_a_study_signalled_inside_a_weakref_callback_stops_after_the_run(tmp_pat
     p = run_probe(STUDY_SIGTERM_IN_A_WEAKREF_CALLBACK, argv)
     assert p.returncode == 128 + signal.SIGTERM, p.stderr
     assert "Traceback" not in p.stderr and "Exception ignored" not in p.stderr
-    assert any(x.startswith("training.sweep: stopped by SIGTERM (1 run(s) finished") for x in p.stderr.splitlines())
+    assert any(x.startswith("training.experiments.sweep: stopped by SIGTERM (1 run(s) finished")
+               for x in p.stderr.splitlines())
     assert len(sweep_records.read_results(tmp_path / "results" / sweep_records.RESULTS)) == 1
     assert not list((tmp_path / "runs").glob(".*.lock"))
 
 
 STUDY_TWO_SIGNALS_AFTER_THE_FIRST_RUN = """
 import os, signal, sys
-from training.sweep import engine
-from training.study import cli as C
+from training.experiments.sweep import engine
+from training.experiments.study import cli as C
 real = engine.append_result
 def append_then_two_signals(path, record):
     real(path, record)
@@ -271,7 +273,7 @@ def test_a_second_signal_stops_the_worker_at_once_and_releases_its_claim(tmp_pat
 SWEEP_SIGTERM_AS_ITS_CHILD_STARTS = """
 import os, signal, sys
 import multiprocessing.context as mc
-from training.study import cli as C
+from training.experiments.study import cli as C
 real = mc.SpawnProcess.start
 def start_then_signal(self):  # the worker signalled while its training process starts
     real(self)
@@ -286,18 +288,19 @@ def test_a_signal_to_a_worker_stops_its_training_process_and_the_worker(tmp_path
     p = run_probe(SWEEP_SIGTERM_AS_ITS_CHILD_STARTS, argv)
     assert p.returncode == 128 + signal.SIGTERM, p.stderr
     assert "Traceback" not in p.stderr
-    assert any(x.startswith("training.sweep: stopped by SIGTERM (0 run(s) finished") for x in p.stderr.splitlines())
+    assert any(x.startswith("training.experiments.sweep: stopped by SIGTERM (0 run(s) finished")
+               for x in p.stderr.splitlines())
     assert not (tmp_path / "results" / sweep_records.RESULTS).exists() or not sweep_records.read_results(tmp_path / "results" / sweep_records.RESULTS)
     assert not list((tmp_path / "runs").glob(".*.lock"))
 
 
 optuna = pytest.importorskip("optuna", reason="the [search] extra (in [test]) is not installed")
-from training.search import cli as SC  # noqa: E402 - after the skip
-from training.search import engine as E  # noqa: E402
+from training.experiments.search import cli as SC  # noqa: E402 - after the skip
+from training.experiments.search import engine as E  # noqa: E402
 
 SEARCH_SIGNALS_AT_EVALUATION = """
 import os, signal, sys
-from training.search import cli, engine
+from training.experiments.search import cli, engine
 real, which = engine.train, int(os.environ["SIGNAL_AT_EVALUATION"])
 def train(cfg, on_evaluation=None):
     count = []
@@ -325,7 +328,7 @@ def space_argv(tmp_path, epochs=1, trials=3, **over) -> list[str]:
                                  "fixed": {**SEARCH_FIXED, "epochs": epochs}, "params": {"lr": {"low": 1e-4, "high": 1e-2}},
                                  **over}))
     return [str(space), "--out", str(tmp_path / "out"), "--data-dir", str(data), "--model", str(enc), "--threads",
-            "1", "--seed", "7"]
+            "1", "--sampler-seed", "7"]
 
 
 def journal_trials(tmp_path):
@@ -344,7 +347,7 @@ def test_a_search_signalled_after_a_trials_last_evaluation_stops_after_that_tria
     p = search_probe(tmp_path, at_evaluation=1, epochs=1)  # no step left to stop after
     assert p.returncode == 128 + signal.SIGTERM, p.stderr
     assert "Traceback" not in p.stderr
-    assert p.stderr.strip().splitlines()[-1].startswith("python -m training.search: stopped by SIGTERM")
+    assert p.stderr.strip().splitlines()[-1].startswith("python -m training.experiments.search: stopped by SIGTERM")
     assert [t.state.name for t in journal_trials(tmp_path)] == ["COMPLETE"]
 
 
@@ -352,7 +355,7 @@ def test_a_search_signalled_mid_training_fails_the_trial_with_the_signals_status
     p = search_probe(tmp_path, at_evaluation=1, epochs=2)  # stops after the next step, in epoch 2
     assert p.returncode == 128 + signal.SIGTERM, p.stderr
     assert "Traceback" not in p.stderr
-    assert p.stderr.strip().splitlines()[-1].startswith("python -m training.search: stopped by SIGTERM")
+    assert p.stderr.strip().splitlines()[-1].startswith("python -m training.experiments.search: stopped by SIGTERM")
     assert [t.state.name for t in journal_trials(tmp_path)] == ["FAIL"]
     assert SC.main(space_argv(tmp_path, epochs=2, trials=1)) == 0  # its place is run again
     assert [t.state.name for t in journal_trials(tmp_path)] == ["FAIL", "COMPLETE"]
@@ -362,7 +365,7 @@ def test_a_second_ctrl_c_stops_a_search_trial_at_once_without_a_traceback(tmp_pa
     p = search_probe(tmp_path, at_evaluation=1, epochs=2, signals="INT,INT")
     assert p.returncode == 128 + signal.SIGINT, p.stderr
     assert "Traceback" not in p.stderr
-    assert p.stderr.strip().splitlines()[-1].startswith("python -m training.search: stopped by SIGINT")
+    assert p.stderr.strip().splitlines()[-1].startswith("python -m training.experiments.search: stopped by SIGINT")
     assert [t.state.name for t in journal_trials(tmp_path)] == ["FAIL"]
     assert "epoch 1" not in p.stderr  # stopped in the first evaluation's hook, not after a step of the next epoch
 

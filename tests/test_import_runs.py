@@ -8,7 +8,7 @@ import pytest
 from bench_scripts import bench_script
 
 from training.config.train_config import TrainConfig
-from training.sweep.records import settings_of
+from training.experiments.sweep.records import settings_of
 
 SETTINGS = settings_of(TrainConfig())
 

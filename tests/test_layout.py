@@ -1,6 +1,7 @@
 """The package's layout rules (docs/development.md): the library never imports a command, common/ sits at
-the bottom, packages import only the packages below them (PACKAGE_ORDER), no import circles; and every command is reachable from `minbert` and `python -m training.X`
-with one error shape.
+the bottom, packages import only the packages below them (PACKAGE_ORDER), the experiment drivers
+(training/experiments/) above the whole library and never imported by it, no import circles; and every command
+is reachable from `minbert` and `python -m training.X` (training.experiments.X) with one error shape.
 
 The import graph is read from the source with ast (every import, those inside functions too), so a rule
 broken in a branch no test runs still fails here.
@@ -21,8 +22,8 @@ PACKAGE = REPO / "training"
 # the modules that are commands (argument parsing, printing, exit statuses): training.main's subcommands,
 # their shared argument groups, and the `python -m` entry files
 COMMAND_MODULES = {cmd.module for cmd in COMMANDS.values()} | {
-    "training.main", "training.__main__", "training.args", "training.sweep.__main__", "training.study.__main__",
-    "training.search.__main__"}
+    "training.main", "training.__main__", "training.args", "training.experiments.sweep.__main__",
+    "training.experiments.study.__main__", "training.experiments.search.__main__"}
 
 
 def module_name(path: Path) -> str:
@@ -103,28 +104,34 @@ def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
 
 
 # The packages of training/, bottom first (docs/development.md, "Layout"): a module imports only modules of its
-# own package or of one listed before it. A top-level module (training/api.py) is a package of its own; every
-# command module (COMMAND_MODULES, sweep/, study/ and search/'s cli.py and __main__.py included) is "commands".
+# own package or of one listed before it. A top-level module (training/api.py) is a package of its own; the
+# library's command modules (main.py, args.py, train.py, evaluate.py, ...) are "commands"; the experiment
+# drivers (training/experiments/) sit above the whole library, each of their packages on its own, and their
+# command modules (report.py, stats.py, sweep/, study/ and search/'s cli.py and __main__.py) at the top.
 PACKAGE_ORDER = [
-    "common",     # errors, device, progress, places, processes
-    "config",     # TrainConfig and its validation, the method flags' small languages (no torch)
-    "methods",    # what a user switches on, built from the config
-    "inference",  # a trained model's outputs, metrics, prediction files
-    "run",        # one training run: the Run, building, checkpoints, the run directory
-    "api",        # a trained model from Python
-    "results",    # finished runs: statistics, summaries, the export
-    "sweep",      # the experiment drivers: grids of runs ...
-    "study",      # ... the freezing study (plans sweeps) ...
-    "search",     # ... hyperparameter search (runs sweep's records)
-    "commands",   # main.py, args.py and every command module
+    "common",                # errors, device, progress, places, processes
+    "config",                # TrainConfig and its validation, the method flags' small languages (no torch)
+    "methods",               # what a user switches on, built from the config
+    "inference",             # a trained model's outputs, metrics, prediction files
+    "run",                   # one training run: the Run, building, checkpoints, the run directory
+    "api",                   # a trained model from Python
+    "results",               # finished runs: statistics, summaries, the export
+    "commands",              # the library's commands: main.py, args.py, train.py, evaluate.py, ...
+    "experiments",           # training/experiments/ (its __init__): the experiment drivers, above the library
+    "experiments.sweep",     # grids of runs ...
+    "experiments.study",     # ... the freezing study (plans sweeps) ...
+    "experiments.search",    # ... hyperparameter search (runs sweep's records)
+    "experiments.commands",  # report.py, stats.py, and sweep/, study/ and search/'s cli.py and __main__.py
 ]
 
 
 def package_of(module: str) -> str:
     """The PACKAGE_ORDER name of a training.* module."""
+    parts = module.split(".")
+    experiment = parts[1] == "experiments"
     if module in COMMAND_MODULES:
-        return "commands"
-    return module.split(".")[1]
+        return "experiments.commands" if experiment else "commands"
+    return f"experiments.{parts[2]}" if experiment and len(parts) > 2 else parts[1]
 
 
 def upward_imports(edges: dict[str, set[str]], order: list[str], package=package_of) -> list[str]:
@@ -172,6 +179,40 @@ def test_upward_imports_on_the_real_tree_with_a_planted_module(tmp_path, monkeyp
     edges = {m: {d for d in deps if d != "training"} for m, deps in graph().items() if m != "training"}
     assert upward_imports(edges, PACKAGE_ORDER) == [
         "training.config.planted (config) imports training.methods.freezing (methods)"]
+
+
+def experiment_imports(edges: dict[str, set[str]]) -> list[str]:
+    """'module imports module' for each import of training.experiments.* from a module outside it."""
+    return [f"{m} imports {d}" for m, deps in sorted(edges.items()) if not m.startswith("training.experiments")
+            for d in sorted(deps) if d.startswith("training.experiments")]
+
+
+def test_the_library_never_imports_an_experiment():
+    """training/experiments/ (the sweep, the study, the search, report, stats) imports the library; nothing outside
+    it imports training/experiments/, commands included (minbert reaches them by name, main.py's COMMANDS)."""
+    assert experiment_imports(graph()) == []
+
+
+def test_an_upward_import_into_the_experiments_fails_the_real_graph(tmp_path, monkeypatch):
+    """In a copy of training/: a library module (run/) and a library command (evaluate.py) that import an
+    experiment driver are both reported, by the package order and by the rule above; the copy without them passes."""
+    import shutil
+    copy = tmp_path / "training"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", copy)
+
+    def edges():
+        return {m: {d for d in deps if d != "training"} for m, deps in graph().items() if m != "training"}
+    assert upward_imports(edges(), PACKAGE_ORDER) == []
+    (copy / "run" / "planted.py").write_text("from training.experiments.sweep.records import RESULTS\n")
+    with (copy / "evaluate.py").open("a") as f:
+        f.write("\nfrom training.experiments.study import recipe\n")
+    assert upward_imports(edges(), PACKAGE_ORDER) == [
+        "training.evaluate (commands) imports training.experiments.study.recipe (experiments.study)",
+        "training.run.planted (run) imports training.experiments.sweep.records (experiments.sweep)"]
+    assert experiment_imports(edges()) == ["training.evaluate imports training.experiments.study.recipe",
+                                           "training.run.planted imports training.experiments.sweep.records"]
 
 
 def test_no_import_circles():

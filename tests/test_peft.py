@@ -492,16 +492,16 @@ def test_peft_trains_beside_every_trick_and_keeps_the_pretrained_weights(tmp_pat
 # ----------------------------------------------------------------------------- the sweep and the study
 
 def test_the_sweep_takes_peft_and_records_the_share():
-    from training.sweep import cli as sweep_cli
-    from training.sweep import records as sweep_records
+    from training.experiments.sweep import cli as sweep_cli
+    from training.experiments.sweep import records as sweep_records
     args = sweep_cli.build_parser().parse_args(["--tasks", "sst", "--sizes", "4", "--peft", "lora:r=4"])
     assert args.peft == "lora:r=4"
     assert "peft" in sweep_records.SWEEP_OPTIONS
 
 
 def test_a_study_runs_lora_and_bitfit_arms(tmp_path):
-    from training.study import cli as C
-    from training.sweep import records as sweep_records
+    from training.experiments.study import cli as C
+    from training.experiments.sweep import records as sweep_records
     data, enc = tiny_runs.inputs(tmp_path)
     recipe = {"title": "t", "kind": "depth", "results": str(tmp_path / "results"), "report": str(tmp_path / "report"),
               "tasks": ["sst", "para", "sts"], "depths": ["none", 1], "sizes": [6], "seeds": [1],

@@ -106,12 +106,13 @@ def _variants(argv: list[str]) -> list[list[str]]:
 
 def commands(text: str) -> list[tuple[str | None, list[str], bool]]:
     """(module, argv, inline) of each of our commands in a README: the bash blocks' lines (`&&` chains,
-    `\\` continuations, comments) and the inline `python -m ...`, `python run_multitask.py ...` and
-    `torchrun ... run_multitask.py ...`. Module None: run_multitask.py."""
+    `\\` continuations, comments) and the inline `python -m ...`, `minbert COMMAND ...`, `python run_multitask.py
+    ...` and `torchrun ... run_multitask.py ...`. Module None: run_multitask.py; a `minbert` command (or
+    `python -m training COMMAND`): its module in training.main's COMMANDS."""
     found = []
     blocks = re.findall(r"```bash\n(.*?)\n```", text, flags=re.S)
     prose = re.sub(r"```.*?```", "", text, flags=re.S).replace("\n", " ")
-    inline = re.findall(r"`((?:python|torchrun) [^`]*)`", prose)
+    inline = re.findall(r"`((?:python|torchrun|minbert) [^`]*)`", prose)
     for chunk, is_inline in [(b, False) for b in blocks] + [(i, True) for i in inline]:
         for line in chunk.replace("\\\n", " ").splitlines():
             words = shlex.shlex(line, posix=True, punctuation_chars=True)  # && ; | as words of their own
@@ -131,6 +132,10 @@ def _command(words: list[str], inline: bool) -> list[tuple[str | None, list[str]
         words = words[1:]
     if words[:1] == ["torchrun"]:
         words = ["python"] + words[next(i for i, w in enumerate(words) if w.endswith("run_multitask.py")):]
+    if words[:1] == ["minbert"]:
+        return _minbert(words[1:], inline)
+    if words[:3] in (["python", "-m", "training"], ["python3", "-m", "training"]):
+        return _minbert(words[3:], inline)
     if len(words) < 2 or words[0] not in ("python", "python3") or words[1] == "-c":
         return []
     if words[1].endswith("run_multitask.py"):
@@ -143,9 +148,26 @@ def _command(words: list[str], inline: bool) -> list[tuple[str | None, list[str]
     return [(m, argv, inline) for [m] in _variants([words[2]]) for argv in _variants(words[3:])]
 
 
+def _minbert(words: list[str], inline: bool) -> list[tuple[str | None, list[str], bool]]:
+    """`minbert NAME ARGV` as (NAME's module, ARGV, inline); an unknown NAME as the module "minbert NAME".
+    `minbert --help` and `minbert COMMAND ...` (a placeholder) name no command."""
+    from training.main import COMMANDS
+
+    if not words or not re.fullmatch(r"[a-z|-]+", words[0]) or words[0].startswith("-"):
+        return []
+
+    def module(name: str) -> str:
+        return COMMANDS[name].module if name in COMMANDS else f"minbert {name}"
+    if words[1:2] == ["/"]:  # `minbert export / analyze / submit`: three commands, no operands
+        return [(module(n), [], True) for n in words if n != "/"]
+    return [(module(n), argv, inline) for [n] in _variants([words[0]]) for argv in _variants(words[1:])]
+
+
 def problems(module: str | None, argv: list[str], inline: bool) -> list[str]:
     """Why `argv` is not a command line of `module` as its real parser reads it (none: it is)."""
     name = module or "run_multitask.py"
+    if name.startswith("minbert "):
+        return [f"{name}: no such command (minbert --help lists them)"]
     try:
         parser = real_parser(module)
     except ModuleNotFoundError as e:
@@ -167,7 +189,7 @@ def problems(module: str | None, argv: list[str], inline: bool) -> list[str]:
 def test_every_command_the_readme_shows_exists_with_its_flags():
     shown = commands((REPO / "README.md").read_text())
     modules = {m for m, _, _ in shown}
-    assert len(shown) > 20 and {None, "training.study", "training.evaluate", "data.download"} <= modules, shown
+    assert len(shown) > 20 and {None, "training.experiments.study.cli", "training.evaluate", "data.download"} <= modules, shown
     assert [p for cmd in shown for p in problems(*cmd)] == []
 
 
@@ -190,17 +212,36 @@ def test_the_readme_check_finds_a_missing_flag_a_bad_value_and_a_missing_module(
 
 
 def test_table_shorthand_is_spelt_out():
-    shown = commands("| `python -m training.study depth\\|size --out DIR` | `python -m data.download [--dest DIR]` |"
+    shown = commands("| `python -m training.experiments.study depth\\|size --out DIR` | `python -m data.download [--dest DIR]` |"
                      " `python -m training.export / analyze / submit` |")
-    assert shown == [("training.study", ["depth", "--out", "DIR"], True), ("training.study", ["size", "--out", "DIR"], True),
+    study = "training.experiments.study"
+    assert shown == [(study, ["depth", "--out", "DIR"], True), (study, ["size", "--out", "DIR"], True),
                      ("data.download", ["--dest", "DIR"], True), ("training.export", [], True),
                      ("training.analyze", [], True), ("training.submit", [], True)]
 
 
+def test_minbert_commands_are_checked_as_their_modules():
+    """`minbert NAME ...` and `python -m training NAME ...` are NAME's module in training.main's COMMANDS, checked
+    by its real parser like `python -m` ones; an unknown NAME is reported, `minbert --help` is not a command."""
+    text = ("Run `minbert study whole\\|size --out DIR`, `minbert stduy whole`, `minbert --help`, `minbert COMMAND "
+            "--help`, `minbert export / analyze / submit` and\n\n```bash\npython -m training sweep --no-such-flag\n"
+            "minbert train --epochs 1  # a comment\n```\n")
+    shown = commands(text)
+    study = "training.experiments.study.cli"
+    assert shown == [("training.experiments.sweep.cli", ["--no-such-flag"], False), ("training.train", ["--epochs", "1"], False),
+                     (study, ["whole", "--out", "DIR"], True), (study, ["size", "--out", "DIR"], True),
+                     ("minbert stduy", ["whole"], True), ("training.export", [], True), ("training.analyze", [], True),
+                     ("training.submit", [], True)]
+    found = [p for cmd in shown for p in problems(*cmd)]
+    assert [p.split(":")[0] for p in found] == ["training.experiments.sweep.cli",
+                                                "training.experiments.sweep.cli --no-such-flag", "minbert stduy"], found
+    assert found[0].startswith("training.experiments.sweep.cli: no flag --no-such-flag")
+
+
 @pytest.mark.parametrize("page", sorted(p.name for p in (REPO / "docs").glob("*.md")))
 def test_every_command_the_docs_show_exists_with_its_flags(page):
-    """The same check on each page of docs/: every `python -m training...` and run_multitask.py command it
-    shows parses with the command's real parser (placeholders in capitals, `...` for the rest)."""
+    """The same check on each page of docs/: every `minbert ...`, `python -m training...` and run_multitask.py
+    command it shows parses with the command's real parser (placeholders in capitals, `...` for the rest)."""
     shown = commands((REPO / "docs" / page).read_text())
     assert [p for cmd in shown for p in problems(*cmd)] == []
 

@@ -1,4 +1,4 @@
-"""The hyperparameter search (training/search) on Optuna: a search on the file store, its best trial rerun,
+"""The hyperparameter search (training/experiments/search) on Optuna: a search on the file store, its best trial rerun,
 pruning, a killed search resumed, two workers on one grid, and the one-line errors."""
 import json
 import signal
@@ -11,9 +11,9 @@ import pytest
 import tiny_runs
 
 from training.config.train_config import TrainConfig
+from training.experiments.search import cli as C
+from training.experiments.search import engine as E
 from training.run.trainer import train
-from training.search import cli as C
-from training.search import engine as E
 
 optuna = pytest.importorskip("optuna", reason="the [search] extra (in [test]) is not installed")
 ROOT = Path(__file__).parents[1]
@@ -97,7 +97,7 @@ def test_a_worker_killed_mid_trial_loses_only_that_trial(tmp_path):
     """SIGKILL: no `finally` runs, the trial stays RUNNING in the journal; the next worker marks it failed
     and finishes the budget."""
     space = space_file(tmp_path / "space.json", trials=2)
-    slow = ("import sys, time; from training.search import engine, cli\n"
+    slow = ("import sys, time; from training.experiments.search import engine, cli\n"
             "engine.train = lambda cfg, on_evaluation=None: time.sleep(120)\n"
             "sys.exit(cli.main(sys.argv[1:]))\n")
     p = subprocess.Popen([sys.executable, "-c", slow, *argv(tmp_path, space)], cwd=ROOT,
@@ -122,7 +122,7 @@ def test_a_worker_killed_mid_trial_loses_only_that_trial(tmp_path):
 def test_two_workers_run_each_grid_point_exactly_once(tmp_path):
     space = space_file(tmp_path / "grid.json", sampler="grid", trials=100,
                        params={"lr": {"choices": [1e-3, 3e-3, 1e-2]}, "freeze_upto": {"choices": [None, 1]}})
-    workers = [subprocess.Popen([sys.executable, "-m", "training.search", *argv(tmp_path, space)], cwd=ROOT,
+    workers = [subprocess.Popen([sys.executable, "-m", "training.experiments.search", *argv(tmp_path, space)], cwd=ROOT,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for _ in range(2)]
     for w in workers:
         assert w.wait(300) == 0, w.stderr.read()
@@ -138,7 +138,7 @@ def test_two_workers_run_each_grid_point_exactly_once(tmp_path):
 def test_grid_points_and_duplicates_follow_the_live_trials(tmp_path):
     from types import SimpleNamespace as NS
 
-    from training.search.space import load_space
+    from training.experiments.search.space import load_space
     space = load_space(space_file(tmp_path / "g.json", sampler="grid", trials=10,
                                   params={"lr": {"choices": [0.1, 0.2]}, "freeze_upto": {"choices": [None, 1]}}))
 
@@ -182,7 +182,7 @@ def test_without_optuna_the_command_says_how_to_get_it(tmp_path, capsys, monkeyp
 
 
 def test_the_front_keeps_the_trials_no_other_beats_on_score_and_time():
-    from training.search.summary import front
+    from training.experiments.search.summary import front
     table = [{"trial": i, "state": st, "score": sc, "train_seconds": ts} for i, (st, sc, ts) in enumerate([
         ("COMPLETE", 0.70, 100.0), ("COMPLETE", 0.72, 300.0), ("COMPLETE", 0.69, 150.0),  # 2: beaten by 0
         ("COMPLETE", 0.72, 250.0), ("PRUNED", 0.90, 10.0), ("COMPLETE", 0.60, 20.0), ("COMPLETE", 0.60, 20.0)])]

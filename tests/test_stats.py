@@ -1,4 +1,4 @@
-"""training.stats against formulas written out: the paired t statistic and its p (closed form for 2
+"""training.experiments.stats against formulas written out: the paired t statistic and its p (closed form for 2
 degrees of freedom, the incomplete beta function otherwise), exact Wilcoxon p-values by counting
 sign patterns, the bootstrap against a binomial law and against exact enumeration of every
 resample, and the command on constructed run directories."""
@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from scipy import special, stats
 
+from training.experiments.stats import main as stats_main
 from training.inference.formats import write_predictions
 from training.results import statistics as S
-from training.stats import main as stats_main
 
 # ----------------------------------------------------------------------------- over seeds
 

@@ -1,4 +1,4 @@
-"""The freezing study (training/study): recipes and their one-line errors, the plan with its learning-rate
+"""The freezing study (training/experiments/study): recipes and their one-line errors, the plan with its learning-rate
 grid, the aggregates against values computed by hand, a tiny study killed and resumed, workers sharing
 runs, the frozen-prefix cache shared between runs and serving the dev evaluations, and --freeze-upto's
 shares."""
@@ -19,13 +19,13 @@ import torch
 from data.batching import EvalBatching
 from training.config.freeze_spec import depth_error, freeze_depth
 from training.config.train_config import TrainConfig, validate
-from training.study import aggregate as A
-from training.study import cli as C
-from training.study import tables as T
-from training.study.recipe import COST_ARM, Recipe, load_recipe, lr_arm
-from training.sweep import engine
-from training.sweep import measure as measure_mod
-from training.sweep import records as sweep_records
+from training.experiments.study import aggregate as A
+from training.experiments.study import cli as C
+from training.experiments.study import tables as T
+from training.experiments.study.recipe import COST_ARM, Recipe, load_recipe, lr_arm
+from training.experiments.sweep import engine
+from training.experiments.sweep import measure as measure_mod
+from training.experiments.sweep import records as sweep_records
 
 TASKS = "sst+para+sts"
 
@@ -404,7 +404,7 @@ def test_cached_dev_outputs_equal_uncached_ones(tmp_path):
 
 
 def test_without_matplotlib_the_tables_are_still_written(tmp_path, monkeypatch, caplog):
-    from training.study import figures
+    from training.experiments.study import figures
     monkeypatch.setattr(figures, "pyplot", lambda: None)
     r = recipe(tmp_path)
     results = tmp_path / "results"

@@ -1,5 +1,5 @@
-"""The freezing study's clean protocol (training/study/protocol.py, arms.py, baselines.py): the tuning split,
-the rate ladder and its edge extension, what is tuned and what reports, the statistics against values
+"""The freezing study's clean protocol (training/experiments/study/protocol.py, arms.py, baselines.py): the tuning
+split, the rate ladder and its edge extension, what is tuned and what reports, the statistics against values
 computed by hand, and a tiny arms study run for real whose records and prediction files are checked
 against an independent scoring of the dev files."""
 import gzip
@@ -17,14 +17,14 @@ from scipy import stats as sps
 from data.loaders import load_task_file
 from training.common.errors import ConfigError
 from training.config.train_config import TrainConfig
-from training.study import arms as A
-from training.study import arms_report as R
-from training.study import baselines as B
-from training.study import cli as C
-from training.study.protocol import Protocol, borrows, ladder, run_arm, split_run_arm
-from training.study.recipe import load_recipe
-from training.sweep import records as sweep_records
-from training.sweep import subsets as sweep_subsets
+from training.experiments.study import arms as A
+from training.experiments.study import arms_report as R
+from training.experiments.study import baselines as B
+from training.experiments.study import cli as C
+from training.experiments.study.protocol import Protocol, borrows, ladder, run_arm, split_run_arm
+from training.experiments.study.recipe import load_recipe
+from training.experiments.sweep import records as sweep_records
+from training.experiments.sweep import subsets as sweep_subsets
 
 TASKS = "sst+para+sts"
 
@@ -202,7 +202,8 @@ def test_a_near_tie_recipe_repeats_its_studys_points_and_settings(study, rates):
     or its runs would be other runs (or refused), and its twins must be exactly the near ties of the study's
     tuning, the rule recomputed from the study's record in docs/ (a run synced there that makes a new near tie
     fails this until the recipe twins it)."""
-    original, twins = (json.loads((Path("training/study/recipes") / f"{n}.json").read_text()) for n in (study, rates))
+    recipes = Path("training/experiments/study/recipes")
+    original, twins = (json.loads((recipes / f"{n}.json").read_text()) for n in (study, rates))
     for key in ("tasks", "sizes", "seeds", "train", "tuning_split", "lr_grid", "fixed_budget"):
         assert twins.get(key) == original.get(key), key
     assert all(original["arms"][a] == o for a, o in twins["arms"].items())
@@ -220,7 +221,7 @@ def test_a_near_tie_recipe_repeats_its_studys_points_and_settings(study, rates):
 
 def test_a_borrowed_rate_equal_to_the_references_own_is_the_reference(tmp_path):
     """"full at one's" borrows one's rate: the same as full's own, its runs are full's (one point, no pair)."""
-    from training.study.arms_report import one_point_lines
+    from training.experiments.study.arms_report import one_point_lines
 
     recipe = loaded(tmp_path)
     tuning = [tuning_record(d, a, lr, sc) for d, a in [(None, ""), (1, "b")]
@@ -231,8 +232,8 @@ def test_a_borrowed_rate_equal_to_the_references_own_is_the_reference(tmp_path):
     assert one_point_lines(recipe, tuning + reporting, "full") == [
         "\nfull at one's: the rate it borrows is full's own, so its runs are full's (left out of the tables and "
         "figures, where its rows would be full's)."]
-    from training.study.arms import point_rows
-    from training.study.arms_figures import point_curves
+    from training.experiments.study.arms import point_rows
+    from training.experiments.study.arms_figures import point_curves
     assert {r["label"] for r in point_rows(recipe, tuning + reporting, None)} == {"full"}
     curved = [{**r, "tune_curve": [[10, 0, 0.6], [20, 1, 0.7]]} for r in reporting]
     assert [(j, label) for j, label, _ in point_curves(recipe, tuning + curved)] == [(0, "full")]  # not full's twin
@@ -244,7 +245,7 @@ def test_a_borrowed_rate_equal_to_the_references_own_is_the_reference(tmp_path):
 
 
 def test_a_point_whose_runs_trained_on_two_machines_says_so(tmp_path):
-    from training.study.arms_report import mixed_machine_lines
+    from training.experiments.study.arms_report import mixed_machine_lines
 
     recipe = loaded(tmp_path)
     tuning = [tuning_record(d, a, lr, sc) for d, a in [(None, ""), (1, "b")]
@@ -460,7 +461,7 @@ def test_a_study_warns_once_before_any_run_where_its_precision_is_emulated(tmp_p
     train = {"epochs": 2, "batch_size": 4, "device": "cpu", "precision": "bf16"}
     path = arms_recipe(tmp_path, train=train, arms={"": {}, "b": {"precision": "fp32"}})
     args = [str(path), "--model", str(enc), "--data-dir", str(data), "--out", str(tmp_path / "out")]
-    with caplog.at_level(logging.WARNING, logger="training.study.cli"):
+    with caplog.at_level(logging.WARNING, logger="training.experiments.study.cli"):
         assert C.main(args + ["--dry-run"]) == 0
         assert C.main(args + ["--report-only"]) == 0  # trains nothing: nothing to warn of
     warned = [r.getMessage() for r in caplog.records if "emulates" in r.getMessage()]
@@ -526,7 +527,7 @@ def test_a_tiny_arms_study_reports_the_kept_models_dev_scores(tmp_path):
     assert "## Against full" in report and "| one | full | overall | 2 |" in report
     assert "## Spread over seeds" in report and "| one | full | 2 |" in report  # two seeds: no spread test
     assert "Convergence rule" in report
-    from training.study.figures import pyplot
+    from training.experiments.study.figures import pyplot
     if pyplot() is not None:  # matplotlib is optional; with it, the report shows the figures it wrote
         embedded = [line[line.index("](") + 2:-1] for line in report.splitlines() if line.startswith("![")]
         assert "depth.png" in embedded and "tuning.png" in embedded
@@ -700,7 +701,7 @@ def test_a_point_is_measured_against_its_vs_point(tmp_path):
 
 
 def test_the_recipes_pairs_are_a_family_of_their_own(tmp_path):
-    from training.study.arms_report import compare_lines
+    from training.experiments.study.arms_report import compare_lines
 
     recipe = loaded(tmp_path, seeds=[1, 2, 3], points=[
         {"label": "full", "depth": "none", "arm": ""}, {"label": "one", "depth": 1, "arm": "b"},
@@ -727,7 +728,7 @@ def test_the_recipes_pairs_are_a_family_of_their_own(tmp_path):
 
 
 def test_the_report_says_what_each_points_heads_are(tmp_path):
-    from training.study.arms_report import heads_description, heads_lines
+    from training.experiments.study.arms_report import heads_description, heads_lines
 
     cross = {"pooling": "mean", "pair_encoding": "cross", "siamese_init": "random"}
     siamese = {"pooling": "cls", "pair_encoding": "siamese", "siamese_init": "identity"}
@@ -747,7 +748,7 @@ def test_the_report_says_what_each_points_heads_are(tmp_path):
 
 
 def test_the_summary_table_by_hand():
-    from training.study.arms_report import summary_lines
+    from training.experiments.study.arms_report import summary_lines
 
     rows = [{"label": "lora", "arm": "l", "depth": None, "metric": "overall", "mean": 0.74, "ci": (0.7, 0.8),
              "normalised": 1.0, "values": {1: 0.74}},  # an arm: after the plain depths, whatever its place
@@ -770,7 +771,7 @@ def test_the_summary_table_by_hand():
 
 
 def test_a_table_recipe_gets_its_figure(tmp_path):
-    from training.study.figures import table_figures
+    from training.experiments.study.figures import table_figures
     raw = json.loads((Path(C.__file__).parent / "recipes" / "seed-report.json").read_text())
     path = tmp_path / "t.json"
     path.write_text(json.dumps(raw))
@@ -794,7 +795,7 @@ def _curved(depth, arm, lr, seed, curve):
 
 
 def test_the_modelled_cost_by_hand(tmp_path):
-    from training.study import arms_cost as K
+    from training.experiments.study import arms_cost as K
 
     recipe = loaded(tmp_path)
     records = ([tuning_record(None, "", lr, s) for lr, s in [(0.0003, 0.5), (0.001, 0.7), (0.003, 0.6)]]
@@ -828,7 +829,7 @@ def test_the_modelled_cost_by_hand(tmp_path):
 
 
 def test_a_schedule_is_costed_at_the_depth_each_stretch_ran_at(tmp_path):
-    from training.study import arms_cost as K
+    from training.experiments.study import arms_cost as K
 
     recipe = loaded(tmp_path, arms={"": {}, "s": {"unfreeze_schedule": "adaptive:2steps"}},
                     points=[{"label": "full", "depth": "none", "arm": ""}, {"label": "half", "depth": 1, "arm": ""},
@@ -859,7 +860,7 @@ def test_lp_ft_and_gradual_are_costed_from_the_heads_alone(tmp_path):
     layer) does not hang on the cache option these schedules set. Under --frozen-cache auto a stretch is
     costed as the trainer ran it: cached (and built) only if its steps visit at least as many training
     examples as the cache holds, else at the depth's figures with the cache off, nothing built."""
-    from training.study import arms_cost as K
+    from training.experiments.study import arms_cost as K
 
     arms = {"": {}, "lp": {"unfreeze_schedule": "lp-ft:1epoch", "frozen_cache": "auto"},
             "gr": {"unfreeze_schedule": "gradual:5steps", "frozen_cache": "auto"}}
@@ -899,8 +900,8 @@ def test_lp_ft_and_gradual_are_costed_from_the_heads_alone(tmp_path):
 def test_the_schedules_section_by_hand(tmp_path):
     """A schedule against full fine-tuning end to end and at equal quality (to 99% of full fine-tuning's kept
     tuning-split score), with the depth each run ended at and the published figure the recipe quotes."""
-    from training.study import arms_cost as K
-    from training.study.arms_report import _depth_name, schedule_lines
+    from training.experiments.study import arms_cost as K
+    from training.experiments.study.arms_report import _depth_name, schedule_lines
 
     points = [{"label": "full", "depth": "none", "arm": ""}, {"label": "one", "depth": 1, "arm": ""},
               {"label": "sched", "depth": "none", "arm": "s", "published": "up to 2x (a paper)"}]
@@ -928,8 +929,8 @@ def test_the_schedules_section_by_hand(tmp_path):
 
 
 def test_the_size_depth_map_by_hand(tmp_path):
-    from training.study.arms_figures import column_name, size_depth_figure, size_depth_grid
-    from training.study.figures import pyplot
+    from training.experiments.study.arms_figures import column_name, size_depth_figure, size_depth_grid
+    from training.experiments.study.figures import pyplot
     arms = {"": {}, "e2": {"epochs": 2}, "e2s": {"epochs": 2, "pair_encoding": "siamese"}, "e8s": {"epochs": 8, "pair_encoding": "siamese"}}
     recipe = loaded(tmp_path, sizes=["all", 4], arms=arms, points=[
         {"label": "all full", "depth": "none", "arm": "e2", "size": "all"},
@@ -1001,7 +1002,7 @@ def test_the_gap_against_size_by_hand(tmp_path):
     assert row["t_p"] == pytest.approx(sps.ttest_ind(gaps_big, gaps_small, equal_var=False).pvalue)
     assert row["t_p_holm"] == pytest.approx(row["t_p"]) and "boot_p" not in row  # one comparison; no predictions
     assert rows["sts_pearson"]["diff"] == pytest.approx(-0.04)  # 2 x overall - 1 in these records
-    from training.study.arms_report import gap_lines
+    from training.experiments.study.arms_report import gap_lines
     line = next(x for x in gap_lines(list(rows.values())) if x.startswith("| all one | 4 one | overall |"))
     assert "| 3 + 3 | -0.0233 | -0.0033 | -0.0200 [" in line
 
@@ -1027,8 +1028,8 @@ def test_the_gap_against_size_resamples_the_same_examples_for_both_sizes(tmp_pat
 
 
 def test_the_tuning_map_by_hand(tmp_path):
-    from training.study.arms_figures import tuning_figure, tuning_grid
-    from training.study.figures import pyplot
+    from training.experiments.study.arms_figures import tuning_figure, tuning_grid
+    from training.experiments.study.figures import pyplot
 
     recipe = loaded(tmp_path)  # grid 0.001, 0.003; one extension each way; "full at one's" borrows a rate
     records = [tuning_record(None, "", 0.001, 0.6), tuning_record(None, "", 0.003, 0.7),
@@ -1047,8 +1048,8 @@ def test_the_tuning_map_by_hand(tmp_path):
 
 
 def test_the_depth_figure_places_the_plain_depth_points_by_layers_frozen(tmp_path):
-    from training.study.arms_figures import depth_figure, depth_position, depth_rows
-    from training.study.figures import pyplot
+    from training.experiments.study.arms_figures import depth_figure, depth_position, depth_rows
+    from training.experiments.study.figures import pyplot
 
     recipe = loaded(tmp_path, points=[
         {"label": "full", "depth": "none", "arm": ""}, {"label": "heads", "depth": "100%", "arm": ""},
@@ -1072,7 +1073,7 @@ def test_the_depth_figure_places_the_plain_depth_points_by_layers_frozen(tmp_pat
 
 
 def test_the_report_embeds_the_figures_written_in_a_fixed_order():
-    from training.study.arms_figures import figure_lines
+    from training.experiments.study.arms_figures import figure_lines
 
     lines = figure_lines([Path("x/tuning.png"), Path("x/depth.png")]).splitlines()
     assert lines[1] == "## Figures" and lines[3].endswith("(depth.png)") and lines[5].endswith("(tuning.png)")
@@ -1080,14 +1081,14 @@ def test_the_report_embeds_the_figures_written_in_a_fixed_order():
 
 
 def test_the_front_keeps_the_points_no_cheaper_one_matches():
-    from training.study.arms_figures import pareto_front
+    from training.experiments.study.arms_figures import pareto_front
 
     points = [(5.0, 0.74), (0.5, 0.63), (2.0, 0.70), (3.0, 0.69), (2.0, 0.72), (6.0, 0.74), (1.0, 0.63)]
     assert pareto_front(points) == [(0.5, 0.63), (2.0, 0.72), (5.0, 0.74)]
 
 
 def test_each_point_gets_its_familys_marker_and_the_crowded_top_its_panel(tmp_path):
-    from training.study.arms_figures import point_family, zoom_limits
+    from training.experiments.study.arms_figures import point_family, zoom_limits
 
     recipe = loaded(tmp_path, arms={"": {}, "lora": {"peft": "lora:r=8"}, "ad": {"unfreeze_schedule": "adaptive"},
                                     "long": {"epochs": 9}}, points=[
@@ -1117,14 +1118,14 @@ def test_each_point_gets_its_familys_marker_and_the_crowded_top_its_panel(tmp_pa
 
 
 def test_the_mean_curve_follows_the_runs_still_training():
-    from training.study.arms_figures import mean_curve
+    from training.experiments.study.arms_figures import mean_curve
 
     curves = [[[1, 0, 0.5], [2, 1, 0.7]], [[1, 0, 0.6], [2, 1, 0.8], [3, 2, 0.9]]]
     assert mean_curve(curves) == [(1, pytest.approx(0.55)), (2, pytest.approx(0.75)), (3, pytest.approx(0.9))]
 
 
 def test_a_point_takes_the_cost_of_one_whose_epochs_cost_the_same(tmp_path):
-    from training.study import arms_cost as K
+    from training.experiments.study import arms_cost as K
 
     recipe = loaded(tmp_path, arms={"": {}, "b": {"head_dropout": 0.2}, "long": {"epochs": 9, "early_stop_patience": 3}},
                     points=[{"label": "full", "depth": "none", "arm": ""}, {"label": "long", "depth": "none", "arm": "long"},
@@ -1141,7 +1142,7 @@ def test_a_point_takes_the_cost_of_one_whose_epochs_cost_the_same(tmp_path):
 
 
 def test_the_work_left_by_hand(tmp_path):
-    from training.study import arms_cost as K
+    from training.experiments.study import arms_cost as K
 
     recipe = loaded(tmp_path)  # seeds 1, 2; tuning seed 7; grid 0.001, 0.003
     records = [{**tuning_record(None, "", lr, s), "epochs_run": e, "n_train": {"sst": 30, "para": 60, "sts": 45}}
@@ -1166,7 +1167,7 @@ def test_the_work_left_by_hand(tmp_path):
 
 
 def test_a_schedules_work_left_is_bounded_by_training_every_layer(tmp_path):
-    from training.study import arms_cost as K
+    from training.experiments.study import arms_cost as K
 
     recipe = loaded(tmp_path, arms={"": {}, "b": {"head_dropout": 0.2},
                                     "sched": {"unfreeze_schedule": "adaptive:2steps", "head_dropout": 0.2}},
@@ -1214,14 +1215,14 @@ def test_a_missing_prediction_file_costs_the_bootstrap_not_the_report(tmp_path, 
     dev-predictions/): its pairs go without the bootstrap, the file named once; the rest stands."""
     import gzip
 
-    from training.study import arms
+    from training.experiments.study import arms
 
     (tmp_path / "p").mkdir()
     with gzip.open(tmp_path / "p" / "a.json.gz", "wt") as f:
         json.dump({"sst": [0, 1, 2]}, f)
     here, gone = {"dev_predictions": "p/a.json.gz"}, {"dev_predictions": "p/b.json.gz"}
     labels = {"sst": np.array([0.0, 1.0, 1.0])}
-    with caplog.at_level(logging.WARNING, logger="training.study.arms"):
+    with caplog.at_level(logging.WARNING, logger="training.experiments.study.arms"):
         assert arms._bootstrap(tmp_path, [here], [gone], labels, 10, 0) == {}
         assert list(arms._predictions(tmp_path, {1: here, 2: gone})) == [1]
         assert set(arms._bootstrap(tmp_path, [here], [here], labels, 10, 0)) == {"sst_acc"}

@@ -1,6 +1,6 @@
-"""The freezing sweep (training/sweep/engine.py) and its report (training/report.py): stratified nested subsets,
-a resume that reruns exactly the unfinished runs, the report's statistics against numpy, the PNGs, and one
-real tiny sweep through the child processes."""
+"""The freezing sweep (training/experiments/sweep/engine.py) and its report (training/experiments/report.py):
+stratified nested subsets, a resume that reruns exactly the unfinished runs, the report's statistics against
+numpy, the PNGs, and one real tiny sweep through the child processes."""
 import csv
 import json
 import logging
@@ -20,12 +20,12 @@ from hypothesis import strategies as st
 from test_training import make_checkpoint, write_data
 
 from data.loaders import Example, load_task_file
-from training import report as R
 from training.config.train_config import TrainConfig
-from training.sweep import cli as sweep_cli
-from training.sweep import engine
-from training.sweep import records as sweep_records
-from training.sweep import subsets as sweep_subsets
+from training.experiments import report as R
+from training.experiments.sweep import cli as sweep_cli
+from training.experiments.sweep import engine
+from training.experiments.sweep import records as sweep_records
+from training.experiments.sweep import subsets as sweep_subsets
 
 
 @pytest.fixture(scope="module")
@@ -163,7 +163,7 @@ def test_two_sweeps_never_share_or_delete_each_others_runs(inputs, tmp_path, mon
     kept = {p: p.read_bytes() for p in (tmp_path / "expA" / "runs").rglob("*") if p.is_file()}
     assert sweep_cli.main(sweep_args(data, ckpt, tmp_path / "expB", "--in-process", *shared)) == 2
     err = capsys.readouterr().err.splitlines()
-    assert len(err) == 1 and re.fullmatch(r"training\.sweep: error: .* belongs to the sweep in .*expA.*", err[0])
+    assert len(err) == 1 and re.fullmatch(r"training\.experiments\.sweep: error: .* belongs to the sweep in .*expA.*", err[0])
     assert {p: p.read_bytes() for p in kept} == kept
 
 
@@ -286,8 +286,8 @@ def test_plot_without_matplotlib_says_how_to_get_it(monkeypatch, tmp_path, capsy
         R.main(["--curves", str(tmp_path)])
     assert e.value.code == 2
     err = capsys.readouterr().err.splitlines()
-    assert len(err) == 1 and err[0].startswith("python -m training.report: error: --plot and --curves need matplotlib: "
-                                               "pip install matplotlib")
+    assert len(err) == 1 and err[0].startswith("python -m training.experiments.report: error: --plot and --curves need "
+                                               "matplotlib: pip install matplotlib")
 
 
 # ----------------------------------------------------------------------------- end to end
@@ -472,7 +472,7 @@ def test_a_record_keeps_the_moves_of_a_freezing_schedule(inputs, tmp_path, monke
 def test_a_record_names_the_epochs_its_arm_trained_for(tmp_path):
     """An arm that overrides --epochs (the study's longer heads-only arm, the size study's equal-update arms)
     is recorded with its own epochs, not the sweep's."""
-    from training.sweep.subsets import Grid
+    from training.experiments.sweep.subsets import Grid
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()

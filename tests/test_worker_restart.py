@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import tiny_runs
 
-from training.sweep import records as sweep_records
+from training.experiments.sweep import records as sweep_records
 
 ROOT = Path(__file__).parents[1]
 # two epochs of a few seconds each, with no checkpoint before the first epoch's end: a worker killed in
@@ -44,16 +44,16 @@ def study_argv(root: Path, seeds) -> list[str]:
     recipe.write_text(json.dumps({"title": "t", "kind": "depth", "results": str(root / "results"),
                                   "report": str(root / "report"), "tasks": ["sst"], "depths": ["none"],
                                   "sizes": [200], "seeds": list(seeds), "train": TRAIN}))
-    return [sys.executable, "-m", "training.study", str(recipe), "--model", str(enc), "--data-dir", str(data),
-            "--threads", "1", "--runs-dir", str(root / "runs")]
+    return [sys.executable, "-m", "training.experiments.study", str(recipe), "--model", str(enc),
+            "--data-dir", str(data), "--threads", "1", "--runs-dir", str(root / "runs")]
 
 
 # The worker, with one pause: after cleaning a folder an earlier run left, it waits 5 s before training,
 # time in which an orphan that was not waited for writes into the folder (on the old code: every time).
 SLOW_CLEAN = """
 import sys, time
-from training.sweep import engine
-from training.study import cli as C
+from training.experiments.sweep import engine
+from training.experiments.study import cli as C
 real = engine._clean_run_dir
 def clean_then_pause(run_dir):
     left_over = run_dir.exists()

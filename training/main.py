@@ -4,8 +4,10 @@
     minbert evaluate runs/default --data-dir data
     minbert COMMAND --help
 
-Each subcommand is a module's main(argv, prog) (training/<command>.py, or training/<package>/cli.py), so
-`python -m training.<command>` runs the same code; the module is imported only when its command runs.
+Each subcommand is a module's main(argv, prog) (training/<command>.py; the experiment drivers'
+training/experiments/<command>.py or training/experiments/<package>/cli.py), so `python -m training.<command>`
+(`python -m training.experiments.<command>`) runs the same code; the module is imported only when its command
+runs.
 """
 from __future__ import annotations
 
@@ -28,11 +30,13 @@ COMMANDS = {
     "export": Command("training.export", "a trained model in the Hugging Face layout, heads and model card beside"),
     "ensemble": Command("training.ensemble", "average several trained models; dev metrics and prediction files"),
     "submit": Command("training.submit", "zip a run's prediction files for the course's submission"),
-    "report": Command("training.report", "summarise a sweep, draw a run's training curves, or compare runs"),
-    "stats": Command("training.stats", "does recipe B beat recipe A? tests over seeds and dev examples"),
-    "sweep": Command("training.sweep.cli", "freezing depth x training-set size x seed, resumable, several workers"),
-    "study": Command("training.study.cli", "the freezing study's recipes (docs/freezing-study.md)"),
-    "search": Command("training.search.cli", "hyperparameter search over a space of options (Optuna)"),
+    "report": Command("training.experiments.report",
+                      "summarise a sweep, draw a run's training curves, or compare runs"),
+    "stats": Command("training.experiments.stats", "does recipe B beat recipe A? tests over seeds and dev examples"),
+    "sweep": Command("training.experiments.sweep.cli",
+                     "freezing depth x training-set size x seed, resumable, several workers"),
+    "study": Command("training.experiments.study.cli", "the freezing study's recipes (docs/freezing-study.md)"),
+    "search": Command("training.experiments.search.cli", "hyperparameter search over a space of options (Optuna)"),
 }
 PROG = "minbert"
 

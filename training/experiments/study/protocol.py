@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 
-from training.sweep.records import RunKey
+from training.experiments.sweep.records import RunKey
 
 SEED_ROLES = ("tuning", "reporting")
 BORROWS = ("lr_of", "runner_up_of")  # the point keys that take a rate from another point's tuning
@@ -74,7 +74,7 @@ def tune_score(record: dict) -> float:
 
 
 class Protocol:
-    """The runs of an arms study, given its results so far. recipe: a resolved training.study Recipe."""
+    """The runs of an arms study, given its results so far. recipe: a resolved training.experiments.study Recipe."""
 
     def __init__(self, recipe, records: list[dict]):
         self.recipe, self.tasks = recipe, "+".join(recipe.tasks)
@@ -173,8 +173,8 @@ def role_of(recipe, key: RunKey) -> str:
 
 
 class ArmOverrides:
-    """The arms of a protocol study as training.sweep.engine.work reads them (.get(arm, default)): computed from
-    the run's arm name, since edge extensions add rates while the study runs."""
+    """The arms of a protocol study as training.experiments.sweep.engine.work reads them (.get(arm, default)):
+    computed from the run's arm name, since edge extensions add rates while the study runs."""
 
     def __init__(self, recipe):
         self.recipe = recipe

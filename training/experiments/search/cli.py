@@ -1,4 +1,4 @@
-"""python -m training.search SPACE: trials of a search space on an Optuna study, then its summary.
+"""minbert search SPACE: trials of a search space on an Optuna study, then its summary.
 
 Each trial is an ordinary run directory in OUT/trials (config.json, metrics.jsonl, train.log, dev
 predictions; best.pt and checkpoints only for the best trial, or the front's, unless --keep-checkpoints),
@@ -18,12 +18,12 @@ from training.args import Parser, add_option
 from training.common.errors import ConfigError, TrainingInterrupted
 from training.common.progress import setup_logging
 from training.config.train_config import TrainConfig, validate
+from training.experiments.search.space import load_space
 from training.run import signals
 from training.run.signals import exit_on_sigterm, stop_after
-from training.search.space import load_space
 
 log = logging.getLogger(__name__)
-PROG = "python -m training.search"
+PROG = "python -m training.experiments.search"
 NO_OPTUNA = "the search runs on Optuna, which is not installed: pip install -e \".[search]\" (or pip install optuna)"
 
 
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     args = build_parser(prog).parse_args(argv)
     setup_logging(logging.DEBUG if args.verbose else logging.INFO)
     exit_on_sigterm()
-    from training.search.engine import require_optuna
+    from training.experiments.search.engine import require_optuna
     optuna = require_optuna()
     if optuna is None:
         print(f"{prog}: error: {NO_OPTUNA}", file=sys.stderr)
@@ -91,8 +91,8 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
 
 def storage_problem(args) -> str | None:
     """--out writable (a probe file written there) and, the default storage, its journal one to go on from."""
-    from training.search.engine import JOURNAL, journal_problem
-    from training.sweep.engine import writable_problem
+    from training.experiments.search.engine import JOURNAL, journal_problem
+    from training.experiments.sweep.engine import writable_problem
     out = Path(args.out)
     return writable_problem({"--out": out}) or (None if args.storage else journal_problem(out / JOURNAL,
                                                                                          args.repair_journal))
@@ -102,8 +102,8 @@ def run_trials(optuna, study, space, base: TrainConfig, args, seed: int) -> str 
     """Trials until the budget is spent, or a stop signal's name: a signal during a trial's training
     stops it after its step (the trial is failed, and run again by the next start); one after its
     training, or between trials, stops the worker once that trial is told."""
-    from training.search import summary
-    from training.search.engine import run_trial
+    from training.experiments.search import summary
+    from training.experiments.search.engine import run_trial
     while not (args.report_only or signals.received()):
         try:
             state = run_trial(optuna, study, space, base, Path(args.out), seed)
@@ -124,8 +124,8 @@ def search(optuna, space, base: TrainConfig, args, prog: str = PROG) -> int:
 
     import torch
 
-    from training.search import summary
-    from training.search.engine import keep_best_checkpoints, open_study, reap_dead, storage_for
+    from training.experiments.search import summary
+    from training.experiments.search.engine import keep_best_checkpoints, open_study, reap_dead, storage_for
 
     out = Path(args.out)
     if args.threads:

@@ -13,9 +13,9 @@ import logging
 import math
 from pathlib import Path
 
+from training.experiments.study.aggregate import NINETY, cost_rows, depth_label, relative_cells, size_rows, table_rows
+from training.experiments.study.recipe import Recipe
 from training.results.summary import metric_names
-from training.study.aggregate import NINETY, cost_rows, depth_label, relative_cells, size_rows, table_rows
-from training.study.recipe import Recipe
 
 log = logging.getLogger(__name__)
 

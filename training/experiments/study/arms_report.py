@@ -11,11 +11,11 @@ from pathlib import Path
 import numpy as np
 
 from data.loaders import COURSE_FILES, load_task_file
-from training.study.arms import METRICS, gap_changes, point_rows, split_scores, twins_due, versus
-from training.study.arms_cost import COST, cost_lines, cost_rows, first_depth, read_cost, scale_line
-from training.study.baselines import labels_digest, read_baselines
-from training.study.protocol import Protocol, borrows
-from training.sweep.records import RESULTS, RunKey, read_results
+from training.experiments.study.arms import METRICS, gap_changes, point_rows, split_scores, twins_due, versus
+from training.experiments.study.arms_cost import COST, cost_lines, cost_rows, first_depth, read_cost, scale_line
+from training.experiments.study.baselines import labels_digest, read_baselines
+from training.experiments.study.protocol import Protocol, borrows
+from training.experiments.sweep.records import RESULTS, RunKey, read_results
 
 
 def _f(x, digits: int = 4, sign: bool = False) -> str:
@@ -452,7 +452,7 @@ CSV_COLUMNS = ["point", "depth", "arm", "lr", "metric", "seeds", "mean", "ci_low
 
 
 def write_arms_report(recipe, results: Path, report: Path, data_dir: str | None = None) -> Path:
-    from training.study.arms_figures import arms_figures, figure_lines
+    from training.experiments.study.arms_figures import arms_figures, figure_lines
 
     text, rows, costs = arms_markdown(recipe, results, report, data_dir)
     report.mkdir(parents=True, exist_ok=True)

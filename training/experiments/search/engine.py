@@ -26,8 +26,8 @@ from pathlib import Path
 
 from training.common.processes import process_alive
 from training.config.train_config import TrainConfig
+from training.experiments.search.space import Space
 from training.run.trainer import train
-from training.search.space import Space
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ def cut_torn_journal_tail(path: Path) -> bytes:
     so that no worker is half-way through an append."""
     from optuna.storages.journal import JournalFileSymlinkLock
 
-    from training.sweep.records import cut_torn_last_line
+    from training.experiments.sweep.records import cut_torn_last_line
     lock = JournalFileSymlinkLock(str(path))  # the lock JournalFileBackend takes by default
     lock.acquire()
     try:

@@ -1,4 +1,4 @@
-"""What an arms study (training/study/protocol.py) reports, from its records: each point's dev scores on
+"""What an arms study (training/experiments/study/protocol.py) reports, from its records: each point's dev scores on
 the reporting seeds with a 95% interval, its quality as Lee et al.'s ratio and normalised between the
 trivial predictor and full fine-tuning, its spread over seeds, and each point against full fine-tuning
 (paired by seed, and by a bootstrap over dev examples) with Holm's correction over the points. Tuning
@@ -15,10 +15,10 @@ from pathlib import Path
 import numpy as np
 from scipy import stats as sps
 
+from training.experiments.study.arms_cost import epoch_kind
+from training.experiments.study.protocol import Protocol, borrows
 from training.inference.metrics import METRIC, score
 from training.results.statistics import bootstrap_diffs, interval, mean_sd, overall_diffs, paired_tests
-from training.study.arms_cost import epoch_kind
-from training.study.protocol import Protocol, borrows
 
 log = logging.getLogger(__name__)
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from training.experiments.study.recipe import COST_ARM, Recipe, lr_arm
+from training.experiments.sweep.records import RunKey
 from training.results.statistics import paired_tests
 from training.results.summary import metric_names, summarize
-from training.study.recipe import COST_ARM, Recipe, lr_arm
-from training.sweep.records import RunKey
 
 NINETY = 0.9
 

@@ -1,19 +1,19 @@
-"""python -m training.study RECIPE: run a study's missing runs, then write its report.
+"""minbert study RECIPE: run a study's missing runs, then write its report.
 
-    python -m training.study depth --out studies/minilm --data-dir data --threads 1
-    python -m training.study depth --out studies/minilm --report-only   # the report from the results so far
-    python -m training.study whole --out studies/bert-base --model bert-base-uncased --data-dir data
+    minbert study depth --out studies/minilm --data-dir data --threads 1
+    minbert study depth --out studies/minilm --report-only   # the report from the results so far
+    minbert study whole --out studies/bert-base --model bert-base-uncased --data-dir data
 
-RECIPE is one of the built-in recipes (training/study/recipes/: whole, whole-size, whole-rates and
-whole-size-rates (the near ties of whole and of whole-size at their runner-up rate), the clean protocol
-on the whole training files; mpnet-depth and mpnet-scale-minilm, the 12-layer study on MPNet-base and
-MiniLM at its scale, 1000 examples per task, each recipe naming its model; depth, size, seed-report and
-schedules, the small study) or a JSON file of one's own. Each finished run is appended to OUT/results.jsonl
-at once (training.sweep's format), so a killed study loses only the run in progress, and rerunning the command
-goes on where it stopped. Start the same command in a second shell to train on two workers: each run is
-claimed by one. The report (report.md, report.csv and the figures) is rewritten after every run, in
-OUT/<the recipe's report folder>. The project's own record is --out docs/freezing-study (the small
-studies) and docs/freezing-study/whole (the whole-file study).
+RECIPE is one of the built-in recipes (training/experiments/study/recipes/: whole, whole-size, whole-rates
+and whole-size-rates (the near ties of whole and of whole-size at their runner-up rate), the clean protocol
+on the whole training files; mpnet-depth and mpnet-scale-minilm, the 12-layer study on MPNet-base and MiniLM
+at its scale, 1000 examples per task, each recipe naming its model; depth, size, seed-report and schedules,
+the small study) or a JSON file of one's own. Each finished run is appended to OUT/results.jsonl at once
+(the sweep's format, training/experiments/sweep/records.py), so a killed study loses only the run in
+progress, and rerunning the command goes on where it stopped. Start the same command in a second shell to
+train on two workers: each run is claimed by one. The report (report.md, report.csv and the figures) is
+rewritten after every run, in OUT/<the recipe's report folder>. The project's own record is --out
+docs/freezing-study (the small studies) and docs/freezing-study/whole (the whole-file study).
 """
 from __future__ import annotations
 
@@ -26,19 +26,19 @@ from training.args import Parser, add_option
 from training.common.errors import ConfigError
 from training.common.progress import setup_logging
 from training.config.train_config import TrainConfig, validate
+from training.experiments.study.arms import point_rows, twins_due
+from training.experiments.study.arms_cost import read_cost, remaining_work
+from training.experiments.study.figures import FIGURES
+from training.experiments.study.protocol import ArmOverrides, role_of
+from training.experiments.study.recipe import Recipe, available, load_recipe
+from training.experiments.study.tables import MARKDOWN, write_csv
+from training.experiments.sweep.engine import Workers, default_runs_dir, model_layers, work, writable_problem
+from training.experiments.sweep.records import RESULTS, RunKey, read_results, settings_clash, settings_of
+from training.experiments.sweep.subsets import Grid, training_subsets, tuning_count
 from training.run.signals import exit_on_sigterm
-from training.study.arms import point_rows, twins_due
-from training.study.arms_cost import read_cost, remaining_work
-from training.study.figures import FIGURES
-from training.study.protocol import ArmOverrides, role_of
-from training.study.recipe import Recipe, available, load_recipe
-from training.study.tables import MARKDOWN, write_csv
-from training.sweep.engine import Workers, default_runs_dir, model_layers, work, writable_problem
-from training.sweep.records import RESULTS, RunKey, read_results, settings_clash, settings_of
-from training.sweep.subsets import Grid, training_subsets, tuning_count
 
 log = logging.getLogger(__name__)
-PROG = "python -m training.study"
+PROG = "python -m training.experiments.study"
 
 
 def build_parser(prog: str = PROG) -> Parser:
@@ -51,7 +51,7 @@ def build_parser(prog: str = PROG) -> Parser:
     p.add_argument("--out", default=None, help="folder for results.jsonl and the report (default: the recipe's "
                    "\"results\" if it names one, else runs/study)")
     p.add_argument("--runs-dir", default=None, help="folder for the run directories (default: runs/<name of "
-                   "RESULTS>-<hash of its path>-runs, as training.sweep)")
+                   "RESULTS>-<hash of its path>-runs, as training.experiments.sweep)")
     p.add_argument("--threads", type=int, default=None, help="torch threads per run (default: torch's choice); "
                    "for two workers on two cores, 1 each")
     p.add_argument("--report-only", action="store_true", help="train nothing: write the report from the results so far")
@@ -89,7 +89,7 @@ def check(recipe: Recipe, base: TrainConfig) -> list[str]:
 
 def write_report(recipe: Recipe, results: Path, report: Path, data_dir: str | None = None) -> Path:
     if recipe.kind == "arms":  # the dev labels (for the bootstrap) from data_dir
-        from training.study.arms_report import write_arms_report
+        from training.experiments.study.arms_report import write_arms_report
         return write_arms_report(recipe, results, report, data_dir)
     records = read_results(results / RESULTS)
     report.mkdir(parents=True, exist_ok=True)
@@ -206,7 +206,7 @@ def train(recipe: Recipe, base: TrainConfig, args, results: Path, report: Path, 
         return 2
     arms, annotate = recipe.all_arms(), None
     if arms_study:
-        from training.study.baselines import write_baselines
+        from training.experiments.study.baselines import write_baselines
         write_baselines(recipe, base, subsets, results)
         arms, annotate = ArmOverrides(recipe), lambda key: {"seed_role": role_of(recipe, key)}
     return work(grid, workers, base, recipe.plan, arms, subsets, results, runs_dir,

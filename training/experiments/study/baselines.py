@@ -20,8 +20,8 @@ import numpy as np
 
 from data.loaders import load_task_file
 from training.config.train_config import TrainConfig
+from training.experiments.sweep.subsets import TUNE
 from training.inference.metrics import METRIC, overall, score
-from training.sweep.subsets import TUNE
 
 log = logging.getLogger(__name__)
 FILE = "baselines.json"

@@ -1,6 +1,6 @@
 """Does recipe B beat recipe A? Statistics over seeds and over dev examples.
 
-    python -m training.stats runs/plain-s1 runs/plain-s2 runs/plain-s3 \\
+    minbert stats runs/plain-s1 runs/plain-s2 runs/plain-s3 \\
         --vs runs/smart-s1 runs/smart-s2 runs/smart-s3 --names plain smart --data-dir data
 
 Each argument is a run directory of run_multitask.py: its metrics.jsonl gives the dev metrics of
@@ -9,7 +9,7 @@ its best evaluation (the one best.pt holds), its config.json its seed, and its d
 predictions the bootstrap needs. The runs of the two groups are paired by seed. An argument may also
 be a prediction set with its manifest.json (an ensemble's --predictions-dir from training.ensemble):
 its dev metrics are the manifest's, it has no seed, so it is paired by order (--pair-by-order), e.g.
-`python -m training.stats runs/s5 --vs ens --pair-by-order --data-dir data` for an ensemble against
+`minbert stats runs/s5 --vs ens --pair-by-order --data-dir data` for an ensemble against
 its best member (one pair: no t-test, the bootstrap alone).
 
 For each dev metric (sst_acc, para_acc, sts_pearson, overall):
@@ -42,7 +42,7 @@ from training.results.statistics import CI_LEVEL, StatsError, compare, read_run
 
 log = logging.getLogger(__name__)
 
-PROG = "python -m training.stats"
+PROG = "python -m training.experiments.stats"
 
 
 def _num(x: float, digits: int = 4, sign: bool = False) -> str:

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Sequence
 
 from training.config.train_config import TrainConfig
+from training.experiments.sweep.subsets import TUNE, Grid
 from training.methods.peft import share
-from training.sweep.subsets import TUNE, Grid
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ class RunKey:
     depth: int | None    # --freeze-upto; None: full fine-tuning
     size: int | str      # training examples per task, or "all"
     seed: int
-    arm: str = ""        # a named set of option overrides (training.study's arms); "": the sweep's settings
+    arm: str = ""        # a named set of option overrides (training.experiments.study's arms); "": the sweep's settings
 
     @property
     def name(self) -> str:

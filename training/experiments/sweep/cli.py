@@ -1,8 +1,8 @@
 """Freezing depth x training-set size x seed: how much do the frozen layers cost or save?
 
-    python -m training.sweep --tasks sst --depths none 0 3 5 6 --sizes 100 1000 --seeds 1 2 3 \\
+    minbert sweep --tasks sst --depths none 0 3 5 6 --sizes 100 1000 --seeds 1 2 3 \\
         --epochs 3 --data-dir ../shared/data/cs224n --out docs/sweep-sst
-    python -m training.report docs/sweep-sst --plot
+    minbert report docs/sweep-sst --plot
 
 For every (depth, size, seed) one ordinary training run (training.run.trainer.train) is made in its own
 run directory under --runs-dir, on a stratified subset of each task's training file, and one JSON
@@ -26,7 +26,7 @@ with a checkpoint: the run goes on from it next time), exit status 130 or 143. R
 another --out.
 Workers: the same command started again (another shell, `--threads 1` each on a small machine) shares
 the grid: a run is claimed by a lock file in --runs-dir, left to its worker while that lives, taken
-over when it died. Arms (training.study): a key may name a set of option overrides, recorded with it.
+over when it died. Arms (training.experiments.study): a key may name a set of option overrides, recorded with it.
 
 Measurement: each run trains in a fresh child process (multiprocessing, spawn), so its peak
 resident memory is its own: getrusage(RUSAGE_SELF).ru_maxrss of the child at the end of the run,
@@ -49,9 +49,8 @@ from training.args import Parser, add_option, config_from_args, depth_or_share
 from training.common.progress import setup_logging
 from training.config.freeze_spec import depth_error, freeze_depth
 from training.config.train_config import TrainConfig, options, seed_error, validate
-from training.run.signals import exit_on_sigterm
-from training.sweep.engine import Workers, default_runs_dir, model_layers, work, writable_problem
-from training.sweep.records import (
+from training.experiments.sweep.engine import Workers, default_runs_dir, model_layers, work, writable_problem
+from training.experiments.sweep.records import (
     RESULTS,
     SWEEP_OPTIONS,
     RunKey,
@@ -61,11 +60,12 @@ from training.sweep.records import (
     settings_clash,
     settings_of,
 )
-from training.sweep.subsets import Grid, training_subsets
+from training.experiments.sweep.subsets import Grid, training_subsets
+from training.run.signals import exit_on_sigterm
 
 log = logging.getLogger(__name__)
 
-PROG = "python -m training.sweep"
+PROG = "python -m training.experiments.sweep"
 
 
 def base_config(args: argparse.Namespace) -> TrainConfig:
@@ -151,7 +151,7 @@ def build_parser(prog: str = PROG) -> Parser:
         if f.name in SWEEP_OPTIONS:
             add_option(g, f, help_suffix="" if f.metadata["default_text"] else " (default: %(default)s)")
     g.add_argument("--log-every", type=int, default=2, help="log running losses every N steps, for "
-                   "`python -m training.report --curves` (default: %(default)s)")
+                   "`minbert report --curves` (default: %(default)s)")
 
     g = p.add_argument_group("the sweep")
     g.add_argument("--threads", type=int, default=None, help="torch threads per run (default: torch's choice, "

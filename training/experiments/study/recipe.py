@@ -1,6 +1,7 @@
 """A study's recipe: one JSON file naming the grid (tasks, depths, sizes, seeds, arms), the training
 options every run gets, and the extras a study adds on top of the sweep's grid (a learning-rate grid
-per depth, cost arms, a table's rows). recipes/ holds the freezing study's (training/study/cli.py lists them).
+per depth, cost arms, a table's rows). recipes/ holds the freezing study's (training/experiments/study/cli.py
+lists them).
 
     {"title": ..., "about": ..., "kind": "depth" | "size" | "table",
      "results": "docs/freezing-study",        folder of results.jsonl (studies with one settings share it)
@@ -14,7 +15,7 @@ per depth, cost arms, a table's rows). recipes/ holds the freezing study's (trai
 
 An "arms" recipe (the clean protocol: a tuning split, tuning seeds apart from the reporting seeds, every
 point's rate tuned) lists "points" instead of depths x arms, with "tuning_split" and "lr_grid":
-training/study/protocol.py says how its runs are planned. Its "compare": [[point, against, the question]]
+training/experiments/study/protocol.py says how its runs are planned. Its "compare": [[point, against, the question]]
 names the pairs a confound or a matched budget asks about, beyond each point against full fine-tuning
 (reported as a family of their own). Its "fixed_budget": "why" says that every point trains a set number
 of updates, which takes them outside the convergence rule (no longer twins: the question is the budget).
@@ -37,8 +38,8 @@ from training.common.errors import ConfigError
 from training.config.freeze_spec import freeze_depth, freeze_error
 from training.config.train_config import TrainConfig, read_json_object, seed_error
 from training.config.train_config import options_problem as config_options_problem
-from training.study.protocol import BORROWS, borrows
-from training.sweep.records import PER_RUN, RunKey
+from training.experiments.study.protocol import BORROWS, borrows
+from training.experiments.sweep.records import PER_RUN, RunKey
 
 RECIPES = Path(__file__).with_name("recipes")
 KINDS = ("depth", "size", "table", "arms")
@@ -122,7 +123,7 @@ class Recipe:
         its tuning seeds, then each depth's best rate on the other seeds (known once its tuning runs
         are in), then the cost arm. An arms study: protocol.Protocol's plan."""
         if self.kind == "arms":
-            from training.study.protocol import Protocol
+            from training.experiments.study.protocol import Protocol
             return Protocol(self, records).plan()
         keys = self.base_keys()
         if self.lr_grid:

@@ -22,8 +22,8 @@ from pathlib import Path
 
 from training.common.errors import ConfigError
 from training.config.train_config import TrainConfig, options_problem, read_json_object
+from training.experiments.sweep.records import PER_RUN
 from training.inference.metrics import METRIC
-from training.sweep.records import PER_RUN
 
 METRICS = (*METRIC.values(), "overall")
 COST = "train_seconds"

@@ -27,9 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
-from training.study.arms import size_column
-from training.study.figures import DPI, PANEL, _save, pyplot
-from training.study.protocol import Protocol, borrows
+from training.experiments.study.arms import size_column
+from training.experiments.study.figures import DPI, PANEL, _save, pyplot
+from training.experiments.study.protocol import Protocol, borrows
 
 
 def arms_figures(recipe, records: list[dict], rows: list[dict], baselines: dict | None, out: Path,

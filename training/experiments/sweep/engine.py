@@ -1,6 +1,6 @@
 """The sweep's workers: each planned run not yet recorded is claimed (a lock file in the runs folder, taken
 over when its worker died), trained in its own run directory, recorded, and cleaned up; several workers
-share one plan. training.study and training.search run their plans through it.
+share one plan. training.experiments.study and training.experiments.search run their plans through it.
 """
 from __future__ import annotations
 
@@ -18,10 +18,8 @@ from pathlib import Path
 from training.common.errors import TrainingInterrupted
 from training.common.processes import TRAINER_LOCK, process_alive, wait_for_run_folder
 from training.config.train_config import TrainConfig, dir_problem
-from training.run import signals
-from training.run.signals import stop_after
-from training.sweep.measure import RunFailed, measure, measure_isolated
-from training.sweep.records import (
+from training.experiments.sweep.measure import RunFailed, measure, measure_isolated
+from training.experiments.sweep.records import (
     RESULTS,
     RunKey,
     append_result,
@@ -30,9 +28,12 @@ from training.sweep.records import (
     settings_of,
     write_dev_predictions,
 )
-from training.sweep.subsets import TUNE, Grid, write_course_file
+from training.experiments.sweep.subsets import TUNE, Grid, write_course_file
+from training.run import signals
+from training.run.signals import stop_after
 
 log = logging.getLogger(__name__)
+SAYS = "training.experiments.sweep"  # what the one-line errors and stops start with
 
 MARKER = "sweep-run.json"  # written into each run directory: the sweep may clean it on a rerun
 
@@ -126,7 +127,7 @@ def work(grid: Grid, workers: Workers, base: TrainConfig, plan_of, arms: dict[st
                 record = one_run(grid, workers, base, key, subsets, out, runs_dir, settings, arms.get(key.arm, {}),
                                  annotate)
             except RunDirRefused as e:  # before any training: nothing of another's is touched
-                print(f"training.sweep: error: {e}", file=sys.stderr)
+                print(f"{SAYS}: error: {e}", file=sys.stderr)
                 return 2
             except (RunFailed, TrainingInterrupted, KeyboardInterrupt) as e:
                 if signals.received():  # stopped by a signal (a second Ctrl-C in training: at once), not failed:
@@ -136,12 +137,12 @@ def work(grid: Grid, workers: Workers, base: TrainConfig, plan_of, arms: dict[st
                 log.error("run %s failed: %s", key.name, e)
                 failures.append(key)
                 if not workers.keep_going:
-                    print(f"training.sweep: error: run {key.name} failed (its log: {runs_dir / key.name / 'train.log'}"
+                    print(f"{SAYS}: error: run {key.name} failed (its log: {runs_dir / key.name / 'train.log'}"
                           f"); the finished runs are kept, rerun the same command to go on", file=sys.stderr)
                     return 1
                 continue
             if isinstance(record, str):
-                print(f"training.sweep: error: {record}", file=sys.stderr)
+                print(f"{SAYS}: error: {record}", file=sys.stderr)
                 return 1
             spent.append(record["wall_seconds"])
             log.info("%s done in %.0f s: dev %s", key.name, record["wall_seconds"],
@@ -149,7 +150,7 @@ def work(grid: Grid, workers: Workers, base: TrainConfig, plan_of, arms: dict[st
             if after_each is not None:
                 after_each()
         if signals.received():
-            print(f"training.sweep: stopped by {signal.Signals(signals.received()).name} ({len(spent)} run(s) "
+            print(f"{SAYS}: stopped by {signal.Signals(signals.received()).name} ({len(spent)} run(s) "
                   f"finished and recorded); rerun the same command to go on", file=sys.stderr)
             return signals.exit_status()
     return _final_status(failures, busy, results_path, out)
@@ -158,14 +159,14 @@ def work(grid: Grid, workers: Workers, base: TrainConfig, plan_of, arms: dict[st
 def _final_status(failures: list[RunKey], busy: set[RunKey], results_path: Path, out: Path) -> int:
     """A worker with nothing left to claim: 1 if a run of its failed, else 0, saying what others still train."""
     if failures:
-        print(f"training.sweep: {len(failures)} run(s) failed: {', '.join(k.name for k in failures)}; rerun the "
+        print(f"{SAYS}: {len(failures)} run(s) failed: {', '.join(k.name for k in failures)}; rerun the "
               f"same command to retry them", file=sys.stderr)
         return 1
     still = [k for k in busy if k not in {RunKey.of(r) for r in read_results(results_path)}]
     if still:
         log.info("%d run(s) are being trained by another worker: %s", len(still), ", ".join(k.name for k in still))
     else:
-        log.info("sweep complete: %s; summarise with `python -m training.report %s`", results_path, out)
+        log.info("sweep complete: %s; summarise with `minbert report %s`", results_path, out)
     return 0
 
 

@@ -1,8 +1,8 @@
-"""Summarise a sweep (python -m training.sweep), and plot it or one run's training curves.
+"""Summarise a sweep (minbert sweep), and plot it or one run's training curves.
 
-    python -m training.report docs/sweep-sst --plot         # report.md, report.csv, metric_vs_depth.png
-    python -m training.report --curves runs/sweep-sst-runs/sst-freezenone-n1000-seed1
-    python -m training.report --compare runs/a runs/b --csv compare.csv -o compare.png
+    minbert report docs/sweep-sst --plot         # report.md, report.csv, metric_vs_depth.png
+    minbert report --curves runs/sweep-sst-runs/sst-freezenone-n1000-seed1
+    minbert report --compare runs/a runs/b --csv compare.csv -o compare.png
 
 --compare prints one markdown table of the runs: the config options that differ between them (only
 those), the dev metrics of each run's kept evaluation (the best overall score, the one best.pt holds)
@@ -28,6 +28,7 @@ from pathlib import Path
 from training.args import Parser
 from training.common.progress import setup_logging
 from training.config.train_config import flag_of, locations
+from training.experiments.sweep.records import RESULTS, read_results
 from training.results.summary import (
     RunDirError,
     depth_order,
@@ -38,11 +39,10 @@ from training.results.summary import (
     summary_rows,
 )
 from training.run.rundir import read_metrics
-from training.sweep.records import RESULTS, read_results
 
 log = logging.getLogger(__name__)
 
-PROG = "python -m training.report"
+PROG = "python -m training.experiments.report"
 
 DPI = 100
 
@@ -330,7 +330,7 @@ def compare(run_dirs: list[str], csv_path: str | None = None, plot_path: str | N
 def report(out: Path, plot: bool = False, data_dir: str | None = None) -> list[dict]:
     records = read_results(out / RESULTS)
     if not records:
-        raise RunDirError(f"{out / RESULTS}: no results (run python -m training.sweep first)")
+        raise RunDirError(f"{out / RESULTS}: no results (run minbert sweep first)")
     baselines = majority_baselines(records, data_dir)
     rows = summary_rows(records, baselines)
     (out / "report.md").write_text(markdown(rows, records, baselines))

@@ -28,9 +28,9 @@ from pathlib import Path
 
 from training.config.freeze_spec import parse_schedule
 from training.config.train_config import TrainConfig
+from training.experiments.study.protocol import Protocol, borrows, tune_score
+from training.experiments.sweep.records import RunKey
 from training.methods.freezing import depth_rank, start_depth
-from training.study.protocol import Protocol, borrows, tune_score
-from training.sweep.records import RunKey
 
 COST = Path("cost")
 SHARES = (0.95, 0.99)

@@ -9,7 +9,7 @@ import math
 import warnings
 from pathlib import Path
 
-from training.search.space import Space
+from training.experiments.search.space import Space
 
 log = logging.getLogger(__name__)
 

@@ -6,9 +6,7 @@ import csv
 import math
 from pathlib import Path
 
-from training.results.statistics import mean_sd
-from training.results.summary import metric_names
-from training.study.aggregate import (
+from training.experiments.study.aggregate import (
     NINETY,
     comparisons,
     cost_rows,
@@ -19,7 +17,9 @@ from training.study.aggregate import (
     table_rows,
     trainable_layers,
 )
-from training.study.recipe import Recipe
+from training.experiments.study.recipe import Recipe
+from training.results.statistics import mean_sd
+from training.results.summary import metric_names
 
 
 def _f(x, digits: int = 4, sign: bool = False) -> str:

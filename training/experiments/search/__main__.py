@@ -1,0 +1,5 @@
+import sys
+
+from training.experiments.search.cli import main
+
+sys.exit(main())

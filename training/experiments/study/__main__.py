@@ -1,0 +1,5 @@
+import sys
+
+from training.experiments.study.cli import main
+
+sys.exit(main())

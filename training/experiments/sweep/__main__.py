@@ -1,0 +1,5 @@
+import sys
+
+from training.experiments.sweep.cli import main
+
+sys.exit(main())

@@ -1,5 +1,0 @@
-import sys
-
-from training.search.cli import main
-
-sys.exit(main())

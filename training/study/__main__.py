@@ -1,5 +1,0 @@
-import sys
-
-from training.study.cli import main
-
-sys.exit(main())

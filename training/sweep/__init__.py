@@ -1,1 +1,0 @@
-"""The sweep: depth x size x seed runs and their records (python -m training.sweep)."""

@@ -1,5 +1,0 @@
-import sys
-
-from training.sweep.cli import main
-
-sys.exit(main())
