@@ -411,3 +411,15 @@ def test_fp32_strict_on_a_cpu_is_fp32_and_recorded(tmp_path, tf32_switches, capl
     assert "TF32" not in log
     epochs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if "train_seconds" in x]
     assert [r["precision"] for r in epochs] == ["fp32-strict"] and "tf32" not in epochs[0]
+
+
+def test_cpu_model_names_the_family_a_virtual_machine_hides(tmp_path):
+    """Records and benchmarks name the CPU by its model name and its family and model numbers: two
+    virtual machines both called "AMD EPYC" (Zen 4 and Zen 5, family 25 and 26) are told apart."""
+    from training.common.device import cpu_model
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel\t\t: 2\n"
+                    "model name\t: AMD EPYC\n\nprocessor\t: 1\ncpu family\t: 99\nmodel name\t: other\n")
+    assert cpu_model(info) == "AMD EPYC (family 26, model 2)"
+    info.write_text("processor\t: 0\nmodel name\t: Some CPU\n")
+    assert cpu_model(info) == "Some CPU"

@@ -178,12 +178,22 @@ def gpu_name() -> str | None:
     return torch.cuda.get_device_name() if torch.cuda.is_available() else None
 
 
-def cpu_model() -> str:
-    """The CPU's model name (what a benchmark's or a study's figures were measured on)."""
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU's model name with its family and model numbers (what a benchmark's or a study's figures
+    were measured on). The numbers tell apart CPUs a virtual machine names alike: "AMD EPYC" is Zen 4
+    (family 25) on one machine and Zen 5 (family 26) on another, at twice the speed."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+        fields = {}
+        for line in cpuinfo.read_text().splitlines():
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value.strip())  # the first processor's
+            if not line.strip() and fields:
+                break
+        name = fields.get("model name")
+        if name:
+            numbers = [f"{word} {fields[key]}" for key, word in (("cpu family", "family"), ("model", "model"))
+                       if fields.get(key)]
+            return f"{name} ({', '.join(numbers)})" if numbers else name
     except OSError:
         pass
     return platform.processor() or platform.machine() or "unknown"
