@@ -155,6 +155,16 @@ def test_training_with_the_cache_follows_the_run_without_it(tmp_path, inputs):
     assert best_mem["overall"] == pytest.approx(best_off["overall"], abs=5e-3)
 
 
+def _dropout_free_model(ckpt):
+    """The frozen-cache tests' tiny model on CUDA, every dropout off: graphed and eager steps then compute
+    the same function, so their losses can be held to a tolerance."""
+    model = frozen_model(ckpt, None)
+    for m in model.modules():
+        if isinstance(getattr(m, "p", None), float):
+            m.p = 0.0
+    return model.to(CUDA)
+
+
 def test_cuda_graphs_train_as_eager_does(frozen_setup, true_fp32):
     """--compile --compile-mode reduce-overhead with --pad-multiple 8: six steps with each layer's kernels
     replayed as CUDA graphs reach the eager run's losses and weights (fp32, dropout off; inductor's fused
@@ -170,11 +180,7 @@ def test_cuda_graphs_train_as_eager_does(frozen_setup, true_fp32):
     counters.clear()
     runs = {}
     for compiled in (False, True):
-        model = frozen_model(ckpt, None)
-        for m in model.modules():
-            if isinstance(getattr(m, "p", None), float):
-                m.p = 0.0
-        model.to(CUDA)
+        model = _dropout_free_model(ckpt)
         cfg = TrainConfig(lr=1e-2, max_grad_norm=1.0, warmup_ratio=0.0, device="cuda", precision="fp32-strict",
                           compile=compiled, compile_mode="reduce-overhead", pad_multiple=8)
         stepper = Stepper.build(model, cfg, 6, CUDA, None)
@@ -209,11 +215,7 @@ def test_step_graphs_train_as_eager_does(frozen_setup, true_fp32, precision):
                for k in range(2) for task in ("sst", "para", "sts")]
     runs = {}
     for graphed in (False, True):
-        model = frozen_model(ckpt, None)
-        for m in model.modules():
-            if isinstance(getattr(m, "p", None), float):
-                m.p = 0.0
-        model.to(CUDA)
+        model = _dropout_free_model(ckpt)
         cfg = TrainConfig(lr=1e-2, max_grad_norm=1.0, warmup_ratio=0.0, device="cuda", precision=precision,
                           step_graphs=graphed, pad_multiple=8)
         stepper = Stepper.build(model, cfg, 20, CUDA, amp)

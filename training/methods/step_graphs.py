@@ -159,7 +159,7 @@ class StepGraphs:
         self.full_logged = False
 
     @classmethod
-    def for_run(cls, stepper, device: torch.device, dist=None) -> "StepGraphs | None":
+    def for_run(cls, stepper, device: torch.device, dist=None) -> StepGraphs | None:
         """The run's step graphs, or None with the reason logged once where its steps cannot be captured."""
         recorder = recorder_for(device)
         reason = uncapturable(stepper.cfg, device, recorder is not None, dist, stepper.loss_scaler is not None)
@@ -259,8 +259,8 @@ def uncapturable(cfg: TrainConfig, device: torch.device, has_recorder: bool, dis
     """Why a run's steps cannot be recorded as graphs, or None."""
     if not has_recorder:
         return f"CUDA graphs need a CUDA device, not {device.type}"
-    reasons = [(cfg.smart and cfg.smart_lambda > 0, "SMART's adversarial ascent (--smart-lambda 0, the Bregman "
-                "term alone, can)"), (cfg.pcgrad, "PCGrad's per-task backward"),
+    ascent = "SMART's adversarial ascent (--smart-lambda 0, the Bregman term alone, can)"
+    reasons = [(cfg.smart and cfg.smart_lambda > 0, ascent), (cfg.pcgrad, "PCGrad's per-task backward"),
                (fp16, "fp16's dynamic loss scale"), (dist is not None, "data-parallel steps"),
                (cfg.grad_accum_steps > 1, "--grad-accum-steps")]
     found = [why for on, why in reasons if on]
