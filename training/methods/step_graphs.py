@@ -6,7 +6,9 @@ averages) stays eager: a few foreach/fused kernels, and the non-finite test and 
 exactly the eager loop's.
 
     graphs = StepGraphs.for_run(stepper, device)    # None, with the reason logged, where it cannot run
-    if graphs.ready(batches): parts = graphs.replay(batches)   # else the eager step, then graphs.capture(batches)
+    key = graphs.shape(batches)                     # once a step
+    parts = graphs.replay(key, batches)             # None for a shape not recorded: the eager step, then
+    graphs.capture(key, batches)                    # its graph recorded
 
 A shape (`shape_key`) is everything a graph bakes in: each batch's task, each tensor's shape and dtype,
 whether a mask has padding (the model skips the mask work where it has none: minbert.model.padding_bias),
@@ -139,11 +141,12 @@ def recorder_for(device: torch.device):
 # --------------------------------------------------------------------------- the graphs of a run
 
 class _Recorded:
-    """One shape's graph: its static batches, the parameters its backward reaches, the names of each
-    batch's loss parts and the tensor each replay writes them to."""
+    """One shape's graph: its static batches, each parameter's gradient while it replays (the static
+    buffer where its backward reaches the parameter, else None), the names of each batch's loss parts and
+    the tensor each replay writes them to."""
 
-    def __init__(self, graph, static: list[Batch], reached: list, names: list[list[str]], outs: list):
-        self.graph, self.static, self.reached, self.names, self.outs = graph, static, reached, names, outs
+    def __init__(self, graph, static: list[Batch], grads: list[tuple], names: list[list[str]], outs: list):
+        self.graph, self.static, self.grads, self.names, self.outs = graph, static, grads, names, outs
 
 
 class StepGraphs:
@@ -179,16 +182,21 @@ class StepGraphs:
         self.replayed = 0
         return line + (f", {len(self.eager)} shapes eager (their capture failed)" if self.eager else "")
 
-    def ready(self, batches: list[Batch]) -> bool:
-        return shape_key(self.stepper.model, batches) in self.recorded
+    def shape(self, batches: list[Batch]) -> tuple:
+        """The step's shape (shape_key), worked out once a step for replay and capture."""
+        return shape_key(self.stepper.model, batches)
 
-    def replay(self, batches: list[Batch]) -> dict[str, dict[str, float]]:
+    def replay(self, key: tuple, batches: list[Batch]) -> dict[str, dict[str, float]] | None:
         """The step's forward and backward by its shape's graph: the gradients left on the parameters it
-        reaches (the others without one), the loss parts returned in one copy to the host."""
-        rec = self.recorded[shape_key(self.stepper.model, batches)]
+        reaches (the others without one), the loss parts returned in one copy to the host. None where the
+        shape has no graph (the step runs eagerly)."""
+        rec = self.recorded.get(key)
+        if rec is None:
+            return None
         for static, batch in zip(rec.static, batches):
             refill(static, batch)
-        self._attach(rec.reached)
+        for p, grad in rec.grads:
+            p.grad = grad
         rec.graph.replay()
         self.replayed += 1
         values = torch.cat(rec.outs).tolist()
@@ -198,10 +206,9 @@ class StepGraphs:
             i += len(names)
         return parts
 
-    def capture(self, batches: list[Batch]) -> None:
-        """Record the graph of `batches`' shape, after its first step ran eagerly (and left each reached
-        parameter's gradient). A failed capture leaves the shape eager, said once."""
-        key = shape_key(self.stepper.model, batches)
+    def capture(self, key: tuple, batches: list[Batch]) -> None:
+        """Record the graph of `batches`' shape `key`, after its first step ran eagerly (and left each
+        reached parameter's gradient). A failed capture leaves the shape eager, said once."""
         if key in self.recorded or key in self.eager:
             return
         if len(self.recorded) >= MAX_GRAPHS:
@@ -211,14 +218,14 @@ class StepGraphs:
                 self.full_logged = True
             return
         params = [p for g in self.stepper.optimizer.param_groups for p in g["params"]]
-        reached = [p for p in params if p.grad is not None]
-        for p in reached:
-            self.grads.setdefault(p, torch.zeros_like(p))
+        grads = [(p, self.grads.setdefault(p, torch.zeros_like(p)) if p.grad is not None else None) for p in params]
+        reached = [p for p, grad in grads if grad is not None]
         static = [static_copy(b) for b in batches]
         names: list[list[str]] = []
         graph = self.recorder(self.stepper.device, self.pool)
         try:
-            self._attach(reached)
+            for p, grad in grads:
+                p.grad = grad
             graph.warm_up(lambda: self._forward_backward(static, reached, names))
             names.clear()
             outs = graph.capture(lambda: self._forward_backward(static, reached, names))
@@ -230,14 +237,7 @@ class StepGraphs:
         finally:
             for p in params:
                 p.grad = None
-        self.recorded[key] = _Recorded(graph, static, reached, names, outs)
-
-    def _attach(self, reached: list) -> None:
-        """The static gradients on the parameters a shape reaches; none on the others (eager's None)."""
-        reached_ids = {id(p) for p in reached}
-        for g in self.stepper.optimizer.param_groups:
-            for p in g["params"]:
-                p.grad = self.grads[p] if id(p) in reached_ids else None
+        self.recorded[key] = _Recorded(graph, static, grads, names, outs)
 
     def _forward_backward(self, static: list[Batch], reached: list, names: list) -> list[torch.Tensor]:
         """What a graph records: the gradients zeroed, each batch's loss and backward (accumulating into

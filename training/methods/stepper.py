@@ -326,16 +326,16 @@ class Stepper:
         --step-graphs (self.graphs): a shape seen before replays its graph; a new one runs eagerly, then is
         recorded."""
         self.model.train()
-        if self.graphs is not None and self.graphs.ready(batches):
-            return self._replayed_step(batches, step)
+        key = self.graphs.shape(batches) if self.graphs is not None else None
+        if key is not None and (parts := self.graphs.replay(key, batches)) is not None:
+            return self._after_replay(parts, batches, step)
         parts = self._eager_step(batches, step, weights)
-        if self.graphs is not None and parts is not None:
-            self.graphs.capture(batches)
+        if key is not None and parts is not None:
+            self.graphs.capture(key, batches)
         return parts
 
-    def _replayed_step(self, batches: list[Batch], step: int) -> dict[str, dict[str, float]] | None:
-        """The forward and backward by the shape's CUDA graph, then the eager update."""
-        parts = self.graphs.replay(batches)
+    def _after_replay(self, parts: dict, batches: list[Batch], step: int) -> dict[str, dict[str, float]] | None:
+        """A step whose forward and backward its shape's CUDA graph replayed: the eager update."""
         tasks = ",".join(b.task for b in batches)
         if not all(finite(p) for p in parts.values()):
             return self._skip(tasks, step, parts)
