@@ -169,6 +169,27 @@ def test_the_12_layer_study_recipes_load_plan_and_name_their_models():
         (minilm.tuning_split, minilm.seeds, minilm.lr_grid["tuning_seeds"])
 
 
+def test_the_minilm_scale_twins_train_each_point_at_its_runner_up_rate_with_the_same_settings():
+    base, twins = load_recipe("mpnet-scale-minilm"), load_recipe("mpnet-scale-minilm-rates")
+    same = ("train", "tuning_split", "seeds", "sizes", "lr_grid", "tasks", "arms")
+    assert {k: getattr(twins, k) for k in same} == {k: getattr(base, k) for k in same}
+    records = [json.loads(line) for line in
+               (Path(__file__).parents[1] / "docs/freezing-study/mpnet-scale-minilm/results.jsonl").read_text().splitlines()]
+    # the runner-up written out: the second-best mean tuning-split score among each depth's tuning runs
+    runner_up = {}
+    for depth in (None, 3, 4):
+        scores = {}
+        for r in records:
+            if r["depth"] == depth and r["seed"] == 101:
+                scores.setdefault(r["lr"], []).append(r["tune"]["overall"])
+        ranked = sorted(scores, key=lambda lr: -np.mean(scores[lr]))
+        runner_up[depth] = ranked[1]
+    done = {sweep_records.RunKey.of(r) for r in records}
+    todo = [k for k in twins.resolve(6).plan(records) if k not in done]
+    assert len(todo) == 15 and {k.seed for k in todo} == {1, 2, 3, 4, 5}
+    assert {(k.depth, k.arm) for k in todo} == {(d, lr_arm(runner_up[d])) for d in runner_up}
+
+
 def test_the_built_in_recipes_load_and_plan_on_6_and_12_layers():
     for name in ("depth", "size", "seed-report"):
         for layers in (6, 12):
