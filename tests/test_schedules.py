@@ -238,6 +238,30 @@ def epoch_rows(out: Path) -> list[dict]:
             for r in rows if "dev_overall" in r]
 
 
+def test_a_cache_built_mid_epoch_counts_as_building_not_as_training(root, tmp_path, monkeypatch):
+    """Adaptive freezing freezes deeper mid-epoch and builds that depth's cache there: the epoch's
+    train_seconds (training steps only) leave its building out, frozen_cache_seconds holds it, so that
+    their sum is the run's training time, as the study's cost model adds them."""
+    import time
+
+    from training.methods import cache_keeper
+    build, pause = cache_keeper.maybe_frozen_cache, 2.0
+
+    def slow_build(*args, **kwargs):
+        time.sleep(pause)
+        return build(*args, **kwargs)
+
+    monkeypatch.setattr(cache_keeper, "maybe_frozen_cache", slow_build)
+    cfg = tiny_config(root, out_dir=str(tmp_path / "r"), predictions_dir=str(tmp_path / "p"), epochs=4,
+                      unfreeze_schedule="adaptive:2steps,threshold=0.3", frozen_cache="memory")
+    train(cfg)
+    rows = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    assert any("frozen_depth" in r for r in rows)  # it froze deeper, or this proves nothing
+    built = [r for r in rows if r.get("frozen_cache_seconds", 0) >= pause]
+    assert built  # a cache was built in an epoch
+    assert all(r["train_seconds"] < pause for r in built), built
+
+
 @pytest.mark.parametrize("schedule", ["lp-ft:4steps", "gradual:3steps", "adaptive:2steps,threshold=0.3"])
 def test_cached_and_uncached_phases_give_the_same_metrics(root, tmp_path, monkeypatch, schedule):
     from training.methods import frozen_cache

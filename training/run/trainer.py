@@ -427,6 +427,7 @@ class Run:
         log.info("epoch %d: %d steps, padding efficiency %.2f (real tokens / tokens computed)",
                  epoch, len(schedule), eff)
         t0 = time.time() - state.epoch_seconds
+        built = self.caches.seconds or 0.0  # a schedule may freeze deeper mid-epoch: its cache is not training
         todo = schedule[state.step_in_epoch:]
         mid_evals = eval_points(len(schedule), cfg.evals_per_epoch)[:-1]  # the last is the epoch end's
         bar = progress(todo, desc=f"epoch {epoch}", total=len(todo)) if self.main else tqdm(todo, disable=True)
@@ -449,7 +450,7 @@ class Run:
                 self.dist.barrier()  # nobody exits before rank 0 has written the checkpoint
             raise TrainingInterrupted(self.stop.signal_name, epoch, state.global_step, state.step_in_epoch,
                                       self.checkpoints.latest())
-        self.end_epoch(epoch, time.time() - t0, eff)
+        self.end_epoch(epoch, time.time() - t0 - ((self.caches.seconds or 0.0) - built), eff)
         self.save_checkpoint(t0)
 
     def train_step(self, update: list[list[TaskBatch]], bar) -> None:

@@ -1,0 +1,87 @@
+"""bench/front_clock.py: a study's reporting runs trained again end to end, set beside their modelled cost."""
+import json
+import statistics
+
+import tiny_runs
+from bench_scripts import bench_script
+from test_study_protocol import arms_recipe
+
+from training.experiments.study import cli as C
+from training.experiments.sweep.records import read_results
+
+front_clock = bench_script("front_clock")
+S_PER_EPOCH, CACHE_S = {"full": 10.0, "one": 4.0}, {"full": 0.0, "one": 3.0}
+
+
+def tiny_study(tmp_path):
+    """A two-point arms study on the tiny model (tuning seed 7, reporting seed 1), and a cost measurement
+    written by hand beside its results: full fine-tuning 10 s an epoch, the frozen layer 4 s and 3 s to
+    build its cache."""
+    data, enc = tiny_runs.inputs(tmp_path)
+    recipe = arms_recipe(tmp_path, seeds=[1], points=[{"label": "full", "depth": "none", "arm": ""},
+                                                      {"label": "one", "depth": 1, "arm": "b"}])
+    out = tmp_path / "study"
+    assert C.main([str(recipe), "--model", str(enc), "--data-dir", str(data), "--in-process", "--threads", "1",
+                   "--runs-dir", str(tmp_path / "runs"), "--out", str(out)]) == 0
+    points = {label: {"s_per_epoch": [s, s, s], "cache_s": CACHE_S[label], "run_s": 1.0, "peak_rss_mib": 1.0}
+              for label, s in S_PER_EPOCH.items()}
+    (out / "cost").mkdir()
+    (out / "cost" / "cost.json").write_text(json.dumps({"machine": "by hand", "date": "2026-11-27", "threads": 1,
+                                                        "examples_per_task": 6, "epochs": 2, "points": points}))
+    return recipe, out, ["--recipe", str(recipe), "--model", str(enc), "--data-dir", str(data), "--results", str(out)]
+
+
+def test_each_run_trains_again_to_its_recorded_scores_beside_its_modelled_speedup(tmp_path, capsys):
+    _, out, args = tiny_study(tmp_path)
+    reporting = {r["arm"].split("-")[0] if r["depth"] == 1 else "full": r
+                 for r in read_results(out / "results.jsonl") if r["seed"] == 1}
+    clock = tmp_path / "clock"
+    assert front_clock.main(args + ["--points", "one", "--out", str(clock), "--json", str(clock / "rows.json")]) == 0
+    rows = json.loads((clock / "rows.json").read_text())["rows"]
+    assert [r["label"] for r in rows] == ["full", "one"]  # the reference first
+    # the model written out: the cache's building plus the epochs trained, in seconds of the measurement
+    cost = {label: CACHE_S[label] + S_PER_EPOCH[label] * len(reporting[key]["tune_curve"])
+            for label, key in (("full", "full"), ("one", "b"))}
+    assert rows[1]["modelled"] == cost["full"] / cost["one"] and rows[0]["modelled"] == 1.0
+    again = {r["depth"]: r for r in read_results(clock / "results.jsonl")}
+    for row, old in ((rows[0], reporting["full"]), (rows[1], reporting["b"])):
+        new = again[old["depth"]]
+        assert row["same_scores"] and new["dev"] == old["dev"] and new["epochs_run"] == old["epochs_run"]
+        assert row["wall"] == new["wall_seconds"] > row["train"] > 0 and new["commit"]
+    table = capsys.readouterr().out
+    by_wall = rows[0]["wall"] / rows[1]["wall"]
+    assert f"| {by_wall:.2f}x |" in table and f"| {rows[1]['modelled']:.2f}x |" in table
+
+
+def test_the_front_is_the_points_no_cheaper_point_matches(tmp_path):
+    recipe_path, out, _ = tiny_study(tmp_path)
+    from training.experiments.study.arms_cost import read_cost
+    from training.experiments.study.recipe import load_recipe
+    recipe = load_recipe(str(recipe_path)).resolve(2)
+    records = read_results(out / "results.jsonl")
+    reporting = {("full" if r["depth"] is None else "one"): r for r in records if r["seed"] == 1}
+    cost = {label: CACHE_S[label] + S_PER_EPOCH[label] * len(r["tune_curve"]) for label, r in reporting.items()}
+    mean = {label: statistics.mean([r["dev"]["overall"]]) for label, r in reporting.items()}
+    cheap, dear = sorted(cost, key=cost.get)
+    want = [cheap, dear] if mean[dear] > mean[cheap] else [cheap]
+    assert front_clock.front_labels(recipe, records, read_cost(out), "full") == want
+
+
+def test_a_point_without_the_seed_is_one_line_before_any_run(tmp_path, capsys):
+    _, _, args = tiny_study(tmp_path)
+    capsys.readouterr()
+    assert front_clock.main(args + ["--points", "one", "--seed", "9", "--out", str(tmp_path / "clock")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--points 'full': no reporting run of seed 9" in err
+    assert not (tmp_path / "clock").exists()
+
+
+def test_a_stopped_clock_goes_on_where_its_records_stop(tmp_path, capsys):
+    _, _, args = tiny_study(tmp_path)
+    clock = tmp_path / "clock"
+    assert front_clock.main(args + ["--points", "one", "--out", str(clock)]) == 0
+    first = read_results(clock / "results.jsonl")
+    capsys.readouterr()
+    assert front_clock.main(args + ["--points", "one", "--out", str(clock)]) == 0
+    assert read_results(clock / "results.jsonl") == first  # nothing trained twice
+    assert f"| {first[0]['wall_seconds']:.0f} |" in capsys.readouterr().out
