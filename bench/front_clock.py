@@ -6,14 +6,15 @@ models for that same run from the cost measured apart (training/experiments/stud
 
     python bench/front_clock.py --results docs/freezing-study/whole --threads 1 \\
         --out /tmp/clock --json docs/freezing-study/whole/clock/clock.json
-    python bench/front_clock.py --results docs/freezing-study/whole --points "2 of 6 layers frozen" --dry-run
+    python bench/front_clock.py --results docs/freezing-study/whole --points "2/6 of the layers frozen" --dry-run
 
 Per run: the epochs it trained and its dev overall, recorded and again (the same bits where the machine and
 the code compute alike); its wall seconds (model loading, the cache's building, the epochs, an evaluation
 after each, the dev scoring) and training seconds (the cache's building and the epochs, what the model
-counts); the speed-up over full fine-tuning by each clock, and the modelled one. The reruns' records go to
---out/results.jsonl in the study's format (commit and machine in each); a run found there is not trained
-again, so that a stopped clock goes on where it stopped (time it on the same idle machine). Without
+counts); the speed-up over full fine-tuning by each clock, and the one the model gives for the same runs
+as they trained again (a run whose code changed since its record may train other epochs). The reruns'
+records go to --out/results.jsonl in the study's format (commit and machine in each); a run found there is
+not trained again, so that a stopped clock goes on where it stopped (time it on the same idle machine). Without
 --points: the front (the points no cheaper point matches or beats in mean dev overall, costs as
 modelled). One round: a run of whole files takes minutes to an hour; the reference trains first.
 """
@@ -151,11 +152,14 @@ def main(argv: list[str] | None = None) -> int:
               + "".join(f"\n  settings differ: {d}" for d in settings_drift(r, base)), flush=True)
     if args.dry_run:
         return 0
-    rows = []
+    again = {}
     for label, old in runs:
-        new = rerun(recipe, base, old, args.out, args.threads)
-        rows.append(row(label, old, new, modelled[label]))
-        print(f"{label}: {new['wall_seconds']:.0f} s wall", flush=True)
+        again[label] = rerun(recipe, base, old, args.out, args.threads)
+        print(f"{label}: {again[label]['wall_seconds']:.0f} s wall", flush=True)
+    # the model asked about the runs as they trained again (a run whose code changed since may train
+    # other epochs than its record's)
+    rows = [row(label, old, again[label], modelled_speedup(recipe, measurements, label, again[label], reference,
+                                                           again[reference])) for label, old in runs]
     where = "; ".join(dict.fromkeys(f"{m['machine']}, {m['date']}" for m in measurements))
     print(f"\n# {cpu_model()}, {args.threads} thread(s); seed {args.seed}; modelled from the cost measured on {where}"
           f"\n\n{table(rows)}")
