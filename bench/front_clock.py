@@ -24,6 +24,7 @@ import json
 import logging
 import statistics
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from common import cpu_model, data_parser  # noqa: E402  (puts the repository on sys.path)
@@ -32,6 +33,7 @@ from training.common.progress import setup_logging  # noqa: E402
 from training.config.train_config import TrainConfig  # noqa: E402
 from training.experiments.study.arms_cost import cost_rows, measured, read_cost, run_cost, stretches  # noqa: E402
 from training.experiments.study.arms_figures import pareto_front  # noqa: E402
+from training.experiments.study.cli import base_config  # noqa: E402
 from training.experiments.study.protocol import ArmOverrides, Protocol  # noqa: E402
 from training.experiments.study.recipe import load_recipe  # noqa: E402
 from training.experiments.sweep.engine import Workers, model_layers, one_run  # noqa: E402
@@ -145,8 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, KeyError) as e:
         print(f"front_clock: error: {e}", file=sys.stderr)
         return 2
-    base = TrainConfig(**{"save_every": 0, "keep_last": 1, "log_every": 50, "test_predictions": False,
-                          "data_dir": args.data_dir, **recipe.train, "model": args.model})
+    # the study's own run settings, its loss logging at the trainer's default (fewer lines in a timed run)
+    base = replace(base_config(recipe, args), log_every=TrainConfig.log_every)
     for label, r in runs:
         print(f"{label}: seed {args.seed}, {r['epochs_run']} epochs, modelled {modelled[label]:.2f}x"
               + "".join(f"\n  settings differ: {d}" for d in settings_drift(r, base)), flush=True)

@@ -1,6 +1,5 @@
 """bench/front_clock.py: a study's reporting runs trained again end to end, set beside their modelled cost."""
 import json
-import statistics
 
 import tiny_runs
 from bench_scripts import bench_script
@@ -31,20 +30,27 @@ def tiny_study(tmp_path):
     return recipe, out, ["--recipe", str(recipe), "--model", str(enc), "--data-dir", str(data), "--results", str(out)]
 
 
+def seed_1_runs(out) -> dict[str, dict]:
+    """The study's reporting runs of seed 1 by point label."""
+    return {("full" if r["depth"] is None else "one"): r for r in read_results(out / "results.jsonl") if r["seed"] == 1}
+
+
+def cost_by_hand(runs: dict[str, dict]) -> dict[str, float]:
+    """The model written out: the cache's building plus the epochs trained, in seconds of the measurement."""
+    return {label: CACHE_S[label] + S_PER_EPOCH[label] * len(r["tune_curve"]) for label, r in runs.items()}
+
+
 def test_each_run_trains_again_to_its_recorded_scores_beside_its_modelled_speedup(tmp_path, capsys):
     _, out, args = tiny_study(tmp_path)
-    reporting = {r["arm"].split("-")[0] if r["depth"] == 1 else "full": r
-                 for r in read_results(out / "results.jsonl") if r["seed"] == 1}
+    reporting = seed_1_runs(out)
     clock = tmp_path / "clock"
     assert front_clock.main(args + ["--points", "one", "--out", str(clock), "--json", str(clock / "rows.json")]) == 0
     rows = json.loads((clock / "rows.json").read_text())["rows"]
     assert [r["label"] for r in rows] == ["full", "one"]  # the reference first
-    # the model written out: the cache's building plus the epochs trained, in seconds of the measurement
-    cost = {label: CACHE_S[label] + S_PER_EPOCH[label] * len(reporting[key]["tune_curve"])
-            for label, key in (("full", "full"), ("one", "b"))}
+    cost = cost_by_hand(reporting)
     assert rows[1]["modelled"] == cost["full"] / cost["one"] and rows[0]["modelled"] == 1.0
     again = {r["depth"]: r for r in read_results(clock / "results.jsonl")}
-    for row, old in ((rows[0], reporting["full"]), (rows[1], reporting["b"])):
+    for row, old in ((rows[0], reporting["full"]), (rows[1], reporting["one"])):
         new = again[old["depth"]]
         assert row["same_scores"] and new["dev"] == old["dev"] and new["epochs_run"] == old["epochs_run"]
         assert row["wall"] == new["wall_seconds"] > row["train"] > 0 and new["commit"]
@@ -58,13 +64,12 @@ def test_the_front_is_the_points_no_cheaper_point_matches(tmp_path):
     from training.experiments.study.arms_cost import read_cost
     from training.experiments.study.recipe import load_recipe
     recipe = load_recipe(str(recipe_path)).resolve(2)
-    records = read_results(out / "results.jsonl")
-    reporting = {("full" if r["depth"] is None else "one"): r for r in records if r["seed"] == 1}
-    cost = {label: CACHE_S[label] + S_PER_EPOCH[label] * len(r["tune_curve"]) for label, r in reporting.items()}
-    mean = {label: statistics.mean([r["dev"]["overall"]]) for label, r in reporting.items()}
+    reporting = seed_1_runs(out)
+    cost = cost_by_hand(reporting)
+    mean = {label: r["dev"]["overall"] for label, r in reporting.items()}  # one reporting seed: its mean
     cheap, dear = sorted(cost, key=cost.get)
     want = [cheap, dear] if mean[dear] > mean[cheap] else [cheap]
-    assert front_clock.front_labels(recipe, records, read_cost(out), "full") == want
+    assert front_clock.front_labels(recipe, read_results(out / "results.jsonl"), read_cost(out), "full") == want
 
 
 def test_a_point_without_the_seed_is_one_line_before_any_run(tmp_path, capsys):

@@ -426,8 +426,11 @@ class Run:
         eff = padding_efficiency(flat, {t: d.lengths for t, d in data.train.items()}, cfg.pad_multiple, cfg.max_length)
         log.info("epoch %d: %d steps, padding efficiency %.2f (real tokens / tokens computed)",
                  epoch, len(schedule), eff)
-        t0 = time.time() - state.epoch_seconds
-        built = self.caches.seconds or 0.0  # a schedule may freeze deeper mid-epoch: its cache is not training
+        t0, built = time.time() - state.epoch_seconds, self.caches.seconds or 0.0
+
+        def epoch_start() -> float:  # the clock of the epoch's training: a cache a schedule builds mid-epoch
+            return t0 + (self.caches.seconds or 0.0) - built  # (freezing deeper) is not training, here or resumed
+
         todo = schedule[state.step_in_epoch:]
         mid_evals = eval_points(len(schedule), cfg.evals_per_epoch)[:-1]  # the last is the epoch end's
         bar = progress(todo, desc=f"epoch {epoch}", total=len(todo)) if self.main else tqdm(todo, disable=True)
@@ -441,17 +444,18 @@ class Run:
             # not at the epoch's last step: the epoch-end checkpoint follows its record and best.pt,
             # and a crash in between must resume before that step, so it is replayed and recorded once
             if cfg.save_every and state.global_step % cfg.save_every == 0 and state.step_in_epoch < len(schedule):
-                self.save_checkpoint(t0)
+                self.save_checkpoint(epoch_start())
             if self.stop_requested():
                 break
         if self.stop_requested():
-            self.save_checkpoint(t0)
+            self.save_checkpoint(epoch_start())
             if self.dist is not None:
                 self.dist.barrier()  # nobody exits before rank 0 has written the checkpoint
             raise TrainingInterrupted(self.stop.signal_name, epoch, state.global_step, state.step_in_epoch,
                                       self.checkpoints.latest())
-        self.end_epoch(epoch, time.time() - t0 - ((self.caches.seconds or 0.0) - built), eff)
-        self.save_checkpoint(t0)
+        start = epoch_start()  # before end_epoch, which counts the epoch's building and clears it
+        self.end_epoch(epoch, time.time() - start, eff)
+        self.save_checkpoint(start)
 
     def train_step(self, update: list[list[TaskBatch]], bar) -> None:
         """One optimiser update from the steps of `update` (one, or --grad-accum-steps of them)."""
