@@ -99,11 +99,14 @@ def table(rows: list[dict]) -> str:
              "speed-up by wall | by training s | modelled | training / modelled |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        by_wall, by_train = full["wall"] / r["wall"], full["train"] / r["train"]
-        modelled = r["modelled"]
+        by_wall = full["wall"] / r["wall"]
+        # a tiny run's epochs can round to 0 s (the trainer records tenths): no ratio then
+        by_train = full["train"] / r["train"] if r["train"] else None
+        train = "n/a" if by_train is None else f"{by_train:.2f}x"
+        error = "n/a" if by_train is None else f"{by_train / r['modelled']:.2f}"
         lines.append(f"| {r['label']} | {r['epochs'][0]} / {r['epochs'][1]} | {r['dev'][0]:.4f} / {r['dev'][1]:.4f} "
-                     f"| {r['wall']:.0f} | {r['train']:.0f} | {by_wall:.2f}x | {by_train:.2f}x | {modelled:.2f}x | "
-                     f"{by_train / modelled:.2f} |")
+                     f"| {r['wall']:.0f} | {r['train']:.0f} | {by_wall:.2f}x | {train} | {r['modelled']:.2f}x | "
+                     f"{error} |")
     return "\n".join(lines)
 
 
