@@ -31,7 +31,7 @@ from common import cpu_model, data_parser  # noqa: E402  (puts the repository on
 
 from training.common.progress import setup_logging  # noqa: E402
 from training.config.train_config import TrainConfig  # noqa: E402
-from training.experiments.study.arms_cost import cost_rows, measured, read_cost, run_cost, stretches  # noqa: E402
+from training.experiments.study.arms_cost import cache_scale, cost_rows, measured, read_cost, run_cost, stretches  # noqa: E402
 from training.experiments.study.arms_figures import pareto_front  # noqa: E402
 from training.experiments.study.cli import base_config  # noqa: E402
 from training.experiments.study.protocol import ArmOverrides, Protocol  # noqa: E402
@@ -63,7 +63,8 @@ def modelled_speedup(recipe, measurements: list[dict], label: str, record: dict,
     for m in measurements:
         full, plan = measured(recipe, m, points[reference]), stretches(recipe, m, points[label], record)
         if full is not None and plan is not None:
-            return run_cost(reference_record, [(0, full)], full) / run_cost(record, plan, full)
+            return (run_cost(reference_record, [(0, full)], full)
+                    / run_cost(record, plan, full, cache_factor=cache_scale(m, record)))
     raise ValueError(f"--points {label!r}: no cost measurement in cost/ holds its figures")
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from common import cpu_model, data_parser  # noqa: E402  (puts the repository on sys.path)
 
+from data.loaders import load_task_split  # noqa: E402
 from training.config.train_config import TrainConfig  # noqa: E402
 from training.experiments.study.arms_cost import epoch_kind  # noqa: E402
 from training.experiments.study.protocol import Protocol  # noqa: E402
@@ -113,7 +114,7 @@ def main() -> None:
     figures = {name: summary(runs[name], points[name]) for name in names}
     report(args, names, runs, figures)
     if args.json:
-        write_json(Path(args.json), args, figures)
+        write_json(Path(args.json), args, figures, recipe.tasks)
 
 
 def summary(runs: list[dict], options: dict) -> dict:
@@ -134,12 +135,17 @@ def machine() -> str:
     return torch.cuda.get_device_name(0) if torch.cuda.is_available() else cpu_model()
 
 
-def write_json(path: Path, args, figures: dict[str, dict]) -> None:
+def write_json(path: Path, args, figures: dict[str, dict], tasks: list[str]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({
         "machine": machine(), "date": str(datetime.date.today()), "threads": args.threads,
-        "examples_per_task": args.examples, "epochs": args.epochs, "rounds": args.rounds,
-        "points": figures}, indent=1) + "\n")
+        "examples_per_task": args.examples, "n_eval": eval_examples(args, tasks), "epochs": args.epochs,
+        "rounds": args.rounds, "points": figures}, indent=1) + "\n")
+
+
+def eval_examples(args, tasks: list[str]) -> dict[str, int]:
+    """The dev examples each run evaluated on, per task (and its cache held: arms_cost.cache_scale)."""
+    return {t: min(args.eval_examples, len(load_task_split(args.data_dir, t, "dev").examples)) for t in tasks}
 
 
 def report(args, names: list[str], runs: dict[str, list[dict]], figures: dict[str, dict]) -> None:

@@ -122,13 +122,14 @@ def test_the_cost_benchmark_writes_what_it_prints_and_the_study_reads_it(tmp_pat
     data, enc = tiny_runs.inputs(tmp_path)
     out = tmp_path / "study" / "cost" / "cost.json"
     r = subprocess.run([sys.executable, str(BENCH / "study_cost.py"), "--model", str(enc), "--data-dir", str(data),
-                        "--threads", "1", "--examples", "12", "--eval-examples", "12", "--epochs", "2", "--rounds", "2",
+                        "--threads", "1", "--examples", "12", "--eval-examples", "20", "--epochs", "2", "--rounds", "2",
                         "--points", "full fine-tuning", "half the layers frozen", "--json", str(out)],
                        cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     (cost,) = read_cost(tmp_path / "study")
     assert set(cost["points"]) == {"full fine-tuning", "half the layers frozen", "half the layers frozen (cache off)"}
     assert cost["epochs"] == 2 and cost["rounds"] == 2 and cost["threads"] == 1
+    assert cost["n_eval"] == {t: tiny_runs.N for t in ("sst", "para", "sts")}  # the dev files' 12, under 20
     for name, got in cost["points"].items():
         row = re.search(rf"^{re.escape(name)}\s+([\d.]+) \[\s*([\d.]+)-\s*([\d.]+)\]\s+([\d.]+)\s+([\d.]+)", r.stdout, re.M)
         assert row, r.stdout

@@ -828,6 +828,35 @@ def test_the_modelled_cost_by_hand(tmp_path):
                for line in lines)
 
 
+def test_the_cache_building_scales_with_the_examples_it_passes_over_not_with_an_epoch(tmp_path):
+    """The cache holds the training examples and the tuning split's; an epoch trains on the first alone.
+    A measurement on 15 training and 15 dev examples per task (3 tasks: 90 cached, 45 trained) and runs on
+    90 training and 30 tuning examples (120 cached): there, the building is 3 s x 120/90 = 4 s, an epoch of
+    the point 4 s x 90/45 = 8 s and of full 10 s x 2 = 20 s."""
+    from training.experiments.study import arms_cost as K
+
+    recipe, names = loaded(tmp_path), ("sst", "para", "sts")
+    tuning = ([tuning_record(None, "", lr, s) for lr, s in [(0.0003, 0.5), (0.001, 0.7), (0.003, 0.6)]]
+              + [tuning_record(1, "b", lr, s) for lr, s in [(0.0003, 0.5), (0.001, 0.4), (0.003, 0.35)]])
+    split = {"n_train": {t: 30 for t in names}, "split": {"share": 0.25, "n_tune": {t: 10 for t in names}}}
+    records = [{**r, **split} for r in [{**r, "epochs_run": 3} for r in tuning]
+               + [_curved(None, "", 0.001, 1, [0.60, 0.70]), _curved(1, "b", 0.0003, 1, [0.50, 0.60, 0.68])]]
+    cost = {"machine": "m", "date": "d", "examples_per_task": 15, "n_eval": {t: 15 for t in names},
+            "points": {"full": {"s_per_epoch": [10.0, 9.0, 11.0], "cache_s": 0.0},
+                       "one": {"s_per_epoch": [4.0, 3.0, 5.0], "cache_s": 3.0}}}
+    run = records[-1]
+    assert K.cache_scale(cost, run) == pytest.approx((120 / 90) / (90 / 45))
+    (one,) = [r for r in K.cost_rows(recipe, records, [cost], "full") if r["label"] == "one"]
+    assert one["cost"] == pytest.approx((4 + 3 * 8) / 20)  # the building and 3 epochs, in full's epochs
+    assert one["speedup"] == pytest.approx(2 / one["cost"])  # full trained 2 epochs, nothing built
+    assert K.cache_scale({**cost, "n_eval": {t: 5 for t in names}}, run) == pytest.approx(1.0)  # the same share
+    assert K.cache_scale({**cost, "n_eval": None}, run) == 1.0  # a measurement that does not say its dev set
+    assert K.cache_scale(cost, {k: v for k, v in run.items() if k != "split"}) == 1.0
+    left = next(r for r in K.remaining_work(recipe, records[:-1], [cost]) if r["label"] == "one")
+    assert left["todo"] + left["waiting"] == 2  # seeds 1 and 2, 3 epochs each (its tuning runs' mean)
+    assert left["seconds"] == pytest.approx(2 * (4 + 3 * 8))
+
+
 def test_a_schedule_is_costed_at_the_depth_each_stretch_ran_at(tmp_path):
     from training.experiments.study import arms_cost as K
 

@@ -11,6 +11,12 @@ scale of the benchmark's data drops out: an epoch and the cache's building both 
     its cost to a share   = the same, up to its first evaluation at or above that share of full
                             fine-tuning's mean kept tuning-split score (its reporting seeds)
 
+The cache's building passes over the training examples and the evaluation set's (the tuning split), an epoch
+over the training examples alone, and a run's tuning split does not grow with its training files: the
+building is scaled apart by the examples it passes over in the run and in the measurement (each example
+taken to cost the same), where both say their evaluation examples (the measurement's n_eval, the run's
+split), so that at the whole files it is a smaller share of an epoch than in a 1000-example measurement.
+
 A run whose freezing schedule moved the frozen depth (its record's depth_changes) costs each stretch of
 steps, from the schedule's start (the heads alone for lp-ft and gradual), at that depth's seconds per
 epoch (the plain point measured at that depth), plus the building of each deeper prefix it reached (as the
@@ -126,15 +132,30 @@ def first_depth(recipe, point: dict) -> int | None:
     return depth if schedule is None else start_depth(parse_schedule(schedule), depth, recipe.layers)
 
 
-def run_cost(record: dict, stretch: list[tuple[int, dict]], full: dict, target: float | None = None) -> float | None:
+def cache_scale(measurement: dict, record: dict) -> float:
+    """What the cache's building costs in the run, in the measurement's own epochs of the same point, over what
+    it cost there: (its examples / the training examples) in the run over the same in the measurement, the
+    examples being the training ones and the evaluation set's. 1 (the building grows with an epoch) where the
+    measurement or the run does not say its evaluation examples."""
+    n_eval, n_train = (record.get("split") or {}).get("n_tune"), record.get("n_train")
+    if not n_eval or not n_train or not measurement.get("n_eval") or not measurement.get("examples_per_task"):
+        return 1.0
+    run_train, bench_train = sum(n_train.values()), measurement["examples_per_task"] * len(n_train)
+    run = (run_train + sum(n_eval.values())) / run_train
+    return run / ((bench_train + sum(measurement["n_eval"].values())) / bench_train)
+
+
+def run_cost(record: dict, stretch: list[tuple[int, dict]], full: dict, target: float | None = None,
+             cache_factor: float = 1.0) -> float | None:
     """A run's end-to-end cost in full fine-tuning epochs; with target, its cost up to the first evaluation
-    whose tuning-split overall reaches it (None if none does). An evaluation follows each epoch."""
+    whose tuning-split overall reaches it (None if none does). An evaluation follows each epoch. cache_factor:
+    the cache's building in the run over the measurement's, an epoch's being 1 (cache_scale())."""
     curve = record["tune_curve"]
     reached = [step for step, _, score in curve if target is None or score >= target]
     if not reached:
         return None
     end, per_epoch = (curve[-1][0] if target is None else reached[0]), curve[0][0]
-    seconds = sum(figures["cache_s"] for start, figures in stretch if start < end)
+    seconds = cache_factor * sum(figures["cache_s"] for start, figures in stretch if start < end)
     for (start, figures), nxt in zip(stretch, [s for s, _ in stretch[1:]] + [end]):
         seconds += max(0, min(nxt, end) - start) / per_epoch * figures["s_per_epoch"][0]
     return seconds / full["s_per_epoch"][0]
@@ -161,20 +182,22 @@ def cost_rows(recipe, records: list[dict], measurements: list[dict], reference: 
         for m in usable if runs else []:
             plans = [stretches(recipe, m, point, r) for r in runs]
             if all(plans):
-                rows.append(_row(point["label"], runs, plans, measured(recipe, m, points[reference]), base))
+                scales = [cache_scale(m, r) for r in runs]
+                rows.append(_row(point["label"], runs, plans, scales, measured(recipe, m, points[reference]), base))
                 rows[-1]["speedup"] = reference_cost / rows[-1]["cost"]
                 break
     return rows
 
 
-def _row(label: str, runs: list[dict], plans: list, full: dict, base: float) -> dict:
-    costs = [run_cost(r, plan, full) for r, plan in zip(runs, plans)]
+def _row(label: str, runs: list[dict], plans: list, scales: list[float], full: dict, base: float) -> dict:
+    costs = [run_cost(r, plan, full, cache_factor=k) for r, plan, k in zip(runs, plans, scales)]
     fixed = all(len(plan) == 1 for plan in plans)
     row = {"label": label, "epochs": statistics.mean(r["epochs_run"] for r in runs), "cost": statistics.mean(costs),
            "cost_range": (min(costs), max(costs)), "seeds": len(runs),
            "epoch_speedup": full["s_per_epoch"][0] / plans[0][0][1]["s_per_epoch"][0] if fixed else None, "to": {}}
     for share in SHARES:
-        got = [c for c in (run_cost(r, plan, full, share * base) for r, plan in zip(runs, plans)) if c is not None]
+        got = [c for c in (run_cost(r, plan, full, share * base, k) for r, plan, k in zip(runs, plans, scales))
+               if c is not None]
         row["to"][share] = (statistics.median(got) if got else None, len(got))
     return row
 
@@ -255,7 +278,9 @@ def remaining_work(recipe, records: list[dict], measurements: list[dict], files_
             (m, figures), runs = found[0], [r for k, r in protocol.runs.items() if owner.get(k) == point["label"]]
             epochs = (statistics.mean(r["epochs_run"] for r in runs) if runs
                       else recipe.options(point).get("epochs", 1))
-            seconds = ((todo + waiting) * (figures["cache_s"] + epochs * figures["s_per_epoch"][0])
+            sample = _a_run_of_size(recipe, records, point)
+            building = figures["cache_s"] * (cache_scale(m, sample) if sample else 1.0)
+            seconds = ((todo + waiting) * (building + epochs * figures["s_per_epoch"][0])
                        * _scale(m, n_train, len(recipe.tasks)))
         out.append({"label": point["label"], "todo": todo, "waiting": waiting, "seconds": seconds,
                     "at_most": bound and seconds is not None})
@@ -266,10 +291,16 @@ def _examples(recipe, records: list[dict], point: dict, files_examples: int | No
     """How many training examples a run of the point trains on: a finished run of its size says it, else a
     size in examples per task; for the whole files before any of their runs, files_examples (None: unknown)."""
     size = point.get("size", recipe.sizes[0])
-    done = [r["n_train"] for r in records if r.get("n_train") and r["size"] == size]
+    done = _a_run_of_size(recipe, records, point)
     if done:
-        return sum(done[0].values())
+        return sum(done["n_train"].values())
     return files_examples if size == "all" else size * len(recipe.tasks)
+
+
+def _a_run_of_size(recipe, records: list[dict], point: dict) -> dict | None:
+    """A finished run of the point's size that says its training examples (its tuning split with them)."""
+    size = point.get("size", recipe.sizes[0])
+    return next((r for r in records if r.get("n_train") and r["size"] == size), None)
 
 
 def _owners(recipe, protocol) -> dict:
