@@ -28,7 +28,7 @@ from common import cpu_model, data_parser  # noqa: E402  (puts the repository on
 
 from data.loaders import load_task_split  # noqa: E402
 from training.config.train_config import TrainConfig  # noqa: E402
-from training.experiments.study.arms_cost import epoch_kind  # noqa: E402
+from training.experiments.study.arms_cost import COST_FREE, epoch_kind  # noqa: E402
 from training.experiments.study.protocol import Protocol  # noqa: E402
 from training.experiments.study.recipe import load_recipe  # noqa: E402
 from training.experiments.sweep.engine import model_layers  # noqa: E402
@@ -39,7 +39,8 @@ NOCACHE = " (cache off)"
 
 
 def arms(recipe, records: list[dict], labels: list[str] | None, cache_off: bool = True) -> dict[str, dict]:
-    """label -> the point's options (its arm, depth and rate), and a cache-off twin for frozen depths."""
+    """label -> the point's options (its arm, depth and rate), and a cache-off twin for frozen depths. The
+    arm's epochs and early stopping are left out: the benchmark trains every point for --epochs."""
     protocol = Protocol(recipe, records)
     out = {}
     for point in recipe.points:
@@ -48,7 +49,8 @@ def arms(recipe, records: list[dict], labels: list[str] | None, cache_off: bool 
         grid = sorted(point.get("lrs") or recipe.lr_grid["lrs"])
         lr = protocol.chosen(point["label"]) or grid[len(grid) // 2]
         depth = recipe.depth(point["depth"])
-        out[point["label"]] = {**recipe.arms[point["arm"]], "freeze_upto": depth, "lr": lr}
+        options = {k: v for k, v in recipe.arms[point["arm"]].items() if k not in COST_FREE}
+        out[point["label"]] = {**options, "freeze_upto": depth, "lr": lr}
         if cache_off and depth is not None and depth >= 1:
             out[point["label"] + NOCACHE] = {**out[point["label"]], "frozen_cache": "off"}
     return out

@@ -143,6 +143,20 @@ def test_the_cost_benchmark_writes_what_it_prints_and_the_study_reads_it(tmp_pat
     assert cost["points"]["half the layers frozen (cache off)"]["kind"] == [1, [["frozen_cache", "off"]]]
 
 
+def test_the_cost_benchmark_trains_every_point_for_its_own_epochs():
+    """A point whose arm sets its epochs (the heads up to 40, with their own early stopping) is measured for
+    the benchmark's --epochs like the rest: what an epoch costs is the figure, not how many it trains."""
+    sys.path.insert(0, str(BENCH))
+    from study_cost import arms
+
+    from training.experiments.study.recipe import load_recipe
+    recipe = load_recipe("mpnet-depth").resolve(12)
+    label = next(p["label"] for p in recipe.points if p["arm"] == "siamese-identity")
+    got = arms(recipe, [], [label], cache_off=False)
+    assert recipe.arms["siamese-identity"]["epochs"] == 40
+    assert got == {label: {"pair_encoding": "siamese", "siamese_init": "identity", "freeze_upto": 12, "lr": 1e-4}}
+
+
 def test_same_bits_runs_carry_the_flags_of_the_points_a_study_has_left():
     """--flags reaches the run both commits make (a study's SMART or schedule points are checked as they run)."""
     from same_bits import parse_args, run_command
