@@ -1,5 +1,6 @@
 """The benchmark scripts start as the README runs them: `python bench/X.py` from any folder."""
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -9,6 +10,7 @@ import pytest
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 HELPERS = {"common.py", "gpu_summary.py"}  # shared code, and gpu_check.sh's report writer: no --threads
 RECORD_TOOLS = {"device_twin.py", "equivalence.py", "import_runs.py", "size_gaps.py"}  # read and write study records, train nothing: no --threads
+RECORD_TOOLS |= {"depth_by_share.py"}  # reads study records, trains nothing: no --threads
 RECORD_TOOLS |= {"gpu_mpnet_assemble.py"}  # joins files, computes nothing: no --threads
 SCRIPTS = sorted(p.name for p in BENCH.glob("*.py") if p.name not in HELPERS)
 
@@ -155,6 +157,54 @@ def test_the_cost_benchmark_trains_every_point_for_its_own_epochs():
     got = arms(recipe, [], [label], cache_off=False)
     assert recipe.arms["siamese-identity"]["epochs"] == 40
     assert got == {label: {"pair_encoding": "siamese", "siamese_init": "identity", "freeze_upto": 12, "lr": 1e-4}}
+
+
+def _depth_study(folder: Path, layers_frozen: dict, full: list[float]) -> Path:
+    """A finished arms study: full fine-tuning, plain depths and a LoRA point, one rate each (its tuning run at
+    seed 7 chooses it), reporting seeds 1-3 with the given dev overall scores."""
+    from training.experiments.study.protocol import run_arm
+    points = [{"label": "full", "depth": "none", "arm": "", "lrs": [0.001]}]
+    points += [{"label": f"d{d}", "depth": d, "arm": "", "lrs": [0.001]} for d in layers_frozen]
+    points.append({"label": "lora", "depth": "none", "arm": "lora", "lrs": [0.001]})  # not a plain depth
+    recipe = {"title": "t", "kind": "arms", "tasks": ["sst", "para", "sts"], "sizes": [100], "seeds": [1, 2, 3],
+              "train": {"epochs": 1}, "tuning_split": {"share": 0.1, "seed": 0},
+              "lr_grid": {"lrs": [0.001], "tuning_seeds": [7], "max_extensions": 0},
+              "arms": {"": {}, "lora": {"peft": "lora:r=8"}}, "points": points}
+    folder.mkdir(parents=True)
+    (folder / "recipe.json").write_text(json.dumps(recipe))
+    runs = [("none", "", 7, 0.5), ("none", "lora", 7, 0.5)] + [(d, "", 7, 0.5) for d in layers_frozen]
+    runs += [("none", "", seed, x) for seed, x in zip((1, 2, 3), full)]
+    runs += [(d, "", seed, x) for d, xs in layers_frozen.items() for seed, x in zip((1, 2, 3), xs)]
+    runs += [("none", "lora", seed, 0.9) for seed in (1, 2, 3)]
+    with open(folder / "results.jsonl", "w") as f:
+        for depth, arm, seed, x in runs:
+            f.write(json.dumps({"tasks": "sst+para+sts", "depth": None if depth == "none" else depth, "size": 100,
+                                "seed": seed, "arm": run_arm(arm, 0.001), "tune": {"overall": x},
+                                "dev": {"overall": x}}) + "\n")
+    return folder / "recipe.json"
+
+
+def test_depth_by_share_sets_two_studies_depths_side_by_side(tmp_path):
+    """Each plain depth against its own study's full fine-tuning, paired by seed, with the t interval written
+    out; the share and the layers left from the study's depth; a point without reporting runs, a point with
+    an arm and a bad study spec."""
+    from scipy import stats
+    sys.path.insert(0, str(BENCH))
+    import depth_by_share as D
+
+    small = _depth_study(tmp_path / "small", {1: [0.69, 0.70, 0.71]}, full=[0.70, 0.72, 0.74])
+    large = _depth_study(tmp_path / "large", {2: [0.70, 0.70, 0.70], 3: [0.60, 0.61, 0.62]}, full=[0.70, 0.71, 0.72])
+    rows = D.study_rows(f"{tmp_path / 'small'}:{small}:2") + D.study_rows(f"{tmp_path / 'large'}:{large}:4")
+    assert [(r["study"], r["frozen"], r["share"], r["left"]) for r in rows] == [
+        ("small", 1, 0.5, 1), ("large", 2, 0.5, 2), ("large", 3, 0.75, 1)]
+    diffs = [-0.01, -0.02, -0.03]  # 0.69 - 0.70, 0.70 - 0.72, 0.71 - 0.74
+    half = stats.t.ppf(0.975, 2) * statistics.stdev(diffs) / 3 ** 0.5
+    assert rows[0]["diff"] == pytest.approx(-0.02) and rows[0]["seeds"] == 3
+    assert rows[0]["ci"] == pytest.approx((-0.02 - half, -0.02 + half))
+    assert rows[1]["diff"] == pytest.approx(-0.01) and rows[2]["diff"] == pytest.approx(-0.10)
+    assert "| small (minilm-l6) | d1 | 1 of 2 | 50% | 1 | 3 | -0.0200 [" in D.table(rows)
+    assert D.main([f"{tmp_path / 'small'}:{small}:x"]) == 2  # LAYERS not a number: one line, exit 2
+    assert D.main([str(tmp_path / "small")]) == 2
 
 
 def test_same_bits_runs_carry_the_flags_of_the_points_a_study_has_left():

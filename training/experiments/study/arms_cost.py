@@ -133,10 +133,10 @@ def first_depth(recipe, point: dict) -> int | None:
 
 
 def cache_scale(measurement: dict, record: dict) -> float:
-    """What the cache's building costs in the run, in the measurement's own epochs of the same point, over what
-    it cost there: (its examples / the training examples) in the run over the same in the measurement, the
-    examples being the training ones and the evaluation set's. 1 (the building grows with an epoch) where the
-    measurement or the run does not say its evaluation examples."""
+    """run_cost's factor on the measured building: the examples the cache holds (training and evaluation) per
+    training example, in the run over in the measurement (an epoch grows with the training examples, the
+    building with both). 1 (the building grows as an epoch does) where either does not say its evaluation
+    examples."""
     n_eval, n_train = (record.get("split") or {}).get("n_tune"), record.get("n_train")
     if not n_eval or not n_train or not measurement.get("n_eval") or not measurement.get("examples_per_task"):
         return 1.0

@@ -1,0 +1,129 @@
+"""Does a freezing answer carry over from one model to another in layers or in share? Each study's plain
+depth points (no arm, their own rate) against that study's full fine-tuning, paired by seed: the dev overall
+difference with its 95% t interval, placed by the share of the encoder's layers frozen and by the layers
+left to train. One table (markdown) and, with --out, a figure of the two placings side by side. A study is
+FOLDER:RECIPE (the model's depth read from the recipe's model) or FOLDER:RECIPE:LAYERS; its points without
+reporting runs yet are left out. No correction over the rows: each study's own report holds its Holm
+family; this sets the same differences side by side.
+
+    python bench/depth_by_share.py docs/freezing-study/mpnet-scale-minilm:mpnet-scale-minilm \\
+        docs/freezing-study/mpnet-depth:mpnet-depth --out docs/freezing-study/depth-by-share.png
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+from pathlib import Path
+
+from common import REPO  # noqa: F401  (puts the repository on sys.path)
+
+from training.common.errors import ConfigError  # noqa: E402
+from training.config.train_config import TrainConfig  # noqa: E402
+from training.experiments.study.arms import t_interval  # noqa: E402
+from training.experiments.study.arms_figures import plain_labels  # noqa: E402
+from training.experiments.study.protocol import Protocol  # noqa: E402
+from training.experiments.study.recipe import load_recipe  # noqa: E402
+from training.experiments.sweep.engine import model_layers  # noqa: E402
+from training.experiments.sweep.records import RESULTS, read_results  # noqa: E402
+
+MARGIN = 0.005  # issue 66's equivalence margin on the overall dev score, drawn on the figure
+
+
+def study_rows(spec: str) -> list[dict]:
+    """One row per plain frozen depth of the study FOLDER:RECIPE[:LAYERS] with paired reporting seeds."""
+    folder, name, layers = parse_spec(spec)
+    recipe = load_recipe(name)
+    model = recipe.train.get("model", TrainConfig.model)
+    layers = layers or model_layers(model)
+    if layers is None:
+        raise ConfigError(f"{spec}: cannot read {model}'s depth here; give it as FOLDER:RECIPE:LAYERS")
+    recipe = recipe.resolve(layers)
+    protocol = Protocol(recipe, read_results(Path(folder) / RESULTS))
+    reference = protocol.reporting(recipe.points[0]["label"])
+    rows = []
+    for point in recipe.points:
+        depth = recipe.depth(point["depth"])
+        runs = protocol.reporting(point["label"])
+        seeds = sorted(set(runs) & set(reference))
+        if point["label"] not in plain_labels(recipe) or depth is None or not seeds:
+            continue
+        diffs = [runs[s]["dev"]["overall"] - reference[s]["dev"]["overall"] for s in seeds]
+        frozen = max(depth, 0)  # the embeddings alone (-1) freeze no encoder layer
+        ci = t_interval(diffs)  # nan with one seed
+        rows.append({"study": Path(folder).name, "model": model, "layers": layers, "label": point["label"],
+                     "frozen": frozen, "share": frozen / layers, "left": layers - frozen, "seeds": len(seeds),
+                     "diff": statistics.mean(diffs), "ci": ci})
+    return sorted(rows, key=lambda r: r["frozen"])
+
+
+def parse_spec(spec: str) -> tuple[str, str, int | None]:
+    parts = spec.split(":")
+    if len(parts) not in (2, 3) or not all(parts):
+        raise ConfigError(f"{spec}: a study is FOLDER:RECIPE or FOLDER:RECIPE:LAYERS")
+    if len(parts) == 3 and not parts[2].isdigit():
+        raise ConfigError(f"{spec}: LAYERS must be a whole number, got {parts[2]!r}")
+    return parts[0], parts[1], int(parts[2]) if len(parts) == 3 else None
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| study (model) | point | layers frozen | share frozen | layers trained | seeds | "
+             "dev overall against its full fine-tuning [95% t CI] |", "|---|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lo, hi = r["ci"]
+        ci = "" if math.isnan(lo) else f" [{lo:+.4f}, {hi:+.4f}]"
+        lines.append(f"| {r['study']} ({r['model']}) | {r['label']} | {r['frozen']} of {r['layers']} | "
+                     f"{r['share']:.0%} | {r['left']} | {r['seeds']} | {r['diff']:+.4f}{ci} |")
+    return "\n".join(lines)
+
+
+def figure(rows: list[dict], path: Path) -> Path | None:
+    from training.experiments.study.figures import pyplot
+    plt = pyplot()
+    if plt is None:
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), dpi=100, sharey=True)
+    studies = list(dict.fromkeys((r["study"], r["model"]) for r in rows))
+    placings = (("share", "by the share of layers frozen"), ("left", "by the layers left to train"))
+    for ax, (key, title) in zip(axes, placings):
+        for i, (study, model) in enumerate(studies):
+            mine = [r for r in rows if r["study"] == study]
+            err = [[0 if math.isnan(r["ci"][0]) else r["diff"] - r["ci"][0] for r in mine],
+                   [0 if math.isnan(r["ci"][1]) else r["ci"][1] - r["diff"] for r in mine]]
+            ax.errorbar([r[key] for r in mine], [r["diff"] for r in mine], yerr=err, marker="os^D"[i % 4],
+                        capsize=3, linestyle="-", label=f"{study} ({model})")
+        ax.axhline(0, color="grey", linewidth=1)
+        for m in (-MARGIN, MARGIN):
+            ax.axhline(m, color="grey", linestyle=":", linewidth=1)
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+    axes[0].set_xlabel("encoder layers frozen / layers")
+    axes[1].set_xlabel("encoder layers trained")
+    axes[0].set_ylabel("dev overall minus full fine-tuning's (95% t CI)")
+    axes[0].legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False)
+    p.add_argument("studies", nargs="+", help="FOLDER:RECIPE or FOLDER:RECIPE:LAYERS, one per study")
+    p.add_argument("--out", type=Path, default=None, help="also draw the figure there (a .png; default: none)")
+    args = p.parse_args(argv)
+    try:
+        rows = [r for spec in args.studies for r in study_rows(spec)]
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(table(rows))
+    if args.out and rows and figure(rows, args.out):
+        print(f"figure: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
