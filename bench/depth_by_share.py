@@ -22,7 +22,7 @@ from common import REPO  # noqa: F401  (puts the repository on sys.path)
 from training.common.errors import ConfigError  # noqa: E402
 from training.config.train_config import TrainConfig  # noqa: E402
 from training.experiments.study.arms import t_interval  # noqa: E402
-from training.experiments.study.arms_figures import plain_labels  # noqa: E402
+from training.experiments.study.arms_figures import depth_position, plain_labels  # noqa: E402
 from training.experiments.study.protocol import Protocol  # noqa: E402
 from training.experiments.study.recipe import load_recipe  # noqa: E402
 from training.experiments.sweep.engine import model_layers  # noqa: E402
@@ -41,16 +41,16 @@ def study_rows(spec: str) -> list[dict]:
         raise ConfigError(f"{spec}: cannot read {model}'s depth here; give it as FOLDER:RECIPE:LAYERS")
     recipe = recipe.resolve(layers)
     protocol = Protocol(recipe, read_results(Path(folder) / RESULTS))
-    reference = protocol.reporting(recipe.points[0]["label"])
+    reference, plain = protocol.reporting(recipe.points[0]["label"]), plain_labels(recipe)
     rows = []
     for point in recipe.points:
         depth = recipe.depth(point["depth"])
         runs = protocol.reporting(point["label"])
         seeds = sorted(set(runs) & set(reference))
-        if point["label"] not in plain_labels(recipe) or depth is None or not seeds:
+        if point["label"] not in plain or depth is None or not seeds:
             continue
         diffs = [runs[s]["dev"]["overall"] - reference[s]["dev"]["overall"] for s in seeds]
-        frozen = max(depth, 0)  # the embeddings alone (-1) freeze no encoder layer
+        frozen = depth_position(depth)  # encoder layers frozen: the embeddings alone (-1) freeze none
         ci = t_interval(diffs)  # nan with one seed
         rows.append({"study": Path(folder).name, "model": model, "layers": layers, "label": point["label"],
                      "frozen": frozen, "share": frozen / layers, "left": layers - frozen, "seeds": len(seeds),
