@@ -22,10 +22,13 @@ from pathlib import Path
 
 from common import REPO  # noqa: F401  (puts the repository on sys.path)
 
+from training.common.errors import ConfigError  # noqa: E402
+from training.config.train_config import TrainConfig  # noqa: E402
 from training.experiments.study.arms import METRICS, holm, t_interval  # noqa: E402
 from training.experiments.study.arms_report import choice_margin, machines_phrase, tune_spread  # noqa: E402
 from training.experiments.study.protocol import Protocol, borrows  # noqa: E402
 from training.experiments.study.recipe import load_recipe  # noqa: E402
+from training.experiments.sweep.engine import model_layers  # noqa: E402
 from training.experiments.sweep.records import RunKey, read_results  # noqa: E402
 from training.results.statistics import paired_tests, tost  # noqa: E402
 
@@ -58,6 +61,16 @@ def row(label: str, ref: dict[int, dict], runs: dict[int, dict], metric: str, ma
             "machines": f"{machines_phrase([runs[s] for s in common])} vs {machines_phrase([ref[s] for s in common])}"}
 
 
+def resolved(name: str, layers: int | None):
+    """The recipe, its depths resolved on `layers` or else on the model it names (MiniLM's 6 by default)."""
+    recipe = load_recipe(name)
+    model = recipe.train.get("model", TrainConfig.model)
+    layers = layers or model_layers(model)
+    if layers is None:
+        raise ConfigError(f"--recipe {name}: cannot read {model}'s depth here; give it with --layers")
+    return recipe.resolve(layers)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                 allow_abbrev=False)
@@ -67,13 +80,18 @@ def main(argv=None) -> int:
     p.add_argument("--seeds", nargs="+", type=int, help="only these seeds (default: every seed both have)")
     p.add_argument("--metric", default="overall", choices=METRICS)
     p.add_argument("--margin", type=float, default=0.005, help="equivalence margin (default: %(default)s)")
-    p.add_argument("--layers", type=int, default=6, help="the model's depth, to resolve the recipe's shares (default: %(default)s, MiniLM)")
+    p.add_argument("--layers", type=int, help="the model's depth, to resolve the recipe's depths and shares "
+                   "(default: the depth of the model the recipe names)")
     p.add_argument("--near-ties", action="store_true", help="with --recipe: the tuning margins against the noise")
     args = p.parse_args(argv)
+    try:
+        recipe = resolved(args.recipe, args.layers) if args.recipe else None
+    except ConfigError as e:  # a recipe that cannot be read, or depths its model lacks: one line
+        print(f"equivalence.py: error: {e}", file=sys.stderr)
+        return 2
     if args.near_ties:
         if not (args.recipe and args.results):
             p.error("--near-ties needs a results folder and --recipe")
-        recipe = load_recipe(args.recipe).resolve(args.layers)
         protocol = Protocol(recipe, read_results(args.results / "results.jsonl"))
         print("| point | margin | one run's sd | sqrt(2) x sd | near tie by sd | by sqrt(2) x sd |")
         print("|---|---:|---:|---:|---|---|")
@@ -91,7 +109,6 @@ def main(argv=None) -> int:
                 args.margin, args.seeds)
         rows = [r] if r else []
     elif args.recipe and args.results:
-        recipe = load_recipe(args.recipe).resolve(args.layers)
         protocol = Protocol(recipe, read_results(args.results / "results.jsonl"))
         reference = recipe.points[0]["label"]
         for point in recipe.points:

@@ -274,3 +274,28 @@ def test_the_mpnet_base_shape_is_all_mpnet_base_v2s_and_its_step_runs(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     assert "# model: mpnet-base shape, random (mpnet, 12 layers, hidden 768)" in r.stdout, r.stdout
     assert float(r.stdout.split("max|diff| ")[1].split()[0]) < 1e-4, r.stdout
+
+
+def test_equivalence_resolves_a_recipe_on_the_model_it_names(tmp_path, capsys):
+    """A recipe that names a 12-layer model has its depth 9 resolved there, not on MiniLM's 6 (which refuses it);
+    the row's difference is the mean of the paired differences, written out here; a model whose depth cannot be
+    read is one line and exit 2."""
+    sys.path.insert(0, str(BENCH))
+    import equivalence as E
+
+    path = _depth_study(tmp_path / "s", {9: [0.69, 0.70, 0.72]}, full=[0.70, 0.72, 0.74])
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"num_hidden_layers": 12}))
+    for name in ("model.safetensors", "vocab.txt"):  # a checkpoint's layout; only the config is read
+        (model / name).write_text("")
+    recipe = json.loads(path.read_text())
+    recipe["train"]["model"] = str(model)
+    path.write_text(json.dumps(recipe))
+    assert E.main(["--recipe", str(path), str(tmp_path / "s")]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("| d9 "))
+    assert "| 1,2,3 | -0.0167 [" in line  # (-0.01 - 0.02 - 0.02) / 3
+    recipe["train"]["model"] = str(tmp_path / "nowhere")
+    path.write_text(json.dumps(recipe))
+    assert E.main(["--recipe", str(path), str(tmp_path / "s")]) == 2
+    assert "--layers" in capsys.readouterr().err
