@@ -20,9 +20,9 @@ from pathlib import Path
 from common import REPO  # noqa: F401  (puts the repository on sys.path)
 
 from training.common.errors import ConfigError  # noqa: E402
-from training.config.train_config import TrainConfig  # noqa: E402
 from training.experiments.study.arms import t_interval  # noqa: E402
 from training.experiments.study.arms_figures import depth_position, plain_labels  # noqa: E402
+from training.experiments.study.cli import study_model  # noqa: E402
 from training.experiments.study.protocol import Protocol  # noqa: E402
 from training.experiments.study.recipe import load_recipe  # noqa: E402
 from training.experiments.sweep.engine import model_layers  # noqa: E402
@@ -35,7 +35,7 @@ def study_rows(spec: str) -> list[dict]:
     """One row per plain frozen depth of the study FOLDER:RECIPE[:LAYERS] with paired reporting seeds."""
     folder, name, layers = parse_spec(spec)
     recipe = load_recipe(name)
-    model = recipe.train.get("model", TrainConfig.model)
+    model = study_model(recipe, None)  # the model its runs train
     layers = layers or model_layers(model)
     if layers is None:
         raise ConfigError(f"{spec}: cannot read {model}'s depth here; give it as FOLDER:RECIPE:LAYERS")
