@@ -196,8 +196,9 @@ def test_a_bad_runner_up_point_is_one_line(tmp_path, point, says, capsys):
     assert len(err.splitlines()) == 1 and says in err and str(path) in err
 
 
-@pytest.mark.parametrize("study, rates", [("whole", "whole-rates"), ("whole-size", "whole-size-rates")])
-def test_a_near_tie_recipe_repeats_its_studys_points_and_settings(study, rates):
+@pytest.mark.parametrize("study, rates, layers", [("whole", "whole-rates", 6), ("whole-size", "whole-size-rates", 6),
+                                                  ("mpnet-depth", "mpnet-depth-rates", 12)])
+def test_a_near_tie_recipe_repeats_its_studys_points_and_settings(study, rates, layers):
     """A near-tie recipe reads its study's results: its settings and the points it repeats must be the study's,
     or its runs would be other runs (or refused), and its twins must be exactly the near ties of the study's
     tuning, the rule recomputed from the study's record in docs/ (a run synced there that makes a new near tie
@@ -212,7 +213,7 @@ def test_a_near_tie_recipe_repeats_its_studys_points_and_settings(study, rates):
     assert own and all(points[p["label"]] == p for p in own)
     twinned = {p["runner_up_of"] for p in twins["points"] if "runner_up_of" in p}
     assert twinned <= {p["label"] for p in own}
-    recipe = load_recipe(study).resolve(6)  # the rule, on the study's own record
+    recipe = load_recipe(study).resolve(layers)  # the rule, on the study's own record
     protocol = Protocol(recipe, sweep_records.read_results(Path(f"docs/freezing-study/{study}/results.jsonl")))
     near = {p["label"] for p in recipe.points if not borrows(p)
             and R.choice_margin(protocol, p) < R.tune_spread(protocol, p["label"])}
