@@ -171,6 +171,23 @@ def test_one_of_two_workers_killed_alone_and_restarted_goes_on(tmp_path, uninter
     no_checkpoint_left(tmp_path)
 
 
+def test_the_other_worker_takes_over_the_run_of_a_worker_killed_and_not_restarted(tmp_path, uninterrupted):
+    """The second worker saw seed 1 claimed by a live worker when it started; once that worker is gone
+    (killed alone, its training process left to checkpoint and end), the second must take seed 1 over
+    when it next looks, not finish with seed 1 never recorded."""
+    argv = study_argv(tmp_path, (1, 2))
+    first = start(argv, tmp_path / "first.log")
+    wait_until(lambda: "seed1" in (tmp_path / "first.log").read_text())  # claimed: the second takes seed 2
+    other = start(argv, tmp_path / "other.log")
+    wait_until(lambda: "seed2" in (tmp_path / "other.log").read_text())  # it has seen seed 1 claimed
+    training_child(first, tmp_path / "runs")
+    first.kill()
+    first.wait()
+    finished(other, tmp_path / "other.log")
+    assert results(tmp_path) == uninterrupted
+    no_checkpoint_left(tmp_path)
+
+
 def test_a_training_process_whose_worker_is_gone_before_it_holds_the_folder_does_not_train(tmp_path):
     from training.common.processes import TRAINER_LOCK, hold_run_folder
     assert hold_run_folder(tmp_path / "run", parent=os.getppid() + 10**6) is None  # not our parent: gone

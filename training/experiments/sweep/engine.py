@@ -106,9 +106,9 @@ def work(grid: Grid, workers: Workers, base: TrainConfig, plan_of, arms: dict[st
     once each result is recorded (the study rewrites its report); annotate(key) adds fields to a record
     (the study's seed role). arms: anything with .get(arm, default) giving an arm's overrides. Several workers (this
     command started again, in another shell) share the work: each run is claimed with a lock file in
-    runs_dir, and a run claimed by a live process is left to it. SIGINT/SIGTERM stop the worker after
-    the current run (whose training stops after its step, with a checkpoint: the run goes on from it on
-    the next start)."""
+    runs_dir, and a run claimed by a live process is left to it until that process is gone, when the next
+    worker to look takes it over. SIGINT/SIGTERM stop the worker after the current run (whose training
+    stops after its step, with a checkpoint: the run goes on from it on the next start)."""
     results_path, settings = out / RESULTS, settings_of(base)
     runs_dir.mkdir(parents=True, exist_ok=True)
     failures, spent, busy = [], [], set()
@@ -118,7 +118,8 @@ def work(grid: Grid, workers: Workers, base: TrainConfig, plan_of, arms: dict[st
             done, planned = {RunKey.of(r) for r in records}, plan_of(records)
             clean_leftovers(runs_dir, done, out, workers.keep_checkpoints)
             todo = [k for k in planned if k not in done and k not in failures]
-            key = claim_next(runs_dir, [k for k in todo if k not in busy], busy, results_path)
+            busy = set()  # asked afresh each time: a run whose worker has died since is taken over, not left
+            key = claim_next(runs_dir, todo, busy, results_path)
             if key is None:
                 break
             eta = f", about {len(todo) * sum(spent) / len(spent) / 60:.0f} min left" if spent else ""
