@@ -8,10 +8,11 @@
 # trained full fine-tuning's whole-file runs in 78-105 s each, four SMART's in 219-233 s); each stops DEADLINE seconds after the
 # start (it writes the report before it exits; killed 20 s later). What finished comes back in
 # $OUT/study.tgz (saved every 15 s, so that a command cut off still returns it): add it here with
-# bench/import_runs.py. A worker with nothing it can claim (the rest trained by others, or reporting
-# runs waiting for a tuning run in progress) stops; its slot starts another 20 s later, so that the
-# reporting runs a tuning run releases find WORKERS workers, until the study is complete or the
-# deadline is a minute away (RETRY_S: that wait). THREADS: torch threads per worker (default 1: the
+# bench/import_runs.py. A worker with nothing it can claim while others train waits for them (their
+# tuning runs may release reporting runs) and stops when the study is complete; should one stop with
+# status 0 before that (a checkout from before 2026-11-28, whose workers stopped with nothing to claim),
+# its slot starts another 20 s later, until the study is complete or the deadline is a minute away
+# (RETRY_S: that wait). THREADS: torch threads per worker (default 1: the
 # host only dispatches). STUDY_DIR: where the studies train (default /tmp/study, its runs in STUDY_DIR-runs).
 #
 #   STUDIES="whole=whole" WORKERS=2 DEADLINE=520 DATA_AS=/work/shared/data/cs224n bash bench/gpu_study.sh

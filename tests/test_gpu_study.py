@@ -12,13 +12,13 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 # Stands in for `python3 -m training.experiments.study ...`: counts its starts; the first BUSY of them find every run
-# claimed by another worker (and exit 0, as the study does), the next reports the study complete, or
-# every start fails where FAIL is set.
+# claimed by another worker and exit 0 (as the study's workers did before they waited), the next reports
+# the study complete, or every start fails where FAIL is set.
 FAKE_PYTHON = """#!/usr/bin/env bash
 n=$(( $(cat "$FAKE_DIR/starts" 2>/dev/null || echo 0) + 1 )); echo $n > "$FAKE_DIR/starts"
 echo "start $n: $*"
 [[ -n "${FAIL:-}" ]] && { echo "training.experiments.sweep: error: run x failed"; exit 1; }
-if (( n <= BUSY )); then echo "INFO training.experiments.sweep.engine: 1 run(s) are being trained by another worker: x"
+if (( n <= BUSY )); then echo "INFO training.experiments.sweep.engine: stopped with nothing to claim"
 else echo "INFO training.experiments.sweep.engine: sweep complete: results.jsonl"; fi
 """
 
@@ -54,7 +54,7 @@ def test_a_slot_starts_workers_until_the_study_is_complete(layout):
     assert done.returncode == 0, done.stderr
     assert (layout / "starts").read_text().strip() == "3"  # two found nothing to claim, the third completed
     log = (layout / "out" / "study" / "s-worker1.log").read_text()
-    assert log.count("being trained by another worker") == 2 and "sweep complete" in log
+    assert log.count("stopped with nothing to claim") == 2 and "sweep complete" in log
     assert "-m training.experiments.study some-recipe --out" in log and "--threads 1" in log
     assert seconds < 60  # it stopped at the completion, not at the deadline
 

@@ -9,6 +9,7 @@ orphan's checkpoint then lands in a folder the new worker owns, whose trainer re
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -65,8 +66,18 @@ sys.exit(C.main(sys.argv[1:]))
 """
 
 
-def start(argv: list[str], log: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", SLOW_CLEAN, *argv[3:]], cwd=ROOT, stdout=subprocess.DEVNULL,
+# The worker as it is, looking again half a second after it found nothing to claim (15 s in use).
+QUICK_LOOK = """
+import sys
+from training.experiments.sweep import engine
+from training.experiments.study import cli as C
+engine.WAIT_SECONDS = 0.5
+sys.exit(C.main(sys.argv[1:]))
+"""
+
+
+def start(argv: list[str], log: Path, code: str = SLOW_CLEAN) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", code, *argv[3:]], cwd=ROOT, stdout=subprocess.DEVNULL,
                             stderr=log.open("w"), env={**os.environ, "PYTHONPATH": str(ROOT / "tests")})
 
 
@@ -184,6 +195,28 @@ def test_the_other_worker_takes_over_the_run_of_a_worker_killed_and_not_restarte
     first.kill()
     first.wait()
     finished(other, tmp_path / "other.log")
+    assert results(tmp_path) == uninterrupted
+    no_checkpoint_left(tmp_path)
+
+
+def test_a_worker_with_nothing_to_claim_waits_and_takes_over_when_the_claimant_dies(tmp_path, uninterrupted):
+    """Both runs claimed by a live process (a stand-in that never trains): the worker must wait rather
+    than end with nothing recorded, and train both once that process is gone."""
+    argv, log = study_argv(tmp_path, (1, 2)), tmp_path / "worker.log"
+    (tmp_path / "runs").mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    for seed in (1, 2):
+        lock = tmp_path / "runs" / f".sst-freezenone-n200-seed{seed}.lock"
+        lock.write_text(json.dumps({"pid": holder.pid, "host": socket.gethostname()}))
+    worker = start(argv, log, QUICK_LOOK)
+    try:
+        wait_until(lambda: "waiting for the 2 run(s) other workers train" in log.read_text())
+        time.sleep(2)  # four more looks
+        assert worker.poll() is None and log.read_text().count("waiting for the") == 1  # said once
+    finally:
+        holder.kill()
+        holder.wait()
+    finished(worker, log)
     assert results(tmp_path) == uninterrupted
     no_checkpoint_left(tmp_path)
 

@@ -12,6 +12,7 @@ import shutil
 import signal
 import socket
 import sys
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -38,6 +39,7 @@ SAYS = "training.experiments.sweep"  # what the one-line errors and stops start 
 MARKER = "sweep-run.json"  # written into each run directory: the sweep may clean it on a rerun
 
 KEPT = "sweep-result.json"  # a trained run's record that results.jsonl could not take (a full disk), kept beside it
+WAIT_SECONDS = 15.0  # how long a worker with nothing to claim waits, while others train, before looking again
 
 
 class RunDirRefused(ValueError):
@@ -111,7 +113,7 @@ def work(grid: Grid, workers: Workers, base: TrainConfig, plan_of, arms: dict[st
     stops after its step, with a checkpoint: the run goes on from it on the next start)."""
     results_path, settings = out / RESULTS, settings_of(base)
     runs_dir.mkdir(parents=True, exist_ok=True)
-    failures, spent, busy = [], [], set()
+    failures, spent, waited_for = [], [], frozenset()
     with stop_after("run"):
         while not signals.received():
             records = read_results(results_path)
@@ -120,8 +122,11 @@ def work(grid: Grid, workers: Workers, base: TrainConfig, plan_of, arms: dict[st
             todo = [k for k in planned if k not in done and k not in failures]
             busy = set()  # asked afresh each time: a run whose worker has died since is taken over, not left
             key = claim_next(runs_dir, todo, busy, results_path)
-            if key is None:
+            if key is None and not busy:
                 break
+            if key is None:
+                waited_for = wait_for_others(busy, waited_for)
+                continue
             eta = f", about {len(todo) * sum(spent) / len(spent) / 60:.0f} min left" if spent else ""
             log.info("run %d/%d: %s%s", len(planned) - len(todo) + 1, len(planned), key.name, eta)
             try:
@@ -154,20 +159,30 @@ def work(grid: Grid, workers: Workers, base: TrainConfig, plan_of, arms: dict[st
             print(f"{SAYS}: stopped by {signal.Signals(signals.received()).name} ({len(spent)} run(s) "
                   f"finished and recorded); rerun the same command to go on", file=sys.stderr)
             return signals.exit_status()
-    return _final_status(failures, busy, results_path, out)
+    return _final_status(failures, results_path, out)
 
 
-def _final_status(failures: list[RunKey], busy: set[RunKey], results_path: Path, out: Path) -> int:
-    """A worker with nothing left to claim: 1 if a run of its failed, else 0, saying what others still train."""
+def wait_for_others(busy: set[RunKey], waited_for: frozenset) -> frozenset:
+    """Nothing left to claim while other workers train `busy`: wait WAIT_SECONDS before looking again, for
+    their results may plan more runs (a study's reporting runs wait for their point's tuning) and a run
+    whose worker dies is this one's to take over. Says so once for each set of runs; returns the set."""
+    busy = frozenset(busy)
+    if busy != waited_for:
+        log.info("nothing to claim now: waiting for the %d run(s) other workers train (%s), whose results may "
+                 "plan more", len(busy), ", ".join(sorted(k.name for k in busy)))
+    end = time.monotonic() + WAIT_SECONDS
+    while time.monotonic() < end and not signals.received():
+        time.sleep(0.2)
+    return busy
+
+
+def _final_status(failures: list[RunKey], results_path: Path, out: Path) -> int:
+    """A worker with nothing left to claim or wait for: 1 if a run of its failed, else 0."""
     if failures:
         print(f"{SAYS}: {len(failures)} run(s) failed: {', '.join(k.name for k in failures)}; rerun the "
               f"same command to retry them", file=sys.stderr)
         return 1
-    still = [k for k in busy if k not in {RunKey.of(r) for r in read_results(results_path)}]
-    if still:
-        log.info("%d run(s) are being trained by another worker: %s", len(still), ", ".join(k.name for k in still))
-    else:
-        log.info("sweep complete: %s; summarise with `minbert report %s`", results_path, out)
+    log.info("sweep complete: %s; summarise with `minbert report %s`", results_path, out)
     return 0
 
 
