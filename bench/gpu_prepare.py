@@ -20,7 +20,7 @@ under --max-mib: the GPU machine takes at most 64 MiB per transfer, the reposito
 With --mpnet, OUT_DIR is the folder (.gpu) that receives all-mpnet-base-v2 (`--model mpnet-base`, from
 --mpnet-source, default where the alias resolves) cut for several calls: model.safetensors, the
 publisher's fp32 file byte for byte (no fp16 or bf16 copy: the GPU's runs must start from the weights
-the CPU's start from), in parts of at most --part-mib (default 54: 8 parts of 52.2 MiB for its 437,971,872
+the CPU's start from), in parts of at most --part-mib (default 47: 9 parts of 46.4 MiB for its 437,971,872
 bytes), one folder each, OUT_DIR/mpnet-part-01/ ... mpnet-part-NN/; part 01 also holds the folder's small
 files (config.json, the tokenizer files; not README.md or desktop.ini) under files/. Every part folder
 holds the same MANIFEST.json (each part's bytes and sha256 in order, the whole file's, the small files').
@@ -247,7 +247,7 @@ def report_size(out: Path, max_mib: float) -> int:
 
 
 MPNET_ALIAS = "mpnet-base"
-MPNET_PART_MIB = 54.0  # 8 parts of 52.2 MiB; with the repository's ~9.2 MiB a call carries 62 of its 64 MiB
+MPNET_PART_MIB = 47.0  # 9 parts of 46.4 MiB; with the repository's 11.5 MiB (2026-11-28) a call carries 59 of 64 MiB
 MPNET_SKIP = ("README.md", "desktop.ini")  # in the folder, no part of the model
 
 
