@@ -6,12 +6,19 @@ FOLDER:RECIPE (the model's depth read from the recipe's model) or FOLDER:RECIPE:
 reporting runs yet are left out. No correction over the rows: each study's own report holds its Holm
 family; this sets the same differences side by side.
 
+--contrast answers "in layers or in share" with intervals: for every two studies given, each pair of points
+frozen to the same share, and each pair leaving the same number of layers to train, one loss minus the
+other with Welch's 95% interval over the two sets of per-seed differences (the two models' runs are
+independent) and its p, Holm over every contrast printed. Give it studies at one scale only: a contrast
+across scales measures the scale too.
+
     python bench/depth_by_share.py docs/freezing-study/mpnet-scale-minilm:mpnet-scale-minilm \\
-        docs/freezing-study/mpnet-depth:mpnet-depth --out docs/freezing-study/depth-by-share.png
+        docs/freezing-study/mpnet-depth:mpnet-depth --contrast --out docs/freezing-study/depth-by-share.png
 """
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import statistics
 import sys
@@ -20,7 +27,7 @@ from pathlib import Path
 from common import REPO  # noqa: F401  (puts the repository on sys.path)
 
 from training.common.errors import ConfigError  # noqa: E402
-from training.experiments.study.arms import t_interval  # noqa: E402
+from training.experiments.study.arms import holm, t_interval, welch  # noqa: E402
 from training.experiments.study.arms_figures import depth_position, plain_labels  # noqa: E402
 from training.experiments.study.cli import study_model  # noqa: E402
 from training.experiments.study.protocol import Protocol  # noqa: E402
@@ -54,7 +61,7 @@ def study_rows(spec: str) -> list[dict]:
         ci = t_interval(diffs)  # nan with one seed
         rows.append({"study": Path(folder).name, "model": model, "layers": layers, "label": point["label"],
                      "frozen": frozen, "share": frozen / layers, "left": layers - frozen, "seeds": len(seeds),
-                     "diff": statistics.mean(diffs), "ci": ci})
+                     "diff": statistics.mean(diffs), "ci": ci, "diffs": diffs})
     return sorted(rows, key=lambda r: r["frozen"])
 
 
@@ -75,6 +82,36 @@ def table(rows: list[dict]) -> str:
         ci = "" if math.isnan(lo) else f" [{lo:+.4f}, {hi:+.4f}]"
         lines.append(f"| {r['study']} ({r['model']}) | {r['label']} | {r['frozen']} of {r['layers']} | "
                      f"{r['share']:.0%} | {r['left']} | {r['seeds']} | {r['diff']:+.4f}{ci} |")
+    return "\n".join(lines)
+
+
+def contrasts(rows: list[dict]) -> list[dict]:
+    """Every two studies' points matched by share frozen, then by layers left to train: the first study's
+    loss minus the second's (Welch over their per-seed differences), Holm over all of them."""
+    by_study: dict[str, list[dict]] = {}
+    for r in rows:
+        if r["seeds"] >= 2:  # Welch needs a spread on both sides
+            by_study.setdefault(r["study"], []).append(r)
+    out = []
+    for first, second in itertools.combinations(by_study.values(), 2):
+        for key, placing in (("share", "share frozen"), ("left", "layers trained")):
+            for a, b in itertools.product(first, second):
+                if math.isclose(a[key], b[key]):
+                    diff, ci, p = welch(a["diffs"], b["diffs"])
+                    out.append({"placing": placing, "a": a, "b": b, "diff": diff, "ci": ci, "p": p})
+    for c, adjusted in zip(out, holm([c["p"] for c in out])):
+        c["holm"] = adjusted
+    return out
+
+
+def contrast_table(found: list[dict]) -> str:
+    lines = ["| matched by | point (study) | its loss | against (study) | its loss | "
+             "difference of the losses [95% Welch CI] | p | Holm p |", "|---|---|---:|---|---:|---:|---:|---:|"]
+    for c in found:
+        a, b, (lo, hi) = c["a"], c["b"], c["ci"]
+        lines.append(f"| {c['placing']} | {a['label']} ({a['study']}) | {a['diff']:+.4f} | {b['label']} "
+                     f"({b['study']}) | {b['diff']:+.4f} | {c['diff']:+.4f} [{lo:+.4f}, {hi:+.4f}] | "
+                     f"{c['p']:.2g} | {c['holm']:.2g} |")
     return "\n".join(lines)
 
 
@@ -112,6 +149,9 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                 allow_abbrev=False)
     p.add_argument("studies", nargs="+", help="FOLDER:RECIPE or FOLDER:RECIPE:LAYERS, one per study")
+    p.add_argument("--contrast", action="store_true",
+                   help="also each two studies' losses at the same share and at the same layers trained, "
+                        "Welch intervals, Holm over them (studies at one scale only)")
     p.add_argument("--out", type=Path, default=None, help="also draw the figure there (a .png; default: none)")
     args = p.parse_args(argv)
     try:
@@ -120,6 +160,9 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(table(rows))
+    if args.contrast:
+        found = contrasts(rows)
+        print("\n" + (contrast_table(found) if found else "no two studies share a share or a number of layers trained"))
     if args.out and rows and figure(rows, args.out):
         print(f"figure: {args.out}")
     return 0

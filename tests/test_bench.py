@@ -207,6 +207,39 @@ def test_depth_by_share_sets_two_studies_depths_side_by_side(tmp_path):
     assert D.main([str(tmp_path / "small")]) == 2
 
 
+def test_depth_by_share_contrasts_two_studies_at_the_same_share_and_the_same_layers_trained(tmp_path, capsys):
+    """--contrast: the small model's half (1 of 2) matches the large one's 2 of 4 by share and its 3 of 4 by
+    layers trained; each contrast is one loss minus the other with Welch's interval written out here, and
+    Holm over the two; a study's point without a match gets no contrast."""
+    from scipy import stats
+    sys.path.insert(0, str(BENCH))
+    import depth_by_share as D
+
+    small = _depth_study(tmp_path / "small", {1: [0.69, 0.70, 0.71]}, full=[0.70, 0.72, 0.74])
+    large = _depth_study(tmp_path / "large", {2: [0.70, 0.69, 0.70], 3: [0.60, 0.61, 0.63], 4: [0.5, 0.5, 0.5]},
+                         full=[0.70, 0.71, 0.72])
+    specs = [f"{tmp_path / 'small'}:{small}:2", f"{tmp_path / 'large'}:{large}:4"]
+    found = D.contrasts([r for spec in specs for r in D.study_rows(spec)])
+    assert [(c["placing"], c["a"]["label"], c["b"]["label"]) for c in found] == [
+        ("share frozen", "d1", "d2"), ("layers trained", "d1", "d3")]
+
+    def welch(a, b):  # Welch's t written out: the two variances of the means, Satterthwaite's df
+        va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
+        df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
+        diff, se = statistics.mean(a) - statistics.mean(b), (va + vb) ** 0.5
+        half = stats.t.ppf(0.975, df) * se
+        return diff, (diff - half, diff + half), 2 * stats.t.sf(abs(diff) / se, df)
+
+    small_diffs = [-0.01, -0.02, -0.03]
+    for c, large_diffs in zip(found, ([0.0, -0.02, -0.02], [-0.10, -0.10, -0.09])):
+        diff, ci, p = welch(small_diffs, large_diffs)
+        assert c["diff"] == pytest.approx(diff) and c["ci"] == pytest.approx(ci) and c["p"] == pytest.approx(p)
+    ps = sorted(c["p"] for c in found)
+    assert sorted(c["holm"] for c in found) == pytest.approx([2 * ps[0], max(2 * ps[0], ps[1])])
+    assert D.main(specs + ["--contrast"]) == 0
+    assert "| layers trained | d1 (small) | -0.0200 | d3 (large) | -0.0967 | +0.0767 [" in capsys.readouterr().out
+
+
 def test_same_bits_runs_carry_the_flags_of_the_points_a_study_has_left():
     """--flags reaches the run both commits make (a study's SMART or schedule points are checked as they run)."""
     from same_bits import parse_args, run_command
