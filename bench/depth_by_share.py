@@ -3,17 +3,24 @@ depth points (no arm, their own rate) against that study's full fine-tuning, pai
 difference with its 95% t interval, placed by the share of the encoder's layers frozen and by the layers
 left to train. One table (markdown) and, with --out, a figure of the two placings side by side. A study is
 FOLDER:RECIPE (the model's depth read from the recipe's model) or FOLDER:RECIPE:LAYERS; its points without
-reporting runs yet are left out. No correction over the rows: each study's own report holds its Holm
+reporting runs yet are left out; a folder given with two recipes (its study's and its near-tie recipe) is
+one study with the points of both. No correction over the rows: each study's own report holds its Holm
 family; this sets the same differences side by side.
 
 --contrast answers "in layers or in share" with intervals: for every two studies given, each pair of points
 frozen to the same share, and each pair leaving the same number of layers to train, one loss minus the
 other with Welch's 95% interval over the two sets of per-seed differences (the two models' runs are
 independent) and its p, Holm over every contrast printed. Give it studies at one scale only: a contrast
-across scales measures the scale too.
+across scales measures the scale too. Given its near-tie recipe too (FOLDER:mpnet-depth-rates.json), a
+study's rows add its twins, each plain depth at its runner-up rate against the same full fine-tuning, and the
+contrasts pair points at the chosen rates with each other and twins with twins (the figure draws the chosen).
 
     python bench/depth_by_share.py docs/freezing-study/mpnet-scale-minilm:mpnet-scale-minilm \\
         docs/freezing-study/mpnet-depth:mpnet-depth --contrast --out docs/freezing-study/depth-by-share.png
+    R=training/experiments/study/recipes  # the same with each study's twins (its near-tie recipe):
+    python bench/depth_by_share.py docs/freezing-study/mpnet-scale-minilm:mpnet-scale-minilm \\
+        docs/freezing-study/mpnet-scale-minilm:$R/mpnet-scale-minilm-rates.json \\
+        docs/freezing-study/mpnet-depth:mpnet-depth docs/freezing-study/mpnet-depth:$R/mpnet-depth-rates.json --contrast
 """
 from __future__ import annotations
 
@@ -49,20 +56,22 @@ def study_rows(spec: str) -> list[dict]:
     recipe = recipe.resolve(layers)
     protocol = Protocol(recipe, read_results(Path(folder) / RESULTS))
     reference, plain = protocol.reporting(recipe.points[0]["label"]), plain_labels(recipe)
+    twins = {p["label"] for p in recipe.points if p.get("runner_up_of") in plain}  # a near-tie recipe's
     rows = []
     for point in recipe.points:
         depth = recipe.depth(point["depth"])
         runs = protocol.reporting(point["label"])
         seeds = sorted(set(runs) & set(reference))
-        if point["label"] not in plain or depth is None or not seeds:
+        if point["label"] not in plain | twins or depth is None or not seeds:
             continue
         diffs = [runs[s]["dev"]["overall"] - reference[s]["dev"]["overall"] for s in seeds]
         frozen = depth_position(depth)  # encoder layers frozen: the embeddings alone (-1) freeze none
         ci = t_interval(diffs)  # nan with one seed
         rows.append({"study": Path(folder).name, "model": model, "layers": layers, "label": point["label"],
                      "frozen": frozen, "share": frozen / layers, "left": layers - frozen, "seeds": len(seeds),
-                     "diff": statistics.mean(diffs), "ci": ci, "diffs": diffs})
-    return sorted(rows, key=lambda r: r["frozen"])
+                     "diff": statistics.mean(diffs), "ci": ci, "diffs": diffs,
+                     "rate": "runner-up" if point["label"] in twins else "chosen"})
+    return sorted(rows, key=lambda r: (r["frozen"], r["rate"]))
 
 
 def parse_spec(spec: str) -> tuple[str, str, int | None]:
@@ -86,8 +95,9 @@ def table(rows: list[dict]) -> str:
 
 
 def contrasts(rows: list[dict]) -> list[dict]:
-    """Every two studies' points matched by share frozen, then by layers left to train: the first study's
-    loss minus the second's (Welch over their per-seed differences), Holm over all of them."""
+    """Every two studies' points matched by share frozen, then by layers left to train, both at the rates
+    their tuning chose or both at the runner-up rates (a near-tie recipe's twins): the first study's loss
+    minus the second's (Welch over their per-seed differences), Holm over all of them."""
     by_study: dict[str, list[dict]] = {}
     for r in rows:
         if r["seeds"] >= 2:  # Welch needs a spread on both sides
@@ -96,9 +106,10 @@ def contrasts(rows: list[dict]) -> list[dict]:
     for first, second in itertools.combinations(by_study.values(), 2):
         for key, placing in (("share", "share frozen"), ("left", "layers trained")):
             for a, b in itertools.product(first, second):
-                if math.isclose(a[key], b[key]):
+                if math.isclose(a[key], b[key]) and a["rate"] == b["rate"]:
                     diff, ci, p = welch(a["diffs"], b["diffs"])
-                    out.append({"placing": placing, "a": a, "b": b, "diff": diff, "ci": ci, "p": p})
+                    out.append({"placing": f"{placing}, {a['rate']} rates", "a": a, "b": b, "diff": diff,
+                                "ci": ci, "p": p})
     for c, adjusted in zip(out, holm([c["p"] for c in out])):
         c["holm"] = adjusted
     return out
@@ -148,22 +159,27 @@ def figure(rows: list[dict], path: Path) -> Path | None:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                 allow_abbrev=False)
-    p.add_argument("studies", nargs="+", help="FOLDER:RECIPE or FOLDER:RECIPE:LAYERS, one per study")
+    p.add_argument("studies", nargs="+", help="FOLDER:RECIPE or FOLDER:RECIPE:LAYERS, one per study "
+                   "(and FOLDER:NEAR_TIE_RECIPE for its twins)")
     p.add_argument("--contrast", action="store_true",
                    help="also each two studies' losses at the same share and at the same layers trained, "
                         "Welch intervals, Holm over them (studies at one scale only)")
     p.add_argument("--out", type=Path, default=None, help="also draw the figure there (a .png; default: none)")
     args = p.parse_args(argv)
     try:
-        rows = [r for spec in args.studies for r in study_rows(spec)]
+        found = {(r["study"], r["label"]): r for spec in args.studies for r in study_rows(spec)}
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    studies = list(dict.fromkeys(r["study"] for r in found.values()))  # a folder given twice is one study
+    rows = sorted(found.values(), key=lambda r: (studies.index(r["study"]), r["frozen"], r["rate"]))
     print(table(rows))
     if args.contrast:
-        found = contrasts(rows)
-        print("\n" + (contrast_table(found) if found else "no two studies share a share or a number of layers trained"))
-    if args.out and rows and figure(rows, args.out):
+        matched = contrasts(rows)
+        none = "no two studies share a share or a number of layers trained"
+        print("\n" + (contrast_table(matched) if matched else none))
+    chosen = [r for r in rows if r["rate"] == "chosen"]  # a twin drawn beside its point would read as a depth
+    if args.out and chosen and figure(chosen, args.out):
         print(f"figure: {args.out}")
     return 0
 

@@ -221,7 +221,7 @@ def test_depth_by_share_contrasts_two_studies_at_the_same_share_and_the_same_lay
     specs = [f"{tmp_path / 'small'}:{small}:2", f"{tmp_path / 'large'}:{large}:4"]
     found = D.contrasts([r for spec in specs for r in D.study_rows(spec)])
     assert [(c["placing"], c["a"]["label"], c["b"]["label"]) for c in found] == [
-        ("share frozen", "d1", "d2"), ("layers trained", "d1", "d3")]
+        ("share frozen, chosen rates", "d1", "d2"), ("layers trained, chosen rates", "d1", "d3")]
 
     def welch(a, b):  # Welch's t written out: the two variances of the means, Satterthwaite's df
         va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
@@ -237,7 +237,52 @@ def test_depth_by_share_contrasts_two_studies_at_the_same_share_and_the_same_lay
     ps = sorted(c["p"] for c in found)
     assert sorted(c["holm"] for c in found) == pytest.approx([2 * ps[0], max(2 * ps[0], ps[1])])
     assert D.main(specs + ["--contrast"]) == 0
-    assert "| layers trained | d1 (small) | -0.0200 | d3 (large) | -0.0967 | +0.0767 [" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "| layers trained, chosen rates | d1 (small) | -0.0200 | d3 (large) | -0.0967 | +0.0767 [" in out
+
+
+def _twin_recipe(folder: Path, depth: int, scores: list[float]) -> Path:
+    """A near-tie recipe beside _depth_study's: depth `depth` tuned at 0.003 too (0.49, the runner-up of
+    0.001's 0.5), its twin there with reporting seeds 1-3 scoring `scores`."""
+    from training.experiments.study.protocol import run_arm
+    recipe = json.loads((folder / "recipe.json").read_text())
+    point = {"label": f"d{depth}", "depth": depth, "arm": "", "lrs": [0.001, 0.003]}
+    recipe["points"] = [recipe["points"][0], point, {"label": f"d{depth} twin", "depth": depth, "arm": "",
+                                                     "runner_up_of": f"d{depth}"}]
+    (folder / "rates.json").write_text(json.dumps(recipe))
+    with open(folder / "results.jsonl", "a") as f:
+        for seed, x in [(7, 0.49), (1, scores[0]), (2, scores[1]), (3, scores[2])]:
+            f.write(json.dumps({"tasks": "sst+para+sts", "depth": depth, "size": 100, "seed": seed,
+                                "arm": run_arm("", 0.003), "tune": {"overall": x}, "dev": {"overall": x}}) + "\n")
+    return folder / "rates.json"
+
+
+def test_depth_by_share_with_near_tie_recipes_contrasts_twins_with_twins(tmp_path, capsys):
+    """A study given with its near-tie recipe too is one study whose rows add each plain depth's twin (the
+    runner-up rate, against the same full fine-tuning); contrasts pair chosen with chosen and twin with
+    twin, never one with the other, and Holm runs over all of them."""
+    sys.path.insert(0, str(BENCH))
+    import depth_by_share as D
+
+    small = _depth_study(tmp_path / "small", {1: [0.69, 0.70, 0.71]}, full=[0.70, 0.72, 0.74])
+    large = _depth_study(tmp_path / "large", {2: [0.70, 0.69, 0.70], 3: [0.60, 0.61, 0.63]}, full=[0.70, 0.71, 0.72])
+    small_twin = _twin_recipe(tmp_path / "small", 1, [0.70, 0.70, 0.70])
+    large_twin = _twin_recipe(tmp_path / "large", 2, [0.68, 0.66, 0.67])
+    specs = [f"{tmp_path / 'small'}:{small}:2", f"{tmp_path / 'small'}:{small_twin}:2",
+             f"{tmp_path / 'large'}:{large}:4", f"{tmp_path / 'large'}:{large_twin}:4"]
+    assert D.main(specs + ["--contrast"]) == 0
+    out = capsys.readouterr().out
+    rows = [r for spec in specs for r in D.study_rows(spec)]
+    twin = next(r for r in rows if r["label"] == "d1 twin")
+    assert twin["rate"] == "runner-up" and twin["diffs"] == pytest.approx([0.0, -0.02, -0.04])
+    assert out.count("| d1 | 1 of 2 |") == 1  # given twice, listed once
+    found = D.contrasts(list({(r["study"], r["label"]): r for r in rows}.values()))
+    assert [(c["placing"], c["a"]["label"], c["b"]["label"]) for c in found] == [
+        ("share frozen, chosen rates", "d1", "d2"), ("share frozen, runner-up rates", "d1 twin", "d2 twin"),
+        ("layers trained, chosen rates", "d1", "d3")]
+    both_twins = found[1]
+    assert both_twins["diff"] == pytest.approx(-0.02 - (-0.04))  # twins' mean losses -0.02 and -0.04
+    assert "| share frozen, runner-up rates | d1 twin (small) | -0.0200 | d2 twin (large) | -0.0400 |" in out
 
 
 def test_same_bits_runs_carry_the_flags_of_the_points_a_study_has_left():
