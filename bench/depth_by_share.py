@@ -56,7 +56,7 @@ def study_rows(spec: str) -> list[dict]:
     recipe = recipe.resolve(layers)
     protocol = Protocol(recipe, read_results(Path(folder) / RESULTS))
     reference, plain = protocol.reporting(recipe.points[0]["label"]), plain_labels(recipe)
-    twins = {p["label"] for p in recipe.points if p.get("runner_up_of") in plain}  # a near-tie recipe's
+    twins = {p["label"] for p in recipe.points if p.get("runner_up_of") in plain}  # plain depths' near-tie twins
     rows = []
     for point in recipe.points:
         depth = recipe.depth(point["depth"])
