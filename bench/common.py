@@ -15,13 +15,16 @@ if str(REPO) not in sys.path:
 from training.common.device import cpu_model  # noqa: E402,F401  (the scripts import it from here)
 
 
-def data_parser(doc: str, data_help: str = "folder with the course CSV files") -> argparse.ArgumentParser:
-    """A script's parser with --data-dir (the shared course data beside the checkout) and --model."""
+def data_parser(doc: str, data_help: str = "folder with the course CSV files",
+                model_default: str | None = "minilm-l6") -> argparse.ArgumentParser:
+    """A script's parser with --data-dir (the shared course data beside the checkout) and --model
+    (model_default None: a study's script, where the recipe names its model)."""
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter,
                                 allow_abbrev=False)
     p.add_argument("--data-dir", default=str(REPO.parent / "shared" / "data" / "cs224n"),
                    help=f"{data_help} (default: %(default)s)")
-    p.add_argument("--model", default="minilm-l6", help="checkpoint alias or directory (default: %(default)s)")
+    default = "%(default)s" if model_default else "the recipe's, else minilm-l6"
+    p.add_argument("--model", default=model_default, help=f"checkpoint alias or directory (default: {default})")
     return p
 
 

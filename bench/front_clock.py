@@ -7,6 +7,9 @@ models for that same run from the cost measured apart (training/experiments/stud
     python bench/front_clock.py --results docs/freezing-study/whole --threads 1 \\
         --out /tmp/clock --json docs/freezing-study/whole/clock/clock.json
     python bench/front_clock.py --results docs/freezing-study/whole --points "2/6 of the layers frozen" --dry-run
+    python bench/front_clock.py --recipe mpnet-depth --results docs/freezing-study/mpnet-depth --dry-run
+
+A recipe that names its model (mpnet-depth.json's "train") trains again on it without --model.
 
 Per run: the epochs it trained and its dev overall, recorded and again (the same bits where the machine and
 the code compute alike); its wall seconds (model loading, the cache's building, the epochs, an evaluation
@@ -33,7 +36,7 @@ from training.common.progress import setup_logging  # noqa: E402
 from training.config.train_config import TrainConfig  # noqa: E402
 from training.experiments.study.arms_cost import cache_scale, cost_rows, measured, read_cost, run_cost, stretches  # noqa: E402
 from training.experiments.study.arms_figures import pareto_front  # noqa: E402
-from training.experiments.study.cli import base_config  # noqa: E402
+from training.experiments.study.cli import base_config, study_model  # noqa: E402
 from training.experiments.study.protocol import ArmOverrides, Protocol  # noqa: E402
 from training.experiments.study.recipe import load_recipe  # noqa: E402
 from training.experiments.sweep.engine import Workers, model_layers, one_run  # noqa: E402
@@ -121,7 +124,7 @@ def row(label: str, old: dict, new: dict, modelled: float) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = data_parser(__doc__)
+    p = data_parser(__doc__, model_default=None)
     p.add_argument("--recipe", default="whole", help="the study's recipe (default: %(default)s)")
     p.add_argument("--results", required=True, type=Path, help="the study's results folder (results.jsonl, cost/)")
     p.add_argument("--points", nargs="+", default=None, help="the points' labels (default: the front)")
@@ -135,11 +138,15 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     setup_logging(logging.INFO)
     try:
-        recipe = load_recipe(args.recipe).resolve(model_layers(args.model))
+        recipe = load_recipe(args.recipe)
+        recipe = recipe.resolve(model_layers(study_model(recipe, args.model)))  # the depths on its model
         records, measurements = read_results(args.results / RESULTS), read_cost(args.results)
         if not measurements:
             raise ValueError(f"{args.results / 'cost'}: no cost measurement (bench/study_cost.py --json)")
         reference = recipe.points[0]["label"]
+        if not Protocol(recipe, records).reporting(reference):
+            raise ValueError(f"{args.results / RESULTS}: no reporting run of {reference!r}, the reference of "
+                             f"--recipe {args.recipe} (is it this study's recipe?)")
         labels = [reference] + [x for x in args.points or front_labels(recipe, records, measurements, reference)
                                 if x != reference]
         runs = [(label, Protocol(recipe, records).reporting(label).get(args.seed)) for label in labels]

@@ -92,3 +92,29 @@ def test_a_stopped_clock_goes_on_where_its_records_stop(tmp_path, capsys):
     assert front_clock.main(args + ["--points", "one", "--out", str(clock)]) == 0
     assert read_results(clock / "results.jsonl") == first  # nothing trained twice
     assert f"| {first[0]['wall_seconds']:.0f} |" in capsys.readouterr().out
+
+
+def test_the_recipes_own_model_trains_again_without_model(tmp_path, capsys):
+    """A recipe naming its model in "train" (as mpnet-depth.json does) is timed on that model without
+    --model: the dry run lists the runs with no setting changed (minilm-l6 would change the model)."""
+    recipe, out, args = tiny_study(tmp_path)
+    model = args[args.index("--model") + 1]
+    raw = json.loads(recipe.read_text())
+    recipe.write_text(json.dumps({**raw, "train": {**raw["train"], "model": model}}))
+    without_model = args[:2] + args[4:]
+    capsys.readouterr()
+    assert front_clock.main(without_model + ["--points", "one", "--dry-run"]) == 0
+    printed = capsys.readouterr().out
+    assert "one: seed 1" in printed and "settings differ" not in printed
+
+
+def test_results_of_another_recipe_are_one_line_naming_it(tmp_path, capsys):
+    recipe, out, args = tiny_study(tmp_path)
+    raw = json.loads(recipe.read_text())
+    other = tmp_path / "other.json"  # the same points under other arms: none of the results is its run
+    other.write_text(json.dumps({**raw, "arms": {"c": {}, "b": {"head_dropout": 0.2}},
+                                 "points": [{**p, "arm": "c" if p["arm"] == "" else p["arm"]} for p in raw["points"]]}))
+    capsys.readouterr()
+    assert front_clock.main(["--recipe", str(other)] + args[2:] + ["--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no reporting run of 'full'" in err and f"--recipe {other}" in err
