@@ -36,10 +36,10 @@ from training.common.progress import setup_logging  # noqa: E402
 from training.config.train_config import TrainConfig  # noqa: E402
 from training.experiments.study.arms_cost import cache_scale, cost_rows, measured, read_cost, run_cost, stretches  # noqa: E402
 from training.experiments.study.arms_figures import pareto_front  # noqa: E402
-from training.experiments.study.cli import base_config, study_model  # noqa: E402
+from training.experiments.study.cli import base_config, study_layers  # noqa: E402
 from training.experiments.study.protocol import ArmOverrides, Protocol  # noqa: E402
 from training.experiments.study.recipe import load_recipe  # noqa: E402
-from training.experiments.sweep.engine import Workers, model_layers, one_run  # noqa: E402
+from training.experiments.sweep.engine import Workers, one_run  # noqa: E402
 from training.experiments.sweep.records import RESULTS, RunKey, completed_settings, read_results, settings_of  # noqa: E402
 from training.experiments.sweep.subsets import Grid, training_subsets  # noqa: E402
 
@@ -139,17 +139,17 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(logging.INFO)
     try:
         recipe = load_recipe(args.recipe)
-        recipe = recipe.resolve(model_layers(study_model(recipe, args.model)))  # the depths on its model
+        recipe = recipe.resolve(study_layers(recipe, args.model))  # the depths on the model its runs train
         records, measurements = read_results(args.results / RESULTS), read_cost(args.results)
         if not measurements:
             raise ValueError(f"{args.results / 'cost'}: no cost measurement (bench/study_cost.py --json)")
-        reference = recipe.points[0]["label"]
-        if not Protocol(recipe, records).reporting(reference):
+        reference, protocol = recipe.points[0]["label"], Protocol(recipe, records)
+        if not protocol.reporting(reference):
             raise ValueError(f"{args.results / RESULTS}: no reporting run of {reference!r}, the reference of "
                              f"--recipe {args.recipe} (is it this study's recipe?)")
         labels = [reference] + [x for x in args.points or front_labels(recipe, records, measurements, reference)
                                 if x != reference]
-        runs = [(label, Protocol(recipe, records).reporting(label).get(args.seed)) for label in labels]
+        runs = [(label, protocol.reporting(label).get(args.seed)) for label in labels]
         missing = [label for label, r in runs if r is None]
         if missing:
             raise ValueError(f"--points {missing[0]!r}: no reporting run of seed {args.seed} in {args.results}")

@@ -70,6 +70,15 @@ def study_model(recipe: Recipe, given: str | None) -> str:
     return given or recipe.train.get("model") or TrainConfig.model
 
 
+def study_layers(recipe: Recipe, given: str | None) -> int:
+    """The depth of the model the study's runs train (study_model's), from its config.json."""
+    model = study_model(recipe, given)
+    layers = model_layers(model)
+    if layers is None:
+        raise ConfigError(f"--model {model}: cannot read its config.json (num_hidden_layers)")
+    return layers
+
+
 def base_config(recipe: Recipe, args) -> TrainConfig:
     """What every run of the study gets: the recipe's options over TrainConfig's defaults, the model
     study_model's, checkpoints at epoch ends only, no test predictions."""
@@ -105,11 +114,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     exit_on_sigterm()
     try:
         recipe = load_recipe(args.recipe)
-        model = study_model(recipe, args.model)  # the depths resolve on the model the runs train
-        layers = model_layers(model)
-        if layers is None:
-            raise ConfigError(f"--model {model}: cannot read its config.json (num_hidden_layers)")
-        recipe.resolve(layers)
+        recipe.resolve(study_layers(recipe, args.model))  # the depths resolve on the model the runs train
         base = base_config(recipe, args)
     except ConfigError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
