@@ -36,10 +36,9 @@ from common import REPO  # noqa: F401  (puts the repository on sys.path)
 from training.common.errors import ConfigError  # noqa: E402
 from training.experiments.study.arms import holm, t_interval, welch  # noqa: E402
 from training.experiments.study.arms_figures import depth_position, plain_labels  # noqa: E402
-from training.experiments.study.cli import study_model  # noqa: E402
+from training.experiments.study.cli import study_layers, study_model  # noqa: E402
 from training.experiments.study.protocol import Protocol  # noqa: E402
 from training.experiments.study.recipe import load_recipe  # noqa: E402
-from training.experiments.sweep.engine import model_layers  # noqa: E402
 from training.experiments.sweep.records import RESULTS, read_results  # noqa: E402
 
 MARGIN = 0.005  # issue 66's equivalence margin on the overall dev score, drawn on the figure
@@ -50,9 +49,7 @@ def study_rows(spec: str) -> list[dict]:
     folder, name, layers = parse_spec(spec)
     recipe = load_recipe(name)
     model = study_model(recipe, None)  # the model its runs train
-    layers = layers or model_layers(model)
-    if layers is None:
-        raise ConfigError(f"{spec}: cannot read {model}'s depth here; give it as FOLDER:RECIPE:LAYERS")
+    layers = study_layers(recipe, None, layers, fix=f"give its depth as {folder}:{name}:LAYERS")
     recipe = recipe.resolve(layers)
     protocol = Protocol(recipe, read_results(Path(folder) / RESULTS))
     reference, plain = protocol.reporting(recipe.points[0]["label"]), plain_labels(recipe)

@@ -25,10 +25,9 @@ from common import REPO  # noqa: F401  (puts the repository on sys.path)
 from training.common.errors import ConfigError  # noqa: E402
 from training.experiments.study.arms import METRICS, holm, t_interval  # noqa: E402
 from training.experiments.study.arms_report import choice_margin, machines_phrase, tune_spread  # noqa: E402
-from training.experiments.study.cli import study_model  # noqa: E402
+from training.experiments.study.cli import study_layers  # noqa: E402
 from training.experiments.study.protocol import Protocol, borrows  # noqa: E402
 from training.experiments.study.recipe import load_recipe  # noqa: E402
-from training.experiments.sweep.engine import model_layers  # noqa: E402
 from training.experiments.sweep.records import RunKey, read_results  # noqa: E402
 from training.results.statistics import paired_tests, tost  # noqa: E402
 
@@ -64,11 +63,7 @@ def row(label: str, ref: dict[int, dict], runs: dict[int, dict], metric: str, ma
 def resolved(name: str, layers: int | None):
     """The recipe, its depths resolved on `layers` or else on the model it names (MiniLM's 6 by default)."""
     recipe = load_recipe(name)
-    model = study_model(recipe, None)  # the model its runs train
-    layers = layers or model_layers(model)
-    if layers is None:
-        raise ConfigError(f"--recipe {name}: cannot read {model}'s depth here; give it with --layers")
-    return recipe.resolve(layers)
+    return recipe.resolve(study_layers(recipe, None, layers, fix=f"give --recipe {name}'s depth with --layers"))
 
 
 def main(argv=None) -> int:

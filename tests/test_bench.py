@@ -377,3 +377,8 @@ def test_equivalence_resolves_a_recipe_on_the_model_it_names(tmp_path, capsys):
     path.write_text(json.dumps(recipe))
     assert E.main(["--recipe", str(path), str(tmp_path / "s")]) == 2
     assert "--layers" in capsys.readouterr().err
+    import depth_by_share as D  # the same depth lookup there: its fix names the spec's LAYERS
+    assert D.main([f"{tmp_path / 's'}:{path}"]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'nowhere'}: cannot read" in err and f"{tmp_path / 's'}:{path}:LAYERS" in err, err
+    assert E.main(["--recipe", str(path), "--layers", "12", str(tmp_path / "s")]) == 0  # given: nothing read

@@ -70,13 +70,18 @@ def study_model(recipe: Recipe, given: str | None) -> str:
     return given or recipe.train.get("model") or TrainConfig.model
 
 
-def study_layers(recipe: Recipe, given: str | None) -> int:
-    """The depth of the model the study's runs train (study_model's), from its config.json."""
+def study_layers(recipe: Recipe, given: str | None, layers: int | None = None,
+                 fix: str = "give a model whose config.json is here with --model") -> int:
+    """The depth of the model the study's runs train (study_model's), read from its config.json unless the
+    caller was given it (`layers`); one line naming the model and `fix` (how the caller's user gives it)
+    where it cannot be read."""
+    if layers:
+        return layers
     model = study_model(recipe, given)
-    layers = model_layers(model)
-    if layers is None:
-        raise ConfigError(f"--model {model}: cannot read its config.json (num_hidden_layers)")
-    return layers
+    found = model_layers(model)
+    if found is None:
+        raise ConfigError(f"{model}: cannot read its config.json (num_hidden_layers); {fix}")
+    return found
 
 
 def base_config(recipe: Recipe, args) -> TrainConfig:
