@@ -193,6 +193,21 @@ def test_the_minilm_scale_twins_train_each_point_at_its_runner_up_rate_with_the_
     assert {(k.depth, k.arm) for k in todo} == {(d, lr_arm(runner_up[d])) for d in runner_up}
 
 
+def test_the_12_layer_post_hoc_pair_reads_the_studies_own_points_and_trains_nothing():
+    base, twins, posthoc = (load_recipe(n) for n in ("mpnet-depth", "mpnet-depth-rates", "mpnet-depth-posthoc"))
+    same = ("train", "tuning_split", "seeds", "sizes", "lr_grid", "tasks")
+    assert {k: getattr(posthoc, k) for k in same} == {k: getattr(twins, k) for k in same}
+    theirs = {p["label"]: p for p in base.points + twins.points}
+    assert all(theirs[p["label"]] == p for p in posthoc.points)  # each point verbatim, arms too
+    assert all(posthoc.arms[p["arm"]] == {**base.arms, **twins.arms}[p["arm"]] for p in posthoc.points)
+    assert len(posthoc.compare) == 1 and {*posthoc.compare[0][:2]} <= set(theirs)
+    folder = Path(__file__).parents[1] / "docs/freezing-study/mpnet-depth"
+    records = [json.loads(line) for line in (folder / "results.jsonl").read_text().splitlines()]
+    done = {sweep_records.RunKey.of(r) for r in records}
+    plan = posthoc.resolve(12).plan(records)
+    assert plan and all(k in done for k in plan)  # every run it reports is already in the record
+
+
 def test_the_built_in_recipes_load_and_plan_on_6_and_12_layers():
     for name in ("depth", "size", "seed-report"):
         for layers in (6, 12):
