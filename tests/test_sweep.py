@@ -153,6 +153,24 @@ def test_resume_runs_exactly_the_unfinished_runs(inputs, tmp_path, monkeypatch, 
     assert sweep_cli.main(sweep_args(data, ckpt, tmp_path, "--in-process", "--lr", "0.5")) == 2 and calls == []
 
 
+def test_a_restarted_sweep_takes_its_interrupted_run_before_fresh_ones(inputs, tmp_path, monkeypatch):
+    """A run an earlier worker began and left a checkpoint for is claimed before runs planned ahead of it
+    that nobody began; a run folder without a checkpoint (killed before its first) keeps its plan place."""
+    data, ckpt = inputs
+    plan = [(None, 3, 1), (1, 3, 1), (None, 8, 1), (1, 8, 1)]
+    for k, checkpoint in ((plan[2], True), (plan[3], False)):
+        key = sweep_records.RunKey(*(("sst",) + k))
+        run_dir = tmp_path / "runs" / key.name
+        (run_dir / "checkpoints").mkdir(parents=True)
+        (run_dir / engine.MARKER).write_text(json.dumps({**key.to_dict(), "out": str((tmp_path / "sweep").resolve())}))
+        if checkpoint:
+            (run_dir / "checkpoints" / "step-0000001.pt").write_bytes(b"torn")  # not readable: begins again
+    calls = []
+    monkeypatch.setattr(engine, "measure", fake_training(calls))
+    assert sweep_cli.main(sweep_args(data, ckpt, tmp_path, "--in-process")) == 0
+    assert calls == [plan[2], plan[0], plan[1], plan[3]]
+
+
 def test_two_sweeps_never_share_or_delete_each_others_runs(inputs, tmp_path, monkeypatch, capsys):
     data, ckpt = inputs
     a, b = tmp_path / "expA" / "sweep", tmp_path / "expB" / "sweep"

@@ -18,7 +18,8 @@ Dev sets are always the full course dev files.
 Resuming: rerunning the same command skips every run whose key is already in results.jsonl; a run
 that was cut off goes on from its last training checkpoint (exact resume: the numbers of an uninterrupted
 run; its record says "resumed", and its wall seconds count the last part only), or starts again in a
-cleaned run directory when it left none that the trainer can use. A partial last line (the sweep killed
+cleaned run directory when it left none that the trainer can use; runs cut off are taken before
+runs nobody began. A partial last line (the sweep killed
 while writing) is dropped with a warning. A run whose record the results file could not take (a full
 disk) keeps its directory and the record beside it (sweep-result.json), which the next start records
 without training. Ctrl-C or SIGTERM stops the sweep after the current run (its training after the step,

@@ -75,7 +75,7 @@ def _resumable(run_dir: Path, key: RunKey, cfg: TrainConfig) -> bool:
     from training.run.rundir import find_resume_checkpoint
 
     marker = run_dir / MARKER
-    if not marker.is_file() or not any((run_dir / "checkpoints").glob("*.pt")):
+    if not _left_a_checkpoint(run_dir):
         return False
     try:
         if RunKey.of(json.loads(marker.read_text())) != key:
@@ -86,6 +86,19 @@ def _resumable(run_dir: Path, key: RunKey, cfg: TrainConfig) -> bool:
     except (ConfigError, OSError, ValueError, KeyError, TypeError) as e:
         log.warning("%s: its checkpoint is not used (%s); starting the run again", run_dir, e)
         return False
+
+
+def _left_a_checkpoint(run_dir: Path) -> bool:
+    """Whether a run of a sweep began in run_dir and left a training checkpoint (readable or not)."""
+    return (run_dir / MARKER).is_file() and any((run_dir / "checkpoints").glob("*.pt"))
+
+
+def interrupted_first(runs_dir: Path, keys: list[RunKey]) -> list[RunKey]:
+    """keys with the runs an earlier worker began and left a checkpoint for first, each part in plan order:
+    a restarted sweep finishes what it began before it begins more, so no half-trained run waits on disk
+    (with its checkpoints) while another worker starts a fresh one."""
+    begun = [k for k in keys if _left_a_checkpoint(runs_dir / k.name)]
+    return begun + [k for k in keys if k not in begun]
 
 
 @dataclass(frozen=True)
@@ -110,7 +123,8 @@ def work(grid: Grid, workers: Workers, base: TrainConfig, plan_of, arms: dict[st
     command started again, in another shell) share the work: each run is claimed with a lock file in
     runs_dir, and a run claimed by a live process is left to it until that process is gone, when the next
     worker to look takes it over. SIGINT/SIGTERM stop the worker after the current run (whose training
-    stops after its step, with a checkpoint: the run goes on from it on the next start)."""
+    stops after its step, with a checkpoint: the run goes on from it on the next start, before any run
+    nobody began)."""
     results_path, settings = out / RESULTS, settings_of(base)
     runs_dir.mkdir(parents=True, exist_ok=True)
     failures, spent, waited_for = [], [], frozenset()
@@ -121,7 +135,7 @@ def work(grid: Grid, workers: Workers, base: TrainConfig, plan_of, arms: dict[st
             clean_leftovers(runs_dir, done, out, workers.keep_checkpoints)
             todo = [k for k in planned if k not in done and k not in failures]
             busy = set()  # asked afresh each time: a run whose worker has died since is taken over, not left
-            key = claim_next(runs_dir, todo, busy, results_path)
+            key = claim_next(runs_dir, interrupted_first(runs_dir, todo), busy, results_path)
             if key is None and not busy:
                 break
             if key is None:
