@@ -1077,6 +1077,31 @@ def test_the_tuning_map_by_hand(tmp_path):
         assert tuning_figure(plt, recipe, records, tmp_path / "t.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_the_tuning_map_keeps_long_point_names_and_its_title_on_the_page(tmp_path):
+    from training.experiments.study.arms_figures import tuning_map
+    from training.experiments.study.figures import pyplot
+
+    plt = pyplot()
+    if plt is None:
+        pytest.skip("matplotlib is optional and not installed")
+    recipe = loaded(tmp_path)
+    recipe.points[0]["label"] = "full fine-tuning with the best MiniLM recipe's flags (SMART's Bregman term, weight EMA)"
+    records = [tuning_record(None, "", lr, score) for lr, score in ((0.0003, 0.5), (0.001, 0.6), (0.003, 0.55))]
+    fig = tuning_map(plt, recipe, records)
+    fig.canvas.draw()
+    page, renderer = fig.bbox, fig.canvas.get_renderer()
+    ax = fig.axes[0]
+    texts = [fig._suptitle or ax.title, *ax.get_yticklabels(), *ax.get_xticklabels()]
+    assert len(ax.get_xticklabels()) == 3 and all(t.get_text() for t in texts)
+    for t in texts:  # every name, rate and the title drawn inside the figure
+        box = t.get_window_extent(renderer)
+        assert page.x0 - 1 <= box.x0 and box.x1 <= page.x1 + 1 and page.y0 - 1 <= box.y0 and box.y1 <= page.y1 + 1, \
+            t.get_text()
+    ticks = sorted((t.get_window_extent(renderer) for t in ax.get_xticklabels()), key=lambda b: b.x0)
+    assert all(a.x1 <= b.x0 for a, b in zip(ticks, ticks[1:]))  # neighbouring rates do not run together
+    plt.close(fig)
+
+
 def test_the_depth_figure_places_the_plain_depth_points_by_layers_frozen(tmp_path):
     from training.experiments.study.arms_figures import depth_figure, depth_position, depth_rows
     from training.experiments.study.figures import pyplot

@@ -23,6 +23,7 @@
 from __future__ import annotations
 
 import math
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -364,8 +365,15 @@ def tuning_grid(recipe, records: list[dict]) -> tuple[list[str], list[float], np
 
 
 def tuning_figure(plt, recipe, records: list[dict], path: Path) -> Path:
+    return _save(tuning_map(plt, recipe, records), plt, path)
+
+
+def tuning_map(plt, recipe, records: list[dict]):
+    """The figure of tuning.png: rate x point, each cell a tuning-split score, the choice boxed."""
     labels, rates, grid, chosen = tuning_grid(recipe, records)
-    fig, ax = plt.subplots(figsize=(PANEL[0] * 1.8, 1.2 + 0.38 * max(len(labels), 2)), dpi=DPI)
+    labels = [textwrap.fill(label, 40) for label in labels]  # long point names would squeeze the map off the page
+    rows = sum(label.count("\n") + 1 for label in labels)
+    fig, ax = plt.subplots(figsize=(PANEL[0] * 1.8, 1.6 + 0.3 * max(rows, 2)), dpi=DPI)
     if labels:
         # colour: how far below the row's best (rows differ by 0.1 overall, so absolute colour would hide them)
         below = grid - np.nanmax(grid, axis=1, keepdims=True)
@@ -378,10 +386,10 @@ def tuning_figure(plt, recipe, records: list[dict], path: Path) -> Path:
             if best is not None:
                 ax.add_patch(plt.Rectangle((rates.index(best) - 0.5, i - 0.5), 1, 1, fill=False,
                                            edgecolor="C3", linewidth=2))
-        ax.set_xticks(range(len(rates)), [f"{lr:g}" for lr in rates])
-        ax.set_yticks(range(len(labels)), labels, fontsize="small")
+        ax.set_xticks(range(len(rates)), [f"{lr:g}" for lr in rates], fontsize="x-small", rotation=30)
+        ax.set_yticks(range(len(labels)), labels, fontsize="x-small")
     ax.set_xlabel("peak learning rate")
-    ax.set_title("The tuning: tuning-split overall per rate tried\n(boxed: the choice; colour: distance below "
+    fig.suptitle("The tuning: tuning-split overall per rate tried\n(boxed: the choice; colour: distance below "
                  "the point's best, 0 to -0.05)", fontsize="small")
     fig.tight_layout()
-    return _save(fig, plt, path)
+    return fig
