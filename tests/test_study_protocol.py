@@ -356,6 +356,23 @@ def test_a_point_counts_the_runs_that_kept_their_last_evaluation(tmp_path):
     assert full["at_last"] == 2 and full["best_epochs"] == [5, 3, 2, 1]
 
 
+def test_the_convergence_rule_waits_for_the_reporting_runs_that_could_tip_it(tmp_path):
+    def row(at_last, runs):
+        return {"label": "full", "metric": "overall", "at_last": at_last, "best_epochs": [1] * runs}
+
+    recipe = loaded(tmp_path, seeds=[1, 2, 3], points=[{"label": "full", "depth": "none", "arm": ""}])
+    # (kept their last, runs in so far of 3 planned) -> due, undecided
+    for at_last, runs, due, undecided in [(1, 1, [], ["full"]),  # 1 of 3: not yet "most"; 2 missing could make it
+                                          (2, 2, ["full"], []), (2, 3, ["full"], []),  # 2 of 3 planned: most
+                                          (0, 2, [], []),  # at most 1 of 3, whatever the last run does
+                                          (1, 2, [], ["full"]), (1, 3, [], [])]:
+        rows = [row(at_last, runs)]
+        assert (A.twins_due(recipe, rows), A.twins_undecided(recipe, rows)) == (due, undecided), (at_last, runs)
+    assert R.convergence_line(recipe, [row(1, 1)]).endswith(
+        "no twin is due so far; undecided until more reporting runs are in for full.")
+    assert R.convergence_line(recipe, [row(1, 3)]).endswith("): no twin is due.")
+
+
 def test_the_convergence_rule_names_the_points_due_a_longer_twin(tmp_path):
     def row(label, at_last, seeds=5):
         return {"label": label, "metric": "overall", "at_last": at_last, "best_epochs": [1] * seeds}
@@ -531,7 +548,8 @@ def test_a_tiny_arms_study_reports_the_kept_models_dev_scores(tmp_path):
     from training.experiments.study.figures import pyplot
     if pyplot() is not None:  # matplotlib is optional; with it, the report shows the figures it wrote
         embedded = [line[line.index("](") + 2:-1] for line in report.splitlines() if line.startswith("![")]
-        assert "depth.png" in embedded and "tuning.png" in embedded
+        # its plain points freeze one depth ("one" has an arm): a depth axis would show full fine-tuning alone
+        assert "quality.png" in embedded and "tuning.png" in embedded and "depth.png" not in embedded
         assert all((out / "arms" / name).is_file() for name in embedded)
     # a report from dev files other than those the runs were scored on is refused, not computed
     import shutil
@@ -1125,6 +1143,28 @@ def test_the_depth_figure_places_the_plain_depth_points_by_layers_frozen(tmp_pat
     if plt is not None:
         baselines = {"trivial": {"overall": 0.4, "sst_acc": 0.25}, "zero_shot": {"sts_pearson": 0.8}}
         assert depth_figure(plt, recipe, rows, baselines, tmp_path / "d.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_depth_figure_is_drawn_only_where_the_plain_points_freeze_several_depths(tmp_path):
+    from training.experiments.study.arms_figures import arms_figures
+    from training.experiments.study.figures import pyplot
+
+    plt = pyplot()
+    if plt is None:
+        pytest.skip("matplotlib is optional and not installed")
+    one_depth = loaded(tmp_path)  # full (none) is its only plain point: "one" has an arm, the third a borrowed rate
+    two_depths = loaded(tmp_path, points=[{"label": "full", "depth": "none", "arm": ""},
+                                          {"label": "one", "depth": 1, "arm": ""}])
+    records = [tuning_record(d, "", lr, score - (lr != 0.003) * 0.1) for d, score in ((None, 0.7), (1, 0.6))
+               for lr in (0.001, 0.003, 0.01)]  # 0.003 chosen for both, inside after one extension up
+    records += [_reporting(d, "", 0.003, seed, score) | {"tune_curve": [[1, 0, score]], "train_seconds": 10.0}
+                for d, score in ((None, 0.7), (1, 0.6)) for seed in (1, 2)]
+    for recipe, depth_drawn in ((one_depth, False), (two_depths, True)):
+        rows = A.point_rows(recipe, records, None)
+        out = tmp_path / str(depth_drawn)
+        out.mkdir()
+        names = [path.name for path in arms_figures(recipe, records, rows, None, out)]
+        assert "quality.png" in names and ("depth.png" in names) == depth_drawn, names
 
 
 def test_the_report_embeds_the_figures_written_in_a_fixed_order():

@@ -145,21 +145,38 @@ def twins_due(recipe, rows: list[dict]) -> list[str]:
     same depth and options (epochs and early stopping aside) trains for more epochs. Points that take
     another's rate (lr_of, runner_up_of) are confound arms at a fixed rate, outside the rule; so is every
     point of a recipe that trains a set budget (fixed_budget: its question is what the budget buys)."""
+    return [label for label, verdict in twin_verdicts(recipe, rows) if verdict is True]
+
+
+def twins_undecided(recipe, rows: list[dict]) -> list[str]:
+    """The points the rule cannot judge yet: the reporting runs still missing could make most, or fewer
+    than most, of the planned ones keep their last evaluation."""
+    return [label for label, verdict in twin_verdicts(recipe, rows) if verdict is None]
+
+
+def twin_verdicts(recipe, rows: list[dict]) -> list[tuple[str, bool | None]]:
+    """(label, whether most of its planned reporting runs kept their last evaluation, or None while the
+    missing runs could tip it) for each point the rule covers and the recipe gives no longer twin."""
     if recipe.fixed_budget:
         return []
     def epochs_and_kind(point: dict) -> tuple[int, list]:
         options = recipe.options(point)
         return options.get("epochs", 1), [epoch_kind(recipe.depth(point["depth"]), options), point.get("size")]
 
-    shape = {p["label"]: epochs_and_kind(p) for p in recipe.points}
-    due = []
-    for row in (r for r in rows if r["metric"] == "overall" and 2 * r["at_last"] > len(r["best_epochs"])):
+    shape, verdicts = {p["label"]: epochs_and_kind(p) for p in recipe.points}, []
+    for row in (r for r in rows if r["metric"] == "overall"):
         if borrows(next(p for p in recipe.points if p["label"] == row["label"])):
             continue
         epochs, kind = shape[row["label"]]
-        if not any(k == kind and e > epochs for e, k in shape.values()):
-            due.append(row["label"])
-    return due
+        if any(k == kind and e > epochs for e, k in shape.values()):
+            continue
+        # against the planned seeds, not the runs in so far: one run of three that kept its last evaluation
+        # is not yet "most"
+        planned = max(len(row["best_epochs"]), len(recipe.seeds))
+        missing = planned - len(row["best_epochs"])
+        verdicts.append((row["label"], True if 2 * row["at_last"] > planned
+                         else False if 2 * (row["at_last"] + missing) <= planned else None))
+    return verdicts
 
 
 # --------------------------------------------------------------------------- against full fine-tuning

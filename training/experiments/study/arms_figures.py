@@ -2,10 +2,10 @@
 
 - quality.png: each point's dev overall on every reporting seed (dots) and its mean with the 95% t
   interval, beside the trivial predictor's line;
-- depth.png: the plain depth points (no arm, no borrowed rate) against the number of encoder layers
-  frozen, one panel per task and one for the overall, every reporting seed a dot and the mean with its
-  interval, beside the lines a reader needs: the trivial predictor, the untrained model's zero-shot
-  score where a task has one, full fine-tuning's mean;
+- depth.png (a recipe whose plain points freeze more than one depth): the plain depth points (no arm, no
+  borrowed rate) against the number of encoder layers frozen, one panel per task and one for the overall,
+  every reporting seed a dot and the mean with its interval, beside the lines a reader needs: the trivial
+  predictor, the untrained model's zero-shot score where a task has one, full fine-tuning's mean;
 - front.png: quality against cost, each point its mean dev overall (95% interval) against its end-to-end
   cost modelled from the cost measured apart (arms_cost.py: in full fine-tuning epochs, the range over the
   seeds as a horizontal bar), or, without that measurement, the median training seconds of its reporting
@@ -41,9 +41,10 @@ def arms_figures(recipe, records: list[dict], rows: list[dict], baselines: dict 
     overall = [r for r in rows if r["metric"] == "overall"]
     paths = []
     if overall:
-        paths += [quality_figure(plt, overall, baselines, out / "quality.png", recipe.points[0]["label"]),
-                  depth_figure(plt, recipe, rows, baselines, out / "depth.png"),
-                  front_figure(plt, recipe, records, overall, out / "front.png", costs),
+        paths.append(quality_figure(plt, overall, baselines, out / "quality.png", recipe.points[0]["label"]))
+        if len(plain_depths(recipe)) > 1:  # one depth (a recipe comparing flags) is quality.png again
+            paths.append(depth_figure(plt, recipe, rows, baselines, out / "depth.png"))
+        paths += [front_figure(plt, recipe, records, overall, out / "front.png", costs),
                   curves_figure(plt, recipe, records, out / "curves.png")]
     paths.append(tuning_figure(plt, recipe, records, out / "tuning.png"))
     sizes, columns, grid = size_depth_grid(recipe, overall)
@@ -151,6 +152,12 @@ def plain_labels(recipe) -> set[str]:
     """The plain depth points: no arm (the confounds, the twins and the parameter-efficient methods are
     points of their own) and no rate borrowed."""
     return {p["label"] for p in recipe.points if p.get("arm", "") == "" and not borrows(p)}
+
+
+def plain_depths(recipe) -> set:
+    """The depths the plain depth points freeze: depth.png's axis."""
+    plain = plain_labels(recipe)
+    return {recipe.depth(p["depth"]) for p in recipe.points if p["label"] in plain}
 
 
 def depth_rows(recipe, rows: list[dict], metric: str) -> list[tuple[int, dict]]:

@@ -11,7 +11,15 @@ from pathlib import Path
 import numpy as np
 
 from data.loaders import COURSE_FILES, load_task_file
-from training.experiments.study.arms import METRICS, gap_changes, point_rows, split_scores, twins_due, versus
+from training.experiments.study.arms import (
+    METRICS,
+    gap_changes,
+    point_rows,
+    split_scores,
+    twins_due,
+    twins_undecided,
+    versus,
+)
 from training.experiments.study.arms_cost import COST, cost_lines, cost_rows, first_depth, read_cost, scale_line
 from training.experiments.study.baselines import labels_digest, read_baselines
 from training.experiments.study.protocol import Protocol, borrows
@@ -383,9 +391,11 @@ def _speedup(x) -> str:
 
 def convergence_line(recipe, rows: list[dict]) -> str:
     """What the convergence rule asks of the recipe: the twins due, none, or why it does not apply."""
-    due = twins_due(recipe, rows)
+    due, undecided = twins_due(recipe, rows), twins_undecided(recipe, rows)
     verdict = (f"not applied: {recipe.fixed_budget}" if recipe.fixed_budget
-               else f"due and not yet in the recipe for {'; '.join(due)}." if due else "no twin is due.")
+               else f"due and not yet in the recipe for {'; '.join(due)}." if due else "no twin is due"
+               + (f" so far; undecided until more reporting runs are in for {'; '.join(undecided)}."
+                  if undecided else "."))
     return ("Convergence rule (a point most of whose reporting runs kept their last evaluation gets a twin "
             "trained for longer, tuned the same way): " + verdict)
 
