@@ -371,6 +371,11 @@ def test_the_convergence_rule_waits_for_the_reporting_runs_that_could_tip_it(tmp
     assert R.convergence_line(recipe, [row(1, 1)]).endswith(
         "no twin is due so far; undecided until more reporting runs are in for full.")
     assert R.convergence_line(recipe, [row(1, 3)]).endswith("): no twin is due.")
+    points = [{"label": "full", "depth": "none", "arm": ""}, {"label": "one", "depth": 1, "arm": ""}]
+    both = loaded(tmp_path, seeds=[1, 2, 3], points=points)  # one point due, the other still open: both named
+    line = R.convergence_line(both, [row(2, 2), row(1, 1) | {"label": "one"}])
+    assert line.endswith("): due and not yet in the recipe for full; undecided until more reporting runs are in "
+                         "for one.")
 
 
 def test_the_convergence_rule_names_the_points_due_a_longer_twin(tmp_path):

@@ -392,10 +392,13 @@ def _speedup(x) -> str:
 def convergence_line(recipe, rows: list[dict]) -> str:
     """What the convergence rule asks of the recipe: the twins due, none, or why it does not apply."""
     due, undecided = twins_due(recipe, rows), twins_undecided(recipe, rows)
-    verdict = (f"not applied: {recipe.fixed_budget}" if recipe.fixed_budget
-               else f"due and not yet in the recipe for {'; '.join(due)}." if due else "no twin is due"
-               + (f" so far; undecided until more reporting runs are in for {'; '.join(undecided)}."
-                  if undecided else "."))
+    if recipe.fixed_budget:
+        verdict = f"not applied: {recipe.fixed_budget}"
+    else:
+        verdict = (f"due and not yet in the recipe for {'; '.join(due)}" if due
+                   else "no twin is due" + (" so far" if undecided else ""))
+        verdict += (f"; undecided until more reporting runs are in for {'; '.join(undecided)}." if undecided
+                    else ".")
     return ("Convergence rule (a point most of whose reporting runs kept their last evaluation gets a twin "
             "trained for longer, tuned the same way): " + verdict)
 
