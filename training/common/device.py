@@ -131,14 +131,15 @@ def apply_fp32_math(precision: str, device: torch.device) -> tuple[bool, bool, s
 
 def emulated_precision(precision: str, device: torch.device) -> str | None:
     """A warning where a named half precision runs emulated on a CPU, slower than fp32 (auto never picks
-    one there), else None. bf16 without AMX or AVX512-BF16 computes its matmuls by converting: a MiniLM
-    training step measured 16x slower than fp32's on an AMD EPYC with AVX2 only (bench/cpu_step.py,
-    docs/benchmarks.md)."""
+    one there), else None. bf16 without AMX or AVX512-BF16 computes its matmuls by converting: a training
+    step measured 16x slower than fp32's on MiniLM, 27x on MPNet, on AMD EPYCs with AVX2 only
+    (bench/cpu_step.py; docs/benchmarks.md, docs/mpnet/step-avx2-epyc-2026-11-29.txt)."""
     if device.type != "cpu":
         return None
     if precision == "bf16" and cpu_bf16() is None:
         return ("--precision bf16 on a CPU without AMX or AVX512-BF16: torch emulates bf16 there, many times "
-                "slower than fp32 (16x a MiniLM step on an AVX2-only EPYC); --precision auto picks fp32 here")
+                "slower than fp32 (a training step 16x on MiniLM, 27x on MPNet, on an AVX2-only EPYC); "
+                "--precision auto picks fp32 here")
     amx_fp16 = getattr(torch.cpu, "_is_amx_fp16_supported", lambda: False)  # private; absent in some builds
     if precision == "fp16" and not amx_fp16():
         return ("--precision fp16 on a CPU without AMX-FP16: torch emulates float16 there, slower than fp32; "
