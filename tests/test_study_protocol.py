@@ -1285,6 +1285,28 @@ def test_a_schedules_work_left_is_bounded_by_training_every_layer(tmp_path):
     assert rows["adaptive"]["seconds"] == pytest.approx(4 * 2 * 12.0) and rows["adaptive"]["at_most"]
     assert not rows["full"]["at_most"]
 
+def test_a_dry_runs_hours_name_the_machine_that_measured_them(tmp_path, capsys, monkeypatch):
+    from training.common import device
+
+    recipe = loaded(tmp_path)
+    records = [{**tuning_record(None, "", 0.001, 0.7), "epochs_run": 2, "n_train": {"sst": 15, "para": 15, "sts": 15}}]
+    cost = {"machine": "Some CPU (family 1, model 2)", "date": "2026-01-02", "threads": 1, "examples_per_task": 15,
+            "points": {"full": {"s_per_epoch": [10.0], "cache_s": 0.0}}}
+    monkeypatch.setattr(device, "gpu_name", lambda: None)
+    monkeypatch.setattr(device, "cpu_model", lambda: "Other CPU (family 3, model 4)")
+    C.print_remaining(recipe, records, [cost])
+    out = capsys.readouterr().out
+    assert ("  the hours are those of the machine that measured the cost: Some CPU (family 1, model 2), 2026-01-02, "
+            "1 thread(s); this machine (Other CPU (family 3, model 4)) is another, whose hours differ\n") in out
+    monkeypatch.setattr(device, "cpu_model", lambda: "Some CPU (family 1, model 2)")
+    C.print_remaining(recipe, records, [cost, {**cost, "machine": "A GPU", "date": "2026-01-03"}])
+    out = capsys.readouterr().out
+    assert ("the cost: Some CPU (family 1, model 2), 2026-01-02, 1 thread(s); A GPU, 2026-01-03, 1 thread(s)\n"
+            in out) and "is another" not in out
+    C.print_remaining(recipe, records, [])  # nothing measured: no hours, so no machine
+    assert "measured the cost" not in capsys.readouterr().out
+
+
 def test_a_dry_run_says_what_is_left(tmp_path, capsys):
     data, enc = tiny_runs.inputs(tmp_path)
     path = arms_recipe(tmp_path)

@@ -223,13 +223,19 @@ def scale_line(recipe, measurements: list[dict], reference: str, n_train: dict[s
     return ""
 
 
+def measured_where(measurements: list[dict]) -> str:
+    """Where and when the cost was measured, each machine once: what the modelled hours are hours of."""
+    return "; ".join(dict.fromkeys(f"{m.get('machine', '?')}, {m.get('date', '?')}, {m.get('threads')} thread(s)"
+                                   for m in measurements))
+
+
 def cost_lines(rows: list[dict], measurements: list[dict], reference: str, scale: str = "",
                quality: dict[str, dict] | None = None, link: str = f"{COST}/") -> list[str]:
     """The cost table; quality ({label: its paired test against the reference, overall}) adds the dev
     overall difference beside each cost, so that a speed-up is read with what it gives up; link: the
     measurements' folder as the report's page reaches it."""
     shares = " | ".join(f"to {s:.0%} of {reference}" for s in SHARES)
-    where = "; ".join(dict.fromkeys(f"{m['machine']}, {m['date']}, {m.get('threads')} thread(s)" for m in measurements))
+    where = measured_where(measurements)
     lines = [f"Modelled from the cost measured apart ({where}; [cost/]({link})): in epochs of {reference}, the "
              f"cache's building included; a freezing schedule's steps costed at the depth they ran at; to a share: "
              f"up to the first evaluation at that share of {reference}'s mean kept tuning-split score (median over "

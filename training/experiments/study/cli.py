@@ -27,7 +27,7 @@ from training.common.errors import ConfigError
 from training.common.progress import setup_logging
 from training.config.train_config import TrainConfig, validate
 from training.experiments.study.arms import point_rows, twins_due
-from training.experiments.study.arms_cost import read_cost, remaining_work
+from training.experiments.study.arms_cost import measured_where, read_cost, remaining_work
 from training.experiments.study.figures import FIGURES
 from training.experiments.study.protocol import ArmOverrides, role_of
 from training.experiments.study.recipe import Recipe, available, load_recipe
@@ -196,10 +196,25 @@ def print_remaining(recipe: Recipe, records: list[dict], measurements: list[dict
         known += r["seconds"] or 0
     print(f"  in all: about {known / 3600:.1f} h of one idle core for the measured points (cost/*.json beside the "
           "results; a planning figure: grid extensions not foreseen)")
+    if measurements:
+        print(measured_on_line(measurements))
     due = twins_due(recipe, point_rows(recipe, records, None))
     if due:
         print(f"  and a longer twin is due (most reporting runs kept their last evaluation) for: {'; '.join(due)}: "
               "add it to the recipe")
+
+
+def measured_on_line(measurements: list[dict]) -> str:
+    """The machines the estimates' cost was measured on, and this one where it is none of them: the hours are
+    theirs (MPNet's bf16 training step took 27x its fp32 one on an AVX2-only EPYC; MiniLM's bf16 step took half
+    its fp32 one on an EPYC with AVX512-BF16)."""
+    from training.common.device import cpu_model, gpu_name  # torch, once there is work
+
+    here = gpu_name() or cpu_model()
+    line = f"  the hours are those of the machine that measured the cost: {measured_where(measurements)}"
+    if here not in {m.get("machine") for m in measurements}:
+        line += f"; this machine ({here}) is another, whose hours differ"
+    return line
 
 
 def train(recipe: Recipe, base: TrainConfig, args, results: Path, report: Path, prog: str = PROG) -> int:
