@@ -24,9 +24,10 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from common import cpu_model, data_parser  # noqa: E402  (puts the repository on sys.path)
+from common import data_parser  # noqa: E402  (puts the repository on sys.path)
 
 from data.loaders import load_task_split  # noqa: E402
+from training.common.device import machine_name  # noqa: E402
 from training.config.train_config import TrainConfig  # noqa: E402
 from training.experiments.study.arms_cost import COST_FREE, epoch_kind  # noqa: E402
 from training.experiments.study.protocol import Protocol  # noqa: E402
@@ -131,16 +132,10 @@ def summary(runs: list[dict], options: dict) -> dict:
             else statistics.median(r["cuda_mib"] for r in runs)}
 
 
-def machine() -> str:
-    """What the runs ran on: the GPU where the trainer's --device auto picks one, else the CPU."""
-    import torch
-    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else cpu_model()
-
-
 def write_json(path: Path, args, figures: dict[str, dict], tasks: list[str]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({
-        "machine": machine(), "date": str(datetime.date.today()), "threads": args.threads,
+        "machine": machine_name(), "date": str(datetime.date.today()), "threads": args.threads,
         "examples_per_task": args.examples, "n_eval": eval_examples(args, tasks), "epochs": args.epochs,
         "rounds": args.rounds, "points": figures}, indent=1) + "\n")
 
@@ -152,7 +147,7 @@ def eval_examples(args, tasks: list[str]) -> dict[str, int]:
 
 def report(args, names: list[str], runs: dict[str, list[dict]], figures: dict[str, dict]) -> None:
     full = runs[names[0]]  # the recipe's first point: full fine-tuning
-    print(f"\n# {machine()}, {args.threads or 'default'} thread(s), {datetime.date.today()}; {args.examples} "
+    print(f"\n# {machine_name()}, {args.threads or 'default'} thread(s), {datetime.date.today()}; {args.examples} "
           f"training and {args.eval_examples} dev examples per task, {args.epochs} epochs, {args.rounds} rounds")
     print(f"{'point':48s} {'s/epoch median [IQR]':>24s} {'run s':>7s} {'cache s':>7s} {'peak MiB':>8s} "
           f"{f'to {args.share:.0%} of full':>14s}"

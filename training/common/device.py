@@ -179,6 +179,12 @@ def gpu_name() -> str | None:
     return torch.cuda.get_device_name() if torch.cuda.is_available() else None
 
 
+def machine_name() -> str:
+    """What a measurement ran on, as cost measurements record it and a study's dry run compares: the CUDA GPU
+    where one is visible (the trainer's --device auto trains there), else the CPU."""
+    return gpu_name() or cpu_model()
+
+
 def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
     """The CPU's model name with its family and model numbers (what a benchmark's or a study's figures
     were measured on). The numbers tell apart CPUs a virtual machine names alike: "AMD EPYC" is Zen 4

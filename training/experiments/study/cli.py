@@ -208,9 +208,9 @@ def measured_on_line(measurements: list[dict]) -> str:
     """The machines the estimates' cost was measured on, and this one where it is none of them: the hours are
     theirs (MPNet's bf16 training step took 27x its fp32 one on an AVX2-only EPYC; MiniLM's bf16 step took half
     its fp32 one on an EPYC with AVX512-BF16)."""
-    from training.common.device import cpu_model, gpu_name  # torch, once there is work
+    from training.common.device import machine_name  # torch, once there is work
 
-    here = gpu_name() or cpu_model()
+    here = machine_name()
     line = f"  the hours are those of the machine that measured the cost: {measured_where(measurements)}"
     if here not in {m.get("machine") for m in measurements}:
         line += f"; this machine ({here}) is another, whose hours differ"
