@@ -184,6 +184,13 @@ def test_smart_with_pcgrad_and_freezing_trains_end_to_end(files, tmp_path):
         assert any(f"r_s_{t}" in r for t in tasks), r
         assert all(r[f"r_s_{t}"] >= 0 and f"d_breg_{t}" in r for t in tasks if f"r_s_{t}" in r), r
     assert any(r.get("dev_overall") is not None for r in records)
+    # the training checkpoint stores the teacher's trained tensors; its frozen layers are the student's
+    saved = read_checkpoint(sorted((tmp_path / "checkpoints").glob("step-*.pt"))[-1])
+    teacher = saved["smart"]["teacher"]
+    frozen = [n for n in saved["model"] if n.startswith(("encoder.embeddings.", "encoder.layers.0."))]
+    assert frozen and set(frozen) <= set(teacher["same_as_student"])
+    assert any(n.startswith("encoder.layers.1.") for n in teacher["module"])
+    assert sorted([*teacher["module"], *teacher["same_as_student"]]) == sorted(saved["model"])
 
 
 def test_a_new_run_refuses_an_out_dir_holding_an_earlier_run(files, tmp_path, capsys, caplog):

@@ -16,6 +16,7 @@ from tiny_runs import make_encoder, tiny_config, write_data
 from training.config.freeze_spec import parse_schedule
 from training.config.train_config import TrainConfig, validate
 from training.methods.freezing import FreezeSchedule, schedule_error
+from training.run.checkpointing import read_checkpoint
 from training.run.trainer import train
 from training.train import main as cli_main
 
@@ -313,29 +314,35 @@ def test_a_deepened_cache_equals_one_computed_from_the_tokens(root):
 
 # ----------------------------------------------------------------------------- exact resume
 
-def _args(root, out, schedule):
+def _args(root, out, schedule, *extra):
     # 9 steps an epoch (12 examples per task, batch 4), three layers; head dropout draws random numbers
     return ["--model", str(root / "encoder3"), "--data-dir", str(root / "data"), "--out-dir", str(out),
             "--predictions-dir", str(out / "pred"), "--epochs", "2", "--batch-size", "4", "--lr", "1e-2",
             "--head-dropout", "0.3", "--save-every", "1", "--log-every", "1", "--frozen-cache", "memory",
-            "--unfreeze-schedule", schedule, "--device", "cpu", "--precision", "fp32"]
+            "--unfreeze-schedule", schedule, "--device", "cpu", "--precision", "fp32", *extra]
 
 
-@pytest.mark.parametrize("schedule, k", [
-    ("lp-ft:5steps", 3),  # in the frozen phase
-    ("lp-ft:5steps", 5),  # at the boundary: the next step is the first of the next phase
-    ("gradual:1epoch,floor=1", 12),  # in the second phase (a cache from the tokens)
-    ("adaptive:2steps,threshold=0.3", 7),
-    ("adaptive:2steps,threshold=0.3", 13),  # after the prefix deepened: a cache deepened from another
+@pytest.mark.parametrize("schedule, k, extra", [
+    ("lp-ft:5steps", 3, ()),  # in the frozen phase
+    ("lp-ft:5steps", 5, ()),  # at the boundary: the next step is the first of the next phase
+    ("gradual:1epoch,floor=1", 12, ()),  # in the second phase (a cache from the tokens)
+    ("adaptive:2steps,threshold=0.3", 7, ()),
+    ("adaptive:2steps,threshold=0.3", 13, ()),  # after the prefix deepened: a cache deepened from another
+    # SMART's teacher: a layer frozen after it trained is not the student's and must be stored
+    ("adaptive:2steps,threshold=0.3", 13, ("--smart", "--smart-perturb-at", "first-trainable")),
 ])
-def test_resume_in_any_phase_equals_an_uninterrupted_run(root, tmp_path, schedule, k):
-    assert cli_main(_args(root, tmp_path / "straight", schedule)) == 0
+def test_resume_in_any_phase_equals_an_uninterrupted_run(root, tmp_path, schedule, k, extra):
+    assert cli_main(_args(root, tmp_path / "straight", schedule, *extra)) == 0
     out = tmp_path / "interrupted"
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    r = subprocess.run([sys.executable, "-c", CHILD, str(k), *_args(root, out, schedule)], env=env,
+    r = subprocess.run([sys.executable, "-c", CHILD, str(k), *_args(root, out, schedule, *extra)], env=env,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 143, r.stderr
-    assert cli_main(_args(root, out, schedule) + ["--resume", "auto"]) == 0
+    if extra:
+        teacher = read_checkpoint(out / "checkpoints" / f"step-{k:07d}.pt")["smart"]["teacher"]
+        assert "encoder.layers.2.qkv.weight" in teacher["module"]  # frozen at step 8, trained before
+        assert not [n for n in teacher["same_as_student"] if n.startswith("encoder.")]
+    assert cli_main(_args(root, out, schedule, *extra) + ["--resume", "auto"]) == 0
     assert epoch_rows(out) == epoch_rows(tmp_path / "straight")
     changes = [json.loads(x) for x in (tmp_path / "straight" / "metrics.jsonl").read_text().splitlines()
                if "frozen_depth" in x]

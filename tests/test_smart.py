@@ -292,6 +292,36 @@ def test_teacher_beta_switch_and_state_dict():
     assert never.beta == 0.9
 
 
+def test_teacher_state_names_the_tensors_it_shares_with_its_student_and_stores_the_rest():
+    torch.manual_seed(0)
+    student = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 2))
+    student[0].requires_grad_(False)  # a frozen layer: the teacher's copy never moves
+    teacher = EMATeacher(student, SmartConfig(beta=0.5))
+    with torch.no_grad():
+        student[1].weight.add_(1.0)
+        student[1].bias.zero_()
+    teacher.update(student)
+    with torch.no_grad():
+        teacher.module[1].bias.fill_(-0.0)  # equal to the student's 0.0 for torch.equal, not in its bits
+    assert torch.equal(teacher.module[1].bias, student[1].bias)
+
+    state = teacher.state_dict(student)
+    assert sorted(state["same_as_student"]) == ["0.bias", "0.weight"]
+    assert sorted(state["module"]) == ["1.bias", "1.weight"]  # moved away, or -0.0 against 0.0
+
+    other = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 2))  # another initialisation: nothing left from it
+    fresh = EMATeacher(other, SmartConfig(beta=0.5))
+    fresh.load_state_dict(state, student)
+    for (name, a), b in zip(teacher.module.state_dict().items(), fresh.module.state_dict().values()):
+        assert torch.equal(a.view(torch.int32), b.view(torch.int32)), name
+    assert fresh.num_updates == 1
+    with pytest.raises(ValueError, match="load it with the student"):
+        EMATeacher(other, SmartConfig()).load_state_dict(state)
+    whole = EMATeacher(other, SmartConfig())  # a checkpoint written before the teacher named shared tensors
+    whole.load_state_dict(teacher.state_dict())
+    assert torch.equal(whole.module[0].weight, student[0].weight)
+
+
 # ----------------------------------------------------------------------------- whole objective
 
 

@@ -108,15 +108,17 @@ class SmartTerms:
     of the adversarial perturbation."""
 
     def __init__(self, model: MultitaskBert, cfg: TrainConfig, total_steps: int, device, seed: int):
-        self.cfg = smart_config(cfg)
+        self.cfg, self.student = smart_config(cfg), model
         self.teacher = EMATeacher(model, self.cfg, total_steps=total_steps)
         self.generator = torch.Generator(device=device).manual_seed(seed)
 
+    # The teacher's state names the tensors it shares with the student, whose state the checkpoint holds
+    # and the run loads first (Run.load_state_dict).
     def state_dict(self) -> dict:
-        return {"teacher": self.teacher.state_dict(), "generator": self.generator.get_state()}
+        return {"teacher": self.teacher.state_dict(self.student), "generator": self.generator.get_state()}
 
     def load_state_dict(self, state: dict) -> None:
-        self.teacher.load_state_dict(state["teacher"])
+        self.teacher.load_state_dict(state["teacher"], self.student)
         self.generator.set_state(state["generator"])
 
 
