@@ -11,6 +11,7 @@ import pytest
 import torch
 from test_training import make_checkpoint, write_data
 
+from minbert import BertConfig
 from training.run.checkpointing import atomic_save, read_checkpoint
 from training.train import main as cli_main
 
@@ -191,6 +192,35 @@ def test_smart_with_pcgrad_and_freezing_trains_end_to_end(files, tmp_path):
     assert frozen and set(frozen) <= set(teacher["same_as_student"])
     assert any(n.startswith("encoder.layers.1.") for n in teacher["module"])
     assert sorted([*teacher["module"], *teacher["same_as_student"]]) == sorted(saved["model"])
+
+
+@pytest.mark.parametrize("extra", [(), ("--ema-decay", "0.5"), ("--smart",), ("--smart", "--freeze-upto", "1"),
+                                   ("--smart", "--peft", "bitfit"), ("--smart", "--unfreeze-schedule", "lp-ft:5steps")])
+def test_the_disk_check_predicts_a_training_checkpoints_tensors(files, tmp_path, extra):
+    # the estimate from the config's sizes (the heads, which it leaves out, added here) against the
+    # floating-point tensors of the written checkpoint: weights, AdamW's moments, the average, the teacher
+    from training.config.train_config import TrainConfig
+    from training.run.preflight import footprint
+    ckpt, data = files
+    assert cli_main(_args(ckpt, data, tmp_path, "--epochs", "1", *extra)) == 0
+    saved = read_checkpoint(sorted((tmp_path / "checkpoints").glob("step-*.pt"))[-1])
+    cfg = TrainConfig.from_dict(saved["config"])
+    need = footprint(BertConfig(**saved["bert_config"]), cfg)
+    heads = sum(t.numel() for name, t in saved["model"].items() if name.startswith("heads."))
+    copies = 3 + (cfg.ema_decay is not None) + cfg.smart  # weights, two moments, average, teacher
+    assert _float_bytes(saved) == need.checkpoint + 4 * heads * copies
+
+
+def _float_bytes(obj) -> int:
+    """Bytes of the floating-point tensors of one or more dimensions in a nested checkpoint (not AdamW's
+    step counters or the random number generators' states)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size() if obj.is_floating_point() and obj.dim() > 0 else 0
+    if isinstance(obj, dict):
+        return sum(_float_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_float_bytes(v) for v in obj)
+    return 0
 
 
 def test_a_new_run_refuses_an_out_dir_holding_an_earlier_run(files, tmp_path, capsys, caplog):
