@@ -292,6 +292,20 @@ def test_teacher_beta_switch_and_state_dict():
     assert never.beta == 0.9
 
 
+def test_teacher_holds_the_frozen_parameters_themselves_and_refuses_to_go_on_if_they_train():
+    student = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 2))
+    student[0].requires_grad_(False)
+    teacher = EMATeacher(student, SmartConfig(beta=0.5))
+    assert teacher.module[0].weight is student[0].weight and teacher.module[0].bias is student[0].bias
+    assert teacher.module[1].weight.data_ptr() != student[1].weight.data_ptr()  # a copy of what trains
+    assert not teacher.module[1].weight.requires_grad and student[1].weight.requires_grad
+    assert teacher.shared == ["0.weight", "0.bias"]
+    teacher.update(student)
+    student[0].weight.requires_grad_(True)  # a schedule the teacher was not made for
+    with pytest.raises(RuntimeError, match="shares 0.weight with the model"):
+        teacher.update(student)
+
+
 def test_teacher_state_names_the_tensors_it_shares_with_its_student_and_stores_the_rest():
     torch.manual_seed(0)
     student = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 2))

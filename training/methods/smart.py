@@ -340,12 +340,19 @@ class EMATeacher:
 
     Deliberately not an nn.Module, so it can never end up inside a model's parameters() and
     hence in an optimiser; it lives on the device the model had when it was copied.
+
+    The parameters frozen when it is made never train in the run (Stepper.build makes it at a freezing
+    schedule's widest depth), so their average is themselves: the teacher holds the model's own tensors
+    there, not copies (under --freeze-upto 9 most of the model's memory), and update() refuses to go on
+    if one of them trains after all.
     """
 
     def __init__(self, model: nn.Module, cfg: SmartConfig, total_steps: int | None = None):
         self.cfg, self.total_steps = cfg, total_steps
-        self.module = copy.deepcopy(model).eval()
+        frozen = {id(p): p for p in model.parameters() if not p.requires_grad}
+        self.module = copy.deepcopy(model, memo=dict(frozen)).eval()  # the memo: those are not copied
         self.module.requires_grad_(False)
+        self.shared = [name for name, p in self.module.named_parameters() if id(p) in frozen]
         self.num_updates = 0
 
     @property
@@ -361,8 +368,12 @@ class EMATeacher:
         """Call after each optimiser step: t = beta * t + (1 - beta) * theta; buffers copied."""
         beta = self.beta
         src = dict(model.named_parameters())
-        # Frozen parameters never change, so their copies already equal the student's: skip them
-        # (under deep freezing that is most of the model).
+        trains = [name for name in self.shared if src[name].requires_grad]
+        if trains:
+            raise RuntimeError(f"SMART's teacher shares {trains[0]} with the model, which was frozen when the teacher "
+                               f"was made and trains now: its average would be the parameter itself")
+        # Frozen parameters do not change, so their copies keep their last average (the model's own
+        # tensor where frozen throughout): skip them.
         pairs = [(t, src[name].detach()) for name, t in self.module.named_parameters() if src[name].requires_grad]
         if pairs:
             ema_update_(*map(list, zip(*pairs)), beta)

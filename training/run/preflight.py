@@ -3,8 +3,8 @@ trained: the model folder (every config.json value, the vocabulary), the memory 
 and the disk space of its checkpoints. Each refusal is one line naming the file, key or flag.
 
 The sizes are estimates from the parameter count alone (fp32 weights, gradients, AdamW's two moments and
-the optional copies: the weight EMA, SMART's teacher, whose frozen part a checkpoint does not store
-again); activations come on top, so a run refused here
+the optional copies of the trainable ones: the weight EMA, SMART's teacher, which holds the frozen
+weights themselves); activations come on top, so a run refused here
 could never have fitted, and one let through may still run out of memory on long batches.
 """
 from __future__ import annotations
@@ -39,14 +39,14 @@ class Footprint:
 
     @property
     def training_memory(self) -> int:
-        """Weights, gradients and AdamW's two moments of the trainable ones, and the optional copies."""
-        return FP32 * (self.params + 3 * self.trainable + self.ema * self.trainable + self.teacher * self.params)
+        """Weights, gradients and AdamW's two moments of the trainable ones, and the optional copies of
+        them (the weight EMA, SMART's teacher, which holds the frozen weights themselves)."""
+        return FP32 * (self.params + (3 + self.ema + self.teacher) * self.trainable)
 
     @property
     def checkpoint(self) -> int:
-        """A training checkpoint: the weights, the moments, the weight EMA and of SMART's teacher what
-        trains (the rest is bit-identical to the weights: named, not stored); no gradients."""
-        return FP32 * (self.params + (2 + self.ema + self.teacher) * self.trainable)
+        """A training checkpoint: the weights, the moments, the optional copies (no gradients)."""
+        return self.training_memory - FP32 * self.trainable
 
     @property
     def best(self) -> int:
