@@ -3,9 +3,9 @@ trained: the model folder (every config.json value, the vocabulary), the memory 
 and the disk space of its checkpoints. Each refusal is one line naming the file, key or flag.
 
 The sizes are estimates from the parameter count alone (fp32 weights, gradients, AdamW's two moments and
-the optional copies of the trainable ones: the weight EMA, SMART's teacher, which holds the frozen
-weights themselves); activations come on top, so a run refused here
-could never have fitted, and one let through may still run out of memory on long batches.
+the optional copies of the trainable ones: the weight EMA, SMART's teacher, which holds the frozen weights
+themselves); activations come on top, so a run refused here could never have fitted, and one let through
+may still run out of memory on long batches.
 """
 from __future__ import annotations
 
