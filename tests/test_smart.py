@@ -309,7 +309,7 @@ def test_teacher_holds_the_frozen_parameters_themselves_and_refuses_to_go_on_if_
 def test_teacher_state_names_the_tensors_it_shares_with_its_student_and_stores_the_rest():
     torch.manual_seed(0)
     student = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 2))
-    student[0].requires_grad_(False)  # a frozen layer: the teacher's copy never moves
+    student[0].requires_grad_(False)  # a frozen layer: the teacher holds the student's own tensors
     teacher = EMATeacher(student, SmartConfig(beta=0.5))
     with torch.no_grad():
         student[1].weight.add_(1.0)
