@@ -22,13 +22,12 @@ import sys
 from pathlib import Path
 
 import numpy as np
-
 from common import REPO  # noqa: F401  (puts the repository on sys.path)
 
-from training.results.statistics import interval, mean_sd, paired_tests  # noqa: E402
 from training.experiments.study.arms import METRICS, paired_bootstrap, read_predictions, t_interval  # noqa: E402
 from training.experiments.study.arms_report import dev_labels, machines_phrase  # noqa: E402
 from training.experiments.sweep.records import RunKey, read_results  # noqa: E402
+from training.results.statistics import interval, mean_sd, paired_tests  # noqa: E402
 
 
 def pair_runs(a_records: list[dict], b_records: list[dict], roles: tuple[str, ...] = ("reporting",)

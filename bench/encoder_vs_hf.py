@@ -76,7 +76,8 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
                    "or an MPNet (default: %(default)s); ignored with --bert-base or --mpnet-base")
     shape = p.add_mutually_exclusive_group()
     shape.add_argument("--bert-base", action="store_true", help="bert-base shape (12 layers, hidden 768, 12 heads, "
-                       "FFN 3072) with random weights, written once in the HF layout to a temp dir, loaded by every arm")
+                       "FFN 3072) with random weights, written once in the HF layout to a temp dir, loaded by every "
+                       "arm")
     shape.add_argument("--mpnet-base", action="store_true", help="all-mpnet-base-v2's shape (bert-base's, with "
                        "MPNet's relative position bias) with random weights, written once by transformers' "
                        "MPNetModel to a temp dir, loaded by every arm")

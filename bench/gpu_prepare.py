@@ -187,7 +187,8 @@ def output_error(reference: Bert, candidate: Bert, tokenizer: Tokenizer) -> dict
         want, got = reference(**batch), candidate(**batch)
         real = batch["attention_mask"].bool()
         scale = want.last_hidden_state[real].abs().max()
-        hidden_rel = max(hidden_rel, ((got.last_hidden_state - want.last_hidden_state)[real].abs().max() / scale).item())
+        hidden_rel = max(hidden_rel,
+                         ((got.last_hidden_state - want.last_hidden_state)[real].abs().max() / scale).item())
         pooled = max(pooled, (got.pooler_output - want.pooler_output).abs().max().item())
     return {"hidden_rel": hidden_rel, "pooled_abs": pooled}
 

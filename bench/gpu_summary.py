@@ -276,7 +276,8 @@ def check_prep(prep: Path) -> tuple[bool, str]:
     bad = []
     for name, want in files.items():
         f = prep / name
-        if not f.is_file() or f.stat().st_size != want["bytes"] or hashlib.sha256(f.read_bytes()).hexdigest() != want["sha256"]:
+        if (not f.is_file() or f.stat().st_size != want["bytes"]
+                or hashlib.sha256(f.read_bytes()).hexdigest() != want["sha256"]):
             bad.append(name)
     if bad:
         return False, f"{prep}: {len(bad)} of {len(files)} files missing or changed: {', '.join(bad[:4])}"

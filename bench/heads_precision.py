@@ -46,7 +46,8 @@ def main(argv=None) -> int:
     sts = load_task_split(args.data_dir, "sts", "dev").examples[: args.batch_size * 4]
     data = encode_task("sts", sts, tok, "cross", 128)
     batches = [make_batch(data, list(range(i, i + args.batch_size)), tok) for i in range(0, len(sts), args.batch_size)]
-    arms = {"fp32 heads": build(MultitaskBert, ckpt, args.seed), "autocast heads": build(AutocastHeads, ckpt, args.seed)}
+    arms = {"fp32 heads": build(MultitaskBert, ckpt, args.seed),
+            "autocast heads": build(AutocastHeads, ckpt, args.seed)}
     optims = {k: torch.optim.AdamW(m.parameters(), lr=1e-5) for k, m in arms.items()}
     times = {k: [] for k in arms}
     for r in range(args.warmup + args.steps):

@@ -18,8 +18,7 @@ from pathlib import Path
 
 from common import REPO  # noqa: F401  (puts the repository on sys.path)
 
-from training.experiments.sweep.records import (  # noqa: E402
-    RunKey, append_result, completed_settings, read_results, settings_clash)
+from training.experiments.sweep.records import RunKey, append_result, completed_settings, read_results, settings_clash
 
 
 def new_runs(source: list[dict], target: list[dict]) -> list[dict]:

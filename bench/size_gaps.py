@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 from common import REPO  # noqa: F401  (puts the repository on sys.path)
-
 from equivalence import group  # noqa: E402
+
 from training.experiments.study.arms import holm, welch  # noqa: E402
 
 REFERENCE = {"chosen": {"all": "freezenone-nall-e3-lr3e-05", 3000: "freezenone-n3000-e8-lr3e-05",
@@ -25,7 +25,8 @@ POINTS = {"half the layers frozen": {"all": "freeze3-nall-e3-lr0.0001", 3000: "f
                                      1000: "freeze3-n1000-e24-lr0.0003"},
           "the heads alone": {"all": "freeze6-nall-e3-lr0.03", 3000: "freeze6-n3000-e8-lr0.1",
                               1000: "freeze6-n1000-e24-lr0.01"},
-          "the heads alone, siamese": {"all": "freeze6-nall-e3-siamese-lr0.001", 3000: "freeze6-n3000-e8-siamese-lr0.0003",
+          "the heads alone, siamese": {"all": "freeze6-nall-e3-siamese-lr0.001",
+                                       3000: "freeze6-n3000-e8-siamese-lr0.0003",
                                        1000: "freeze6-n1000-e24-siamese-lr0.0003"}}
 
 

@@ -95,7 +95,8 @@ def main() -> None:
     p.add_argument("--eval-examples", type=int, default=1000, help="dev examples per task (default: %(default)s)")
     p.add_argument("--epochs", type=int, default=2, help="(default: %(default)s)")
     p.add_argument("--rounds", type=int, default=3, help="runs of every point (default: %(default)s)")
-    p.add_argument("--share", type=float, default=0.95, help="of full fine-tuning's best dev overall (default: %(default)s)")
+    p.add_argument("--share", type=float, default=0.95,
+                   help="of full fine-tuning's best dev overall (default: %(default)s)")
     p.add_argument("--threads", type=int, default=None, help="torch threads per run (default: torch's choice)")
     p.add_argument("--cache-off", action=argparse.BooleanOptionalAction, default=True,
                    help="also run each frozen depth with --frozen-cache off: the cache's own gain (default: yes)")

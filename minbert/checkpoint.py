@@ -159,8 +159,12 @@ def _hub_files(repo_id: str, local_only: bool) -> Path:
     """Fetch (or find in the cache) only the files we use, preferring safetensors. local_only: the cache
     alone, _NotCached when a file we need is not there."""
     from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import (EntryNotFoundError, HFValidationError, LocalEntryNotFoundError,
-                                        RepositoryNotFoundError)
+    from huggingface_hub.errors import (
+        EntryNotFoundError,
+        HFValidationError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+    )
 
     offline = []  # files neither cached nor reachable
 

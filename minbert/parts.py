@@ -67,7 +67,8 @@ def parted_model_dir(model: PartedModel, alias: str) -> Path:
     free = shutil.disk_usage(cache_root()).free
     if free < need:
         raise PartsError(f"{cache_root()}: {free / 2**20:.0f} MiB free, assembling {alias} needs "
-                         f"{need / 2**20:.0f} MiB: free some space or set MINBERT_CACHE_DIR to a folder on another disk")
+                         f"{need / 2**20:.0f} MiB: free some space or set MINBERT_CACHE_DIR to a folder on "
+                         "another disk")
     tmp = cache_root() / f".{model.folder}.tmp-{os.getpid()}"
     try:
         _assemble(model, pieces, tmp)
@@ -127,7 +128,8 @@ def _assemble(model: PartedModel, pieces: list[Path], tmp: Path) -> None:
                     continue
                 target = tmp / "model" / name[len(prefix):]
                 if ".." in Path(name).parts:
-                    raise PartsError(f"{name}: a path that leaves the model's folder; the parts are not the publisher's")
+                    raise PartsError(f"{name}: a path that leaves the model's folder; "
+                                     "the parts are not the publisher's")
                 target.parent.mkdir(parents=True, exist_ok=True)
                 with z.open(info) as src, target.open("wb") as dst:
                     shutil.copyfileobj(src, dst, 2**22)

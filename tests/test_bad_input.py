@@ -365,7 +365,8 @@ def test_an_unreachable_hub_is_one_quick_line_without_retries(earlier, tmp_path)
     # the look-up alone, timed without the interpreter's start and torch's import
     code = ("import time; from minbert import CheckpointError, resolve_checkpoint\n"
             "start = time.time()\n"
-            "try:\n    resolve_checkpoint('someone/bert-tiny')\nexcept CheckpointError:\n    print(time.time() - start)\n")
+            "try:\n    resolve_checkpoint('someone/bert-tiny')\n"
+            "except CheckpointError:\n    print(time.time() - start)\n")
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert float(r.stdout) < 5, r.stdout + r.stderr  # huggingface_hub's back-off alone: 2 + 4 + 8 + 8 s
 

@@ -9,7 +9,8 @@ import pytest
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 HELPERS = {"common.py", "gpu_summary.py"}  # shared code, and gpu_check.sh's report writer: no --threads
-RECORD_TOOLS = {"device_twin.py", "equivalence.py", "import_runs.py", "size_gaps.py"}  # read and write study records, train nothing: no --threads
+# read and write study records, train nothing: no --threads
+RECORD_TOOLS = {"device_twin.py", "equivalence.py", "import_runs.py", "size_gaps.py"}
 RECORD_TOOLS |= {"depth_by_share.py"}  # reads study records, trains nothing: no --threads
 RECORD_TOOLS |= {"gpu_mpnet_assemble.py"}  # joins files, computes nothing: no --threads
 SCRIPTS = sorted(p.name for p in BENCH.glob("*.py") if p.name not in HELPERS)
@@ -36,7 +37,8 @@ def test_step_ops_counts_the_step_and_names_where_it_waits_for_the_device(tmp_pa
     from tiny_runs import inputs
     data, enc = inputs(tmp_path)
     r = subprocess.run([sys.executable, str(BENCH / "step_ops.py"), "--examples", "12", "--skip", "1", "--steps", "2",
-                        "--profile", "3", "--", "--model", str(enc), "--data-dir", str(data), "--batch-size", "4", "--precision", "fp32"],
+                        "--profile", "3", "--", "--model", str(enc), "--data-dir", str(data), "--batch-size", "4",
+                        "--precision", "fp32"],
                        cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     counts = r.stdout.split("\n\n# profiled")[0]
@@ -83,7 +85,8 @@ def test_the_bert_base_stand_in_refuses_a_folder_in_use_in_one_line(tmp_path):
 def test_zero_shot_sts_refuses_an_unlabelled_file_before_encoding(tmp_path):
     unlabelled = tmp_path / "sts-test.csv"
     unlabelled.write_text("\tid\tsentence1\tsentence2\n0\ta\tthe cat\tthe dog\n")
-    r = subprocess.run([sys.executable, str(BENCH / "zero_shot_sts.py"), "--threads", "1", "--sts-dev", str(unlabelled)],
+    r = subprocess.run([sys.executable, str(BENCH / "zero_shot_sts.py"), "--threads", "1",
+                        "--sts-dev", str(unlabelled)],
                        cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert r.returncode != 0
     assert "DataError" in r.stderr and str(unlabelled) in r.stderr and "similarity" in r.stderr, r.stderr
@@ -133,7 +136,8 @@ def test_the_cost_benchmark_writes_what_it_prints_and_the_study_reads_it(tmp_pat
     assert cost["epochs"] == 2 and cost["rounds"] == 2 and cost["threads"] == 1
     assert cost["n_eval"] == {t: tiny_runs.N for t in ("sst", "para", "sts")}  # the dev files' 12, under 20
     for name, got in cost["points"].items():
-        row = re.search(rf"^{re.escape(name)}\s+([\d.]+) \[\s*([\d.]+)-\s*([\d.]+)\]\s+([\d.]+)\s+([\d.]+)", r.stdout, re.M)
+        row = re.search(rf"^{re.escape(name)}\s+([\d.]+) \[\s*([\d.]+)-\s*([\d.]+)\]\s+([\d.]+)\s+([\d.]+)",
+                        r.stdout, re.M)
         assert row, r.stdout
         med, q1, q3 = got["s_per_epoch"]
         assert q1 <= med <= q3

@@ -136,7 +136,8 @@ def test_a_runs_own_config_json_reruns_it(tmp_path):
 
 
 @pytest.mark.parametrize("content, names", [(None, "no such file"), ("{", "not a readable JSON file"),
-                                            ("[]", "expected a JSON object"), ('{"lr": 1, "lrr": 2}', "unknown option(s) lrr")])
+                                            ("[]", "expected a JSON object"),
+                                            ('{"lr": 1, "lrr": 2}', "unknown option(s) lrr")])
 def test_a_bad_config_file_is_one_line(tmp_path, capsys, content, names):
     path = tmp_path / "c.json"
     if content is not None:
@@ -153,4 +154,5 @@ def test_a_config_file_value_of_the_wrong_type_is_refused(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["--config", str(path)])
     assert e.value.code == 2
-    assert capsys.readouterr().err == f"run_multitask.py: error: --config {path}: --epochs must be an int, not 'three'\n"
+    assert capsys.readouterr().err == (f"run_multitask.py: error: --config {path}: --epochs must be an int, "
+                                       "not 'three'\n")

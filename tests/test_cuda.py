@@ -50,7 +50,8 @@ FP32_GRAD = dict(atol=1e-4, rtol=1e-3)
 @pytest.fixture
 def true_fp32():
     """TF32 off for matmuls and convolutions (Ampere+ would otherwise round fp32 inputs to 10 bits)."""
-    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.get_float32_matmul_precision())
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+             torch.get_float32_matmul_precision())
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     torch.set_float32_matmul_precision("highest")
     yield

@@ -165,7 +165,8 @@ def assert_close(a: dict, b: dict, what: str) -> None:
 
 def epoch_records(run: Path) -> list[dict]:
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if k not in ("train_seconds", "frozen_cache_seconds")} for r in rows if "dev_overall" in r]
+    return [{k: v for k, v in r.items() if k not in ("train_seconds", "frozen_cache_seconds")}
+            for r in rows if "dev_overall" in r]
 
 
 # ----------------------------------------------------------------------------- the sampler's shards

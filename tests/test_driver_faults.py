@@ -164,9 +164,9 @@ def test_a_read_only_sweep_out_is_one_line_before_training(tmp_path, capsys):
     data, enc = tiny_runs.inputs(tmp_path)
     (tmp_path / "out").mkdir()
     with read_only(tmp_path / "out"):
-        rc = sweep_cli.main(["--tasks", "sst", "--depths", "none", "--sizes", "6", "--seeds", "1", "--data-dir", str(data),
-                     "--model", str(enc), "--out", str(tmp_path / "out"), "--runs-dir", str(tmp_path / "runs"),
-                     "--epochs", "1", "--in-process"])
+        rc = sweep_cli.main(["--tasks", "sst", "--depths", "none", "--sizes", "6", "--seeds", "1",
+                             "--data-dir", str(data), "--model", str(enc), "--out", str(tmp_path / "out"),
+                             "--runs-dir", str(tmp_path / "runs"), "--epochs", "1", "--in-process"])
     err = one_line_error(capsys.readouterr().err, 2, rc)
     assert f"--out {tmp_path / 'out'}: not writable" in err and not (tmp_path / "runs").exists()
 
@@ -267,7 +267,8 @@ def test_a_second_signal_stops_the_worker_at_once_and_releases_its_claim(tmp_pat
     assert "stopped by" not in p.stderr  # not after the run: at once, before its clean-up
     assert len(sweep_records.read_results(tmp_path / "results" / sweep_records.RESULTS)) == 1
     assert not list((tmp_path / "runs").glob(".*.lock"))  # its `finally` ran, and cleaned the recorded run
-    assert not list((tmp_path / "runs").glob("sst-*/best.pt")) and not list((tmp_path / "runs").glob("sst-*/checkpoints"))
+    assert (not list((tmp_path / "runs").glob("sst-*/best.pt"))
+            and not list((tmp_path / "runs").glob("sst-*/checkpoints")))
 
 
 SWEEP_SIGTERM_AS_ITS_CHILD_STARTS = """
@@ -290,7 +291,8 @@ def test_a_signal_to_a_worker_stops_its_training_process_and_the_worker(tmp_path
     assert "Traceback" not in p.stderr
     assert any(x.startswith("training.experiments.sweep: stopped by SIGTERM (0 run(s) finished")
                for x in p.stderr.splitlines())
-    assert not (tmp_path / "results" / sweep_records.RESULTS).exists() or not sweep_records.read_results(tmp_path / "results" / sweep_records.RESULTS)
+    assert (not (tmp_path / "results" / sweep_records.RESULTS).exists()
+            or not sweep_records.read_results(tmp_path / "results" / sweep_records.RESULTS))
     assert not list((tmp_path / "runs").glob(".*.lock"))
 
 
@@ -325,7 +327,8 @@ def space_argv(tmp_path, epochs=1, trials=3, **over) -> list[str]:
     data, enc = tiny_runs.inputs(tmp_path)
     space = tmp_path / "space.json"
     space.write_text(json.dumps({"objective": "overall", "trials": trials, "sampler": "random", "pruner": "none",
-                                 "fixed": {**SEARCH_FIXED, "epochs": epochs}, "params": {"lr": {"low": 1e-4, "high": 1e-2}},
+                                 "fixed": {**SEARCH_FIXED, "epochs": epochs},
+                                 "params": {"lr": {"low": 1e-4, "high": 1e-2}},
                                  **over}))
     return [str(space), "--out", str(tmp_path / "out"), "--data-dir", str(data), "--model", str(enc), "--threads",
             "1", "--sampler-seed", "7"]

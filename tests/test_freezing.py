@@ -43,7 +43,8 @@ def _seq(g, B, T, pair=False):
 
 def batches(pair_encoding, seed=0, B=4) -> list[Batch]:
     g = torch.Generator().manual_seed(seed)
-    pair = (lambda: [_seq(g, B, 7, pair=True)]) if pair_encoding == "cross" else (lambda: [_seq(g, B, 5), _seq(g, B, 6)])
+    pair = ((lambda: [_seq(g, B, 7, pair=True)]) if pair_encoding == "cross"
+            else (lambda: [_seq(g, B, 5), _seq(g, B, 6)]))
     ids, idx = [str(i) for i in range(B)], list(range(B))
     return [Batch("sst", [_seq(g, B, 5)], torch.randint(0, 5, (B,), generator=g), ids, idx),
             Batch("para", pair(), torch.randint(0, 2, (B,), generator=g).float(), ids, idx),

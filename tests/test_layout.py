@@ -42,7 +42,8 @@ def imports_of(path: Path) -> set[str]:
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names if a.name.startswith("training")}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and node.module.startswith("training"):
+        elif (isinstance(node, ast.ImportFrom) and node.module and node.level == 0
+              and node.module.startswith("training")):
             for a in node.names:
                 sub = f"{node.module}.{a.name}"
                 found.add(sub if sub in known else node.module)
@@ -157,7 +158,8 @@ def test_packages_import_only_downwards():
 def test_upward_imports_finds_a_package_circle():
     """The checker itself, on a planted package circle (methods -> run -> methods, through different modules,
     with no module circle): the import that runs up is reported; the same graph without it passes."""
-    planted = {"training.methods.stepper": {"training.run.config"}, "training.run.trainer": {"training.methods.stepper"},
+    planted = {"training.methods.stepper": {"training.run.config"},
+               "training.run.trainer": {"training.methods.stepper"},
                "training.run.config": set()}
     assert find_cycle(planted) is None  # no module circle: only the package order catches it
     assert upward_imports(planted, PACKAGE_ORDER) == [
@@ -268,7 +270,8 @@ def test_minbert_help_lists_every_command():
 
 def test_unknown_command_is_one_line_with_the_nearest():
     p = run("-m", "training", "evalute")
-    assert p.returncode == 2 and p.stderr == "minbert: error: unknown command 'evalute' (did you mean evaluate?) (see --help)\n"
+    assert p.returncode == 2 and p.stderr == ("minbert: error: unknown command 'evalute' (did you mean evaluate?) "
+                                              "(see --help)\n")
 
 
 @pytest.mark.parametrize("name", list(COMMANDS))
@@ -278,9 +281,9 @@ def test_each_command_help_and_unknown_flag(name):
     from every command."""
     p = run("-m", "training", name, "--help")
     assert p.returncode == 0 and p.stdout.startswith(f"usage: minbert {name} "), p.stdout[:200]
-    required = {"predict": ["RUN", "sst", "in.csv", "out.csv"], "export": ["RUN", "OUT"], "ensemble": ["RUN", "--data-dir", "D"],
-                "stats": ["A", "--vs", "B"], "study": ["whole"], "search": ["space.json"], "analyze": ["RUN"],
-                "submit": ["RUN"], "evaluate": ["RUN"]}.get(name, [])
+    required = {"predict": ["RUN", "sst", "in.csv", "out.csv"], "export": ["RUN", "OUT"],
+                "ensemble": ["RUN", "--data-dir", "D"], "stats": ["A", "--vs", "B"], "study": ["whole"],
+                "search": ["space.json"], "analyze": ["RUN"], "submit": ["RUN"], "evaluate": ["RUN"]}.get(name, [])
     p = run("-m", "training", name, *required, "--frozen-cahce", "on")
     lines = p.stderr.splitlines()
     assert p.returncode == 2 and len(lines) == 1, p.stderr
@@ -312,6 +315,7 @@ def test_predict_and_compare_through_minbert(tmp_path):
     the same file (an independent path: training.api, not the command), and `minbert report --compare`
     prints the run's row."""
     import tiny_runs
+
     from data.loaders import COURSE_FILES, load_task_file
     from training.api import load
 

@@ -323,7 +323,7 @@ def check_frozen_and_heads(m: Tiny, tasks, refs):
 
 def test_end_to_end_two_tasks_pcgrad():
     m = Tiny()
-    ref = {k: trunk_grads(m, l) for k, l in m.losses(("sst", "para")).items()}
+    ref = {k: trunk_grads(m, loss) for k, loss in m.losses(("sst", "para")).items()}
     g1, g2 = ref["sst"], ref["para"]
     assert g1 @ g2 < 0, "fixture must conflict for the projection to be exercised"
     expected = ref_proj(g1, g2) + ref_proj(g2, g1)
@@ -343,7 +343,7 @@ def test_end_to_end_two_tasks_pcgrad():
 @pytest.mark.parametrize("variant", ["pcgrad", "dominant"])
 def test_end_to_end_three_tasks(variant):
     m = Tiny()
-    gs = [trunk_grads(m, l) for l in m.losses().values()]
+    gs = [trunk_grads(m, loss) for loss in m.losses().values()]
     heads = {k: head_grads(m, k) for k in m.heads}
     if variant == "dominant":
         candidates = [ref_dominant(gs)]
@@ -390,7 +390,7 @@ def test_scaler_gives_scaled_result(variant):
 
 def test_trunk_free_task_is_zero_row():
     m = Tiny()
-    ref = {k: trunk_grads(m, l) for k, l in m.losses(sts_through_trunk=False).items()}
+    ref = {k: trunk_grads(m, loss) for k, loss in m.losses(sts_through_trunk=False).items()}
     assert torch.equal(ref["sts"], torch.zeros_like(ref["sts"]))
     g1, g2 = ref["sst"], ref["para"]
     heads = {k: head_grads(m, k) for k in ("sst", "para")}

@@ -49,7 +49,8 @@ def test_the_readme_states_lora_r8s_trainable_share_of_the_default_model():
         trainable, total = trainable_counts(build_model(TrainConfig(peft="lora:r=8", pooling=pooling))[0])
         shares[pooling] = f"{100 * trainable / total:.2f}%"
     assert re.search(rf"LoRA r=8 trains {re.escape(shares['cls'])} of MiniLM's parameters with the default\s+"
-                     rf"`--pooling cls`.*?{re.escape(shares['mean'])} with `--pooling mean`", text, flags=re.DOTALL), shares
+                     rf"`--pooling cls`.*?{re.escape(shares['mean'])} with `--pooling mean`", text,
+                     flags=re.DOTALL), shares
 
 
 # --------------------------------------------------------------------------- every command the README shows
@@ -189,7 +190,8 @@ def problems(module: str | None, argv: list[str], inline: bool) -> list[str]:
 def test_every_command_the_readme_shows_exists_with_its_flags():
     shown = commands((REPO / "README.md").read_text())
     modules = {m for m, _, _ in shown}
-    assert len(shown) > 20 and {None, "training.experiments.study.cli", "training.evaluate", "data.download"} <= modules, shown
+    assert (len(shown) > 20
+            and {None, "training.experiments.study.cli", "training.evaluate", "data.download"} <= modules), shown
     assert [p for cmd in shown for p in problems(*cmd)] == []
 
 
@@ -212,7 +214,8 @@ def test_the_readme_check_finds_a_missing_flag_a_bad_value_and_a_missing_module(
 
 
 def test_table_shorthand_is_spelt_out():
-    shown = commands("| `python -m training.experiments.study depth\\|size --out DIR` | `python -m data.download [--dest DIR]` |"
+    shown = commands("| `python -m training.experiments.study depth\\|size --out DIR` | "
+                     "`python -m data.download [--dest DIR]` |"
                      " `python -m training.export / analyze / submit` |")
     study = "training.experiments.study"
     assert shown == [(study, ["depth", "--out", "DIR"], True), (study, ["size", "--out", "DIR"], True),
@@ -228,8 +231,9 @@ def test_minbert_commands_are_checked_as_their_modules():
             "minbert train --epochs 1  # a comment\n```\n")
     shown = commands(text)
     study = "training.experiments.study.cli"
-    assert shown == [("training.experiments.sweep.cli", ["--no-such-flag"], False), ("training.train", ["--epochs", "1"], False),
-                     (study, ["whole", "--out", "DIR"], True), (study, ["size", "--out", "DIR"], True),
+    assert shown == [("training.experiments.sweep.cli", ["--no-such-flag"], False),
+                     ("training.train", ["--epochs", "1"], False), (study, ["whole", "--out", "DIR"], True),
+                     (study, ["size", "--out", "DIR"], True),
                      ("minbert stduy", ["whole"], True), ("training.export", [], True), ("training.analyze", [], True),
                      ("training.submit", [], True)]
     found = [p for cmd in shown for p in problems(*cmd)]

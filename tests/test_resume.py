@@ -51,7 +51,8 @@ sys.exit(main(sys.argv[2:]))
 
 def _epoch_records(out):
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if k not in ("train_seconds", "frozen_cache_seconds")} for r in rows if "dev_overall" in r]
+    return [{k: v for k, v in r.items() if k not in ("train_seconds", "frozen_cache_seconds")}
+            for r in rows if "dev_overall" in r]
 
 
 # mid-epoch, at an epoch's last step, with a weight EMA that must be restored too, and right after a

@@ -466,4 +466,5 @@ def test_scale_lr_with_batch_trains_at_the_square_root_rule(tmp_path, caplog, ba
     said = [r.getMessage() for r in caplog.records if "--scale-lr-with-batch" in r.getMessage()]
     assert said == [f"learning rate {1e-2 * factor:.4g}: --lr 0.01 at batch {ref}, times sqrt({batch} x {accum} / "
                     f"{ref}) (--scale-lr-with-batch)"]
-    assert any("--scale-lr-with-batch" in e for e in validate(tiny_config(tmp_path, "c", **base, scale_lr_with_batch=0)))
+    assert any("--scale-lr-with-batch" in e
+               for e in validate(tiny_config(tmp_path, "c", **base, scale_lr_with_batch=0)))

@@ -225,7 +225,8 @@ def test_reference_divergence_value_is_symmetric_kl_but_gradient_is_not():
     # each side as a soft-label cross-entropy towards the other: d/da = (p_a - p_c) / B
     torch.testing.assert_close(ga, (pa - pc) / 2, rtol=1e-12, atol=0)
     torch.testing.assert_close(gc, (pc - pa) / 2, rtol=1e-12, atol=0)
-    full_ga = torch.autograd.grad(((torch.softmax(a, -1) - pc) * (torch.log_softmax(a, -1) - pc.log())).sum(-1).mean(), a)[0]
+    full_ga = torch.autograd.grad(((torch.softmax(a, -1) - pc) * (torch.log_softmax(a, -1) - pc.log())).sum(-1).mean(),
+                                  a)[0]
     assert not torch.allclose(full_ga, ga, rtol=1e-3)  # the symmetric KL's own gradient differs
 
 

@@ -358,14 +358,16 @@ def test_runs_sharing_a_frozen_prefix_build_it_once_and_score_as_if_alone(tmp_pa
         assert C.main(tiny_recipe(tmp_path, data, enc)) == 0
     assert caplog.text.count("frozen-prefix cache: wrote") == 2  # training and dev states, depth 1, once
     assert caplog.text.count("frozen-prefix cache: reusing") == 2  # arm b found both
-    shared = {sweep_records.RunKey.of(r).arm: r for r in sweep_records.read_results(tmp_path / "results" / "results.jsonl") if r["depth"] == 1}
+    shared = {sweep_records.RunKey.of(r).arm: r
+              for r in sweep_records.read_results(tmp_path / "results" / "results.jsonl") if r["depth"] == 1}
     # arm b again, alone: its own cache folder, built from scratch
     from training.run.trainer import train
     cfg = C.base_config(load_recipe(tiny_recipe(tmp_path, data, enc)[0]), C.build_parser().parse_args(
         tiny_recipe(tmp_path, data, enc)))
     alone = TrainConfig(**{**cfg.to_dict(), "head_dropout": 0.2, "freeze_upto": 1, "seed": 1,
-                           "files": {f"{t}_train": str(tmp_path / "runs" / sweep_records.RunKey(TASKS, 1, 6, 1, "b").name /
-                                                       f"{t}-train-subset.csv") for t in ("sst", "para", "sts")},
+                           "files": {f"{t}_train": str(tmp_path / "runs"
+                                                       / sweep_records.RunKey(TASKS, 1, 6, 1, "b").name
+                                                       / f"{t}-train-subset.csv") for t in ("sst", "para", "sts")},
                            "cache_dir": str(tmp_path / "own-cache"), "out_dir": str(tmp_path / "alone")})
     assert train(alone) == shared["b"]["dev"]
 

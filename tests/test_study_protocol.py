@@ -144,7 +144,8 @@ def test_runner_up_of_trains_at_the_rate_the_other_points_tuning_ranked_second(t
     names = [k.name for k in recipe.plan(records)]
     assert [n for n in names if "freeze1" in n and "lr0.003" in n] == [
         f"{TASKS}-freeze1-nall-seed7-b-lr0.003", f"{TASKS}-freeze1-nall-seed1-b-lr0.003",
-        f"{TASKS}-freeze1-nall-seed2-b-lr0.003"]  # one's tuning run, then the twin's reporting runs; no tuning of its own
+        # one's tuning run, then the twin's reporting runs; no tuning of its own
+        f"{TASKS}-freeze1-nall-seed2-b-lr0.003"]
     tie = [tuning_record(1, "b", lr, s) for lr, s in [(0.0003, 0.4), (0.001, 0.5), (0.003, 0.5)]]
     assert Protocol(recipe, tie).chosen("one") == 0.001 and Protocol(recipe, tie).chosen(RUNNER_UP["label"]) == 0.003
 
@@ -154,7 +155,8 @@ def test_the_tuning_table_gives_each_choices_margin_and_one_runs_spread(tmp_path
     records = [tuning_record(1, "b", lr, s) for lr, s in [(0.0003, 0.4), (0.001, 0.5), (0.003, 0.47)]]
     tunes = {1: 0.61, 2: 0.64}  # the reporting runs' tuning-split scores at one's rate, 0.001
     records += [{**_reporting(1, "b", 0.001, seed, 0.6), "tune": {"overall": t}} for seed, t in tunes.items()]
-    rows = {line.split(" | ")[0].lstrip("| "): line for line in R.tuning_lines(recipe, records) if line.startswith("| ")}
+    rows = {line.split(" | ")[0].lstrip("| "): line
+            for line in R.tuning_lines(recipe, records) if line.startswith("| ")}
     sd = abs(0.61 - 0.64) / math.sqrt(2)  # two values: |a - b| / sqrt(2)
     assert rows["one"].endswith(f"| 0.001 | {0.5 - 0.47:.4f} | {sd:.4f} |")
     assert rows[RUNNER_UP["label"]] == f"| {RUNNER_UP['label']} | (the runner-up rate of one) | 0.003 | | |"
@@ -471,9 +473,11 @@ def test_the_protocol_says_how_long_each_kind_of_point_trains(tmp_path):
     points = [{"label": "full", "depth": "none", "arm": ""}, {"label": "one", "depth": 1, "arm": "b"},
               {"label": "two", "depth": 2, "arm": "b"}]
     assert R.epochs_phrase(loaded(tmp_path, train=patience, arms=arms, points=points), {}) == \
-        "by point (5 epochs without early stopping; up to 2 epochs with early stopping after 1 evaluations without a gain)"
+        ("by point (5 epochs without early stopping; up to 2 epochs with early stopping after 1 evaluations "
+         "without a gain)")
     # the records' settings stand in for what the recipe leaves at the trainer's defaults
-    assert R.epochs_phrase(loaded(tmp_path), {"epochs": 2, "early_stop_patience": None}) == "2 epochs without early stopping"
+    assert (R.epochs_phrase(loaded(tmp_path), {"epochs": 2, "early_stop_patience": None})
+            == "2 epochs without early stopping")
 
 
 @pytest.mark.parametrize("native", [False, True])
@@ -734,7 +738,8 @@ def test_the_recipes_pairs_are_a_family_of_their_own(tmp_path):
     records = []
     for depth, arm in ((None, ""), (1, "b"), (2, "")):
         records += [tuning_record(depth, arm, lr, s) for lr, s in [(0.0003, 0.4), (0.001, 0.5), (0.003, 0.45)]]
-    for depth, arm, scores in ((None, "", (0.70, 0.74, 0.72)), (1, "b", (0.63, 0.69, 0.66)), (2, "", (0.60, 0.70, 0.62))):
+    for depth, arm, scores in ((None, "", (0.70, 0.74, 0.72)), (1, "b", (0.63, 0.69, 0.66)),
+                               (2, "", (0.60, 0.70, 0.62))):
         records += [_reporting(depth, arm, 0.001, seed, x) for seed, x in zip((1, 2, 3), scores)]
     pairs = [(a, b) for a, b, _ in recipe.compare]
     tests = [t for t in A.versus(recipe, records, tmp_path, {}, pairs=pairs) if t["metric"] == "overall"]
@@ -788,10 +793,12 @@ def test_the_summary_table_by_hand():
     costs = [{"label": "full", "speedup": 1.0}, {"label": "one", "speedup": 2.5}]
     lines = summary_lines(rows, tests, costs, {"trivial": {"overall": 0.45}}, "full")
     assert lines[2] == "| full | 99.0% | 2 | 0.7400 [0.7300, 0.7500] | - | 1.000 | 1.00x |"
-    assert lines[3] == "| one | 25.0% | 1 | 0.7000 [0.6900, 0.7100] | -0.0400 [-0.0500, -0.0300] (0.012 / <0.001) | 0.800 | 2.50x |"
+    assert lines[3] == ("| one | 25.0% | 1 | 0.7000 [0.6900, 0.7100] | -0.0400 [-0.0500, -0.0300] (0.012 / <0.001) "
+                        "| 0.800 | 2.50x |")
     assert lines[4] == "| lora | - | 1 | 0.7400 [0.7000, 0.8000] | - | 1.000 | - |"
     assert lines[5].startswith("| trivial predictor") and "| 0.4500 |" in lines[5] and len(lines) == 6
-    assert summary_lines(rows[1:2], [], [], None, "full")[2] == "| one | 25.0% | 1 | 0.7000 [0.6900, 0.7100] | - | 0.800 | - |"
+    assert (summary_lines(rows[1:2], [], [], None, "full")[2]
+            == "| one | 25.0% | 1 | 0.7000 [0.6900, 0.7100] | - | 0.800 | - |")
 
 
 def test_a_table_recipe_gets_its_figure(tmp_path):
@@ -824,7 +831,8 @@ def test_the_modelled_cost_by_hand(tmp_path):
     recipe = loaded(tmp_path)
     records = ([tuning_record(None, "", lr, s) for lr, s in [(0.0003, 0.5), (0.001, 0.7), (0.003, 0.6)]]
                + [tuning_record(1, "b", lr, s) for lr, s in [(0.0003, 0.5), (0.001, 0.4), (0.003, 0.35)]]
-               + [_curved(None, "", 0.001, 1, [0.60, 0.70, 0.69]), _curved(None, "", 0.001, 2, [0.65, 0.72, 0.74, 0.73]),
+               + [_curved(None, "", 0.001, 1, [0.60, 0.70, 0.69]),
+                  _curved(None, "", 0.001, 2, [0.65, 0.72, 0.74, 0.73]),
                   _curved(1, "b", 0.0003, 1, [0.50, 0.60, 0.68, 0.69, 0.685]), _curved(1, "b", 0.0003, 2, [0.69, 0.67]),
                   _curved(None, "", 0.0003, 1, [0.60, 0.70])])  # full at one's rate, 0.0003
     cost = {"machine": "m", "date": "d", "points": {"full": {"s_per_epoch": [10.0, 9.0, 11.0], "cache_s": 0.0},
@@ -984,7 +992,8 @@ def test_the_schedules_section_by_hand(tmp_path):
 def test_the_size_depth_map_by_hand(tmp_path):
     from training.experiments.study.arms_figures import column_name, size_depth_figure, size_depth_grid
     from training.experiments.study.figures import pyplot
-    arms = {"": {}, "e2": {"epochs": 2}, "e2s": {"epochs": 2, "pair_encoding": "siamese"}, "e8s": {"epochs": 8, "pair_encoding": "siamese"}}
+    arms = {"": {}, "e2": {"epochs": 2}, "e2s": {"epochs": 2, "pair_encoding": "siamese"},
+            "e8s": {"epochs": 8, "pair_encoding": "siamese"}}
     recipe = loaded(tmp_path, sizes=["all", 4], arms=arms, points=[
         {"label": "all full", "depth": "none", "arm": "e2", "size": "all"},
         {"label": "all one", "depth": 1, "arm": "e2", "size": "all"},
@@ -1069,14 +1078,16 @@ def test_the_gap_against_size_resamples_the_same_examples_for_both_sizes(tmp_pat
     runs = {(f"{size} {kind}", seed): 0.5 for size in ("all", "4") for kind in ("full", "one") for seed in (1, 2, 3)}
     preds_of = {(label, seed): (one if label.endswith("one") else full) for label, seed in runs}
     recipe, records = _sized_study(tmp_path, runs, preds_of)
-    row = next(r for r in A.gap_changes(recipe, records, tmp_path, {"sst": labels}, reps=500) if r["metric"] == "sst_acc")
+    row = next(r for r in A.gap_changes(recipe, records, tmp_path, {"sst": labels}, reps=500)
+               if r["metric"] == "sst_acc")
     assert row["boot_ci"] == (0.0, 0.0) and row["boot_p"] == 1.0
     # the whole files' one frozen layer right on example 5 too: its gap is the share of examples 0 and 5 in a
     # resample, the smaller size's that of example 0, so the change is the share of example 5: 0 exactly
     # when a resample draws it not once, (5/6)^6 of the time, so the bootstrap p is twice that
     preds_of |= {("all one", s): labels.tolist() for s in (1, 2, 3)}
     recipe, records = _sized_study(tmp_path, runs, preds_of)
-    row = next(r for r in A.gap_changes(recipe, records, tmp_path, {"sst": labels}, reps=4000) if r["metric"] == "sst_acc")
+    row = next(r for r in A.gap_changes(recipe, records, tmp_path, {"sst": labels}, reps=4000)
+               if r["metric"] == "sst_acc")
     assert row["boot_ci"][0] == 0.0 and row["boot_p"] == pytest.approx(2 * (5 / 6) ** 6, abs=0.05)
 
 
@@ -1108,7 +1119,8 @@ def test_the_tuning_map_keeps_long_point_names_and_its_title_on_the_page(tmp_pat
     if plt is None:
         pytest.skip("matplotlib is optional and not installed")
     recipe = loaded(tmp_path)
-    recipe.points[0]["label"] = "full fine-tuning with the best MiniLM recipe's flags (SMART's Bregman term, weight EMA)"
+    recipe.points[0]["label"] = ("full fine-tuning with the best MiniLM recipe's flags "
+                                 "(SMART's Bregman term, weight EMA)")
     records = [tuning_record(None, "", lr, score) for lr, score in ((0.0003, 0.5), (0.001, 0.6), (0.003, 0.55))]
     fig = tuning_map(plt, recipe, records)
     fig.canvas.draw()
@@ -1227,9 +1239,12 @@ def test_the_mean_curve_follows_the_runs_still_training():
 def test_a_point_takes_the_cost_of_one_whose_epochs_cost_the_same(tmp_path):
     from training.experiments.study import arms_cost as K
 
-    recipe = loaded(tmp_path, arms={"": {}, "b": {"head_dropout": 0.2}, "long": {"epochs": 9, "early_stop_patience": 3}},
-                    points=[{"label": "full", "depth": "none", "arm": ""}, {"label": "long", "depth": "none", "arm": "long"},
-                            {"label": "other", "depth": "none", "arm": "b"}, {"label": "one", "depth": 1, "arm": "long"}])
+    recipe = loaded(tmp_path, arms={"": {}, "b": {"head_dropout": 0.2},
+                                    "long": {"epochs": 9, "early_stop_patience": 3}},
+                    points=[{"label": "full", "depth": "none", "arm": ""},
+                            {"label": "long", "depth": "none", "arm": "long"},
+                            {"label": "other", "depth": "none", "arm": "b"},
+                            {"label": "one", "depth": 1, "arm": "long"}])
     cost = {"points": {"full": {"s_per_epoch": [10.0, 9.0, 11.0], "cache_s": 0.0}}}
     points = {p["label"]: p for p in recipe.points}
     assert K.measured(recipe, cost, points["long"]) is cost["points"]["full"]  # more epochs: the same epoch

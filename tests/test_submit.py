@@ -28,7 +28,8 @@ def runs(tmp_path_factory):
 
 def write_set(cfg, folder: Path, *extra: str, checkpoint=None) -> None:
     assert evaluate_mod.main([str(checkpoint or cfg.out_dir), "--data-dir", cfg.data_dir, "--device",
-                              "cpu", "--predictions-dir", str(folder), "--eval-batch-size", "5", "--overwrite", *extra]) == 0
+                              "cpu", "--predictions-dir", str(folder), "--eval-batch-size", "5", "--overwrite",
+                              *extra]) == 0
 
 
 def error(capsys, *argv) -> str:

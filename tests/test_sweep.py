@@ -181,7 +181,8 @@ def test_two_sweeps_never_share_or_delete_each_others_runs(inputs, tmp_path, mon
     kept = {p: p.read_bytes() for p in (tmp_path / "expA" / "runs").rglob("*") if p.is_file()}
     assert sweep_cli.main(sweep_args(data, ckpt, tmp_path / "expB", "--in-process", *shared)) == 2
     err = capsys.readouterr().err.splitlines()
-    assert len(err) == 1 and re.fullmatch(r"training\.experiments\.sweep: error: .* belongs to the sweep in .*expA.*", err[0])
+    assert len(err) == 1 and re.fullmatch(r"training\.experiments\.sweep: error: .* belongs to the sweep in .*expA.*",
+                                          err[0])
     assert {p: p.read_bytes() for p in kept} == kept
 
 
@@ -482,7 +483,8 @@ def test_a_record_keeps_the_moves_of_a_freezing_schedule(inputs, tmp_path, monke
     (record,) = [json.loads(x) for x in (tmp_path / "sweep" / "results.jsonl").read_text().splitlines()]
     assert record["depth_changes"] == [[3, 0], [7, 1], [9, None]]
     monkeypatch.setattr(engine, "measure", fake)  # a fixed depth: no field
-    assert sweep_cli.main(sweep_args(data, ckpt, tmp_path / "fixed", "--in-process", "--depths", "none", "--sizes", "3")) == 0
+    assert sweep_cli.main(sweep_args(data, ckpt, tmp_path / "fixed", "--in-process", "--depths", "none",
+                                     "--sizes", "3")) == 0
     (record,) = [json.loads(x) for x in (tmp_path / "fixed" / "sweep" / "results.jsonl").read_text().splitlines()]
     assert "depth_changes" not in record
 

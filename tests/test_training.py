@@ -327,7 +327,8 @@ def test_evaluate_rewrites_the_same_predictions_and_scores(cross_run, tmp_path, 
 
 
 def write_pairs(path, pairs):
-    path.write_text("\tid\tsentence1\tsentence2\n" + "".join(f"{j}\tx{j}\t{a}\t{b}\n" for j, (a, b) in enumerate(pairs)))
+    path.write_text("\tid\tsentence1\tsentence2\n"
+                    + "".join(f"{j}\tx{j}\t{a}\t{b}\n" for j, (a, b) in enumerate(pairs)))
     return path
 
 

@@ -8,7 +8,8 @@ The dev files come from the data folder (--data-dir, else $MINBERT_DATA_DIR, els
 OUT then holds
     analysis.md          the summary below, with the figures
     analysis.json        the same numbers, for scripts
-    {task}-dev.tsv       the predictions they come from (training/inference/formats.py's TSV format, with the gold label)
+    {task}-dev.tsv       the predictions they come from (training/inference/formats.py's TSV format,
+                         with the gold label)
     sst_confusion.png    SST-5: confusion matrix (rows: gold, columns: predicted; shaded by row)
     para_confusion.png   Quora: the 2 x 2 confusion matrix
     sts_scatter.png      STS-B: predicted against gold scores, with Pearson's and Spearman's correlations

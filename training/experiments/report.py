@@ -150,7 +150,8 @@ def plot_sweep(rows: list[dict], path: Path) -> Path:
                 base = next((r["baseline"] for r in mine if r["metric"] == metric and not math.isnan(r["baseline"])),
                             None)
                 if base is not None:
-                    ax.axhline(base, color="grey", linestyle="--", linewidth=1.2, label=f"dev majority class ({base:.3f})")
+                    ax.axhline(base, color="grey", linestyle="--", linewidth=1.2,
+                               label=f"dev majority class ({base:.3f})")
                 ax.set_ylabel(f"dev {metric}" + " (mean ± std over seeds)")
                 ax.set_title(f"{tasks}: dev {metric}")
             elif col == ncols - 1:

@@ -21,8 +21,8 @@ AdamW leaves them alone. Dropout replays draw the same numbers the eager kernels
 the generator by what its kernels consume (torch's graph-safe philox offsets).
 
 Where a run cannot be captured (no CUDA device, SMART's ascent, PCGrad's per-task backward, fp16's loss
-scale, data parallelism, gradient accumulation) `for_run` says why once and the run steps eagerly. A shape whose capture fails
-runs eagerly from then on, logged once.
+scale, data parallelism, gradient accumulation) `for_run` says why once and the run steps eagerly. A
+shape whose capture fails runs eagerly from then on, logged once.
 """
 from __future__ import annotations
 

@@ -241,7 +241,8 @@ def _trained_lines(cfg: dict, parameters: dict | None) -> list[str]:
            "bitfit": "BitFit: the encoder's bias terms alone (LayerNorm's beta included)"}.get(
         cfg.get("peft", "none"), f"LoRA (`--peft {cfg.get('peft')}`): low-rank updates of the encoder's linear maps, "
                                  f"merged into the exported weights, so that the folder holds a plain BERT")
-    frozen = f", above a frozen prefix (`--freeze-upto {cfg['freeze_upto']}`)" if cfg.get("freeze_upto") is not None else ""
+    frozen = (f", above a frozen prefix (`--freeze-upto {cfg['freeze_upto']}`)"
+              if cfg.get("freeze_upto") is not None else "")
     pooler = ", the pooler" if cfg.get("pooling") == "cls" else ""
     return [f"Trained: {parameters['trainable']:,} of {parameters['total']:,} parameters "
             f"({100 * parameters['share']:.3g}%): the heads{pooler} and {how}{frozen}.", ""]

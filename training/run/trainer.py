@@ -528,7 +528,8 @@ class Run:
                       "trainable_share": share(trainable, total), "precision": self.precision,
                       **({"tf32": self.precision == "fp32"} if self.fp32_math else {}),
                       **self.stepper.scale_record(),
-                      **({"frozen_cache_seconds": round(self.caches.seconds, 2)} if self.caches.seconds is not None else {}),
+                      **({"frozen_cache_seconds": round(self.caches.seconds, 2)}
+                         if self.caches.seconds is not None else {}),
                       **{f"train_loss_{t}": float(np.mean(v)) for t, v in state.losses.items() if v}}
             self.evaluate_and_keep(epoch, record, f"epoch {epoch}", f" ({train_time:.0f} s training)")
             self.caches.seconds = None  # counted once

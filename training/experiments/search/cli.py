@@ -40,7 +40,8 @@ def build_parser(prog: str = PROG) -> Parser:
     for name in ("data_dir", "model"):
         add_option(p, TrainConfig.__dataclass_fields__[name], help_suffix=" (default: %(default)s)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
-    p.add_argument("--sampler-seed", dest="seed", type=int, default=None, help="the sampler's seed (default: the space's, else 0; "
+    p.add_argument("--sampler-seed", dest="seed", type=int, default=None,
+                   help="the sampler's seed (default: the space's, else 0; "
                    "each worker adds its process id and the number of trials so far, so that workers, and a "
                    "restarted one, do not propose the same settings)")
     p.add_argument("--keep-checkpoints", action="store_true", help="keep every trial's best.pt")

@@ -110,7 +110,8 @@ def _space(path: Path, raw: dict) -> Space:
     if clash:
         raise ValueError(f"{clash[0]}: both searched and fixed")
     if sampler == "grid" and any(p.choices is None for p in params.values()):
-        raise ValueError(f"sampler grid needs choices for every option, not a range ({next(n for n, p in params.items() if p.choices is None)})")
+        ranged = next(n for n, p in params.items() if p.choices is None)
+        raise ValueError(f"sampler grid needs choices for every option, not a range ({ranged})")
     directions = ["maximize"] + ["minimize"] * (len(objective) - 1)
     return Space(path, objective, trials, sampler, pruner, fixed, params, raw.get("seed", 0), directions)
 

@@ -70,7 +70,8 @@ def markdown(study, space: Space, table: list[dict]) -> str:
     for r in sorted(table, key=lambda r: (-(r["score"] or -math.inf) if r["state"] == "COMPLETE" else math.inf,
                                           r["trial"])):
         mark = " **best**" if r["trial"] in best else ""
-        lines.append(f"| {r['trial']}{mark} | {r['state'].lower()} | " + " | ".join(_cell(r[f'param:{n}']) for n in names)
+        params = " | ".join(_cell(r[f"param:{n}"]) for n in names)
+        lines.append(f"| {r['trial']}{mark} | {r['state'].lower()} | {params}"
                      + f" | {_num(r['score'])} | {_num(r['train_seconds'], 1)} | {r['note']} |")
     pareto = front(table)
     if pareto:

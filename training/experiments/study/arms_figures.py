@@ -54,7 +54,8 @@ def arms_figures(recipe, records: list[dict], rows: list[dict], baselines: dict 
 
 
 #: each figure's caption in report.md's "Figures" section, in the order they appear there
-CAPTIONS = {"depth.png": "Quality against frozen depth, per task, beside the trivial predictor and the zero-shot cosine",
+CAPTIONS = {"depth.png": "Quality against frozen depth, per task, beside the trivial predictor and the zero-shot "
+                         "cosine",
             "quality.png": "Dev overall of every point: each reporting seed and the mean with its 95% interval",
             "front.png": "Quality against end-to-end cost (the dashed line joins the front)",
             "size_depth.png": "Normalised quality per training-set size and depth",
@@ -178,7 +179,8 @@ def depth_figure(plt, recipe, rows: list[dict], baselines: dict | None, path: Pa
         if metric in trivial:
             ax.axhline(trivial[metric], color="C3", linestyle="--", linewidth=1, label="trivial predictor")
         if zero_key and zero_key in zero_shot:
-            ax.axhline(zero_shot[zero_key], color="C2", linestyle="-.", linewidth=1, label="untrained, zero-shot cosine")
+            ax.axhline(zero_shot[zero_key], color="C2", linestyle="-.", linewidth=1,
+                       label="untrained, zero-shot cosine")
         ticks = sorted({x for x, _ in placed} | {-1, recipe.layers})
         ax.set_xticks(ticks, ["none" if x == -1 else "emb." if x == 0 else "all" if x == recipe.layers else str(x)
                               for x in ticks], rotation=45, fontsize="small")

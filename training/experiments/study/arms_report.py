@@ -41,7 +41,8 @@ def _p(p) -> str:
     return "-" if p is None or math.isnan(p) else ("<0.001" if p < 0.001 else f"{p:.3f}")
 
 
-def dev_labels(records: list[dict], tasks: list[str], results: Path, data_dir: str | None = None) -> dict[str, np.ndarray]:
+def dev_labels(records: list[dict], tasks: list[str], results: Path,
+               data_dir: str | None = None) -> dict[str, np.ndarray]:
     """The dev labels of data_dir (default: the records' data folder), checked against the fingerprints the
     study took of the files its runs are scored on (baselines.json)."""
     folder = Path(data_dir or records[0]["settings"]["data_dir"])
@@ -122,7 +123,8 @@ def baseline_lines(baselines: dict | None) -> list[str]:
         return ["Baselines: not computed yet."]
     t, z = baselines["trivial"], baselines.get("zero_shot", {})
     return ["| baseline | sst_acc | para_acc | sts_pearson | overall |", "|---|---:|---:|---:|---:|",
-            f"| trivial: majority class (SST, Quora), a constant (STS) | {_f(t.get('sst_acc'))} | {_f(t.get('para_acc'))} "
+            f"| trivial: majority class (SST, Quora), a constant (STS) | {_f(t.get('sst_acc'))} "
+            f"| {_f(t.get('para_acc'))} "
             f"| {_f(t.get('sts_pearson'))} | {_f(t.get('overall'))} |",
             f"| untrained model, zero-shot cosine ({baselines.get('pooling')} pooling; Quora's threshold chosen on "
             f"the tuning split) | - | {_f(z.get('para_acc'))} | {_f(z.get('sts_pearson'))} | - |"]
@@ -139,12 +141,14 @@ def tuning_lines(recipe, records: list[dict]) -> list[str]:
     for point in recipe.points:
         if borrows(point):
             how = "the rate of" if "lr_of" in point else "the runner-up rate of"
-            lines.append(f"| {point['label']} | ({how} {borrows(point)}) | {_lr(protocol.chosen(point['label']))} | | |")
+            chosen = _lr(protocol.chosen(point["label"]))
+            lines.append(f"| {point['label']} | ({how} {borrows(point)}) | {chosen} | | |")
             continue
         lrs, best = protocol.tried(point)
         cells = [f"{lr:g}: {_f(protocol.score(point, lr))}" for lr in lrs]
         edge = " (edge: the ladder's limit)" if best is not None and best in (lrs[0], lrs[-1]) else ""
-        lines.append(f"| {point['label']} | {'; '.join(cells)} | {_lr(best)}{edge} | {_f(choice_margin(protocol, point))} "
+        lines.append(f"| {point['label']} | {'; '.join(cells)} | {_lr(best)}{edge} "
+                     f"| {_f(choice_margin(protocol, point))} "
                      f"| {_f(tune_spread(protocol, point['label']))} |")
     return lines
 
@@ -197,8 +201,9 @@ def results_lines(rows: list[dict]) -> list[str]:
         mine = {r["metric"]: r for r in rows if r["label"] == label}
         o = mine.get("overall")
         any_row = next(iter(mine.values()))
-        share = (f"{any_row['trainable_params'] / 1e6:.2f}M ({any_row['trainable_params'] / any_row['total_params']:.1%})"
-                 if any_row.get("trainable_params") else "-")
+        trainable = any_row.get("trainable_params")
+        share = (f"{trainable / 1e6:.2f}M ({trainable / any_row['total_params']:.1%})"
+                 if trainable else "-")
         cells = [_f(mine[m]["mean"]) if m in mine else "-" for m in METRICS[:3]]
         lines.append(f"| {label} | {share} | {_lr(any_row['lr'])} | {len(any_row['values'])} | " + " | ".join(cells)
                      + (f" | {_f(o['mean'])} {_ci(o['ci'])} | {_f(o['normalised'], 3)} | {_f(o['lee'], 3)} "
@@ -356,7 +361,8 @@ def schedule_lines(recipe, records: list[dict], costs: list[dict], quality: dict
              f"first evaluation at {share:.0%} of {reference}'s mean kept tuning-split score against {reference}'s "
              f"own ({_epochs(theirs)} epochs of {reference}; medians over the seeds that reached it); the depth "
              f"frozen when each run ended (of {recipe.layers} layers; none: every layer training).", "",
-             f"| schedule | end-to-end speed-up | dev overall against {reference} [95% t CI] (Holm p) | to {share:.0%}: "
+             f"| schedule | end-to-end speed-up | dev overall against {reference} [95% t CI] (Holm p) "
+             f"| to {share:.0%}: "
              f"epochs of {reference} (seeds) | speed-up at {share:.0%} | frozen at the end, per seed | published |",
              "|---|---:|---:|---:|---:|---|---|"]
     for point in scheduled:

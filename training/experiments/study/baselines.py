@@ -88,7 +88,8 @@ def compute_baselines(base: TrainConfig, tasks: list[str], subsets: dict, seed: 
     dev_labels = {t: [e.label for e in ex] for t, ex in dev.items()}
     train_labels = {t: [e.label for e in subsets[t, seed][size]] for t in tasks if t != "sts"}
     out = {"trivial": trivial_scores(train_labels, dev_labels), "model": base.model, "pooling": base.pooling,
-           "dev_labels": {t: labels_digest(v) for t, v in dev_labels.items()}, "zero_shot": {}, "unseen": unseen_by_task(base, tasks, {t: subsets[t, seed][size] for t in tasks}, dev)}
+           "dev_labels": {t: labels_digest(v) for t, v in dev_labels.items()}, "zero_shot": {},
+           "unseen": unseen_by_task(base, tasks, {t: subsets[t, seed][size] for t in tasks}, dev)}
     if "sts" in tasks:
         cos = zero_shot_cosines(base.model, base.pooling, dev["sts"], base.max_length)
         out["zero_shot"]["sts_pearson"] = score("sts", cos, dev_labels["sts"])

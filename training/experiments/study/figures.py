@@ -139,8 +139,9 @@ def table_figures(recipe: Recipe, records: list[dict], out: Path) -> list[Path]:
                 ax.scatter([i] * len(seeds), seeds, color=f"C{i % 10}", s=14, zorder=3)
             published = r["published"].get(metric)
             if published is not None:
+                first = next(j for j, q in enumerate(rows) if q["published"].get(metric) is not None)
                 ax.scatter([i + 0.3], [published], marker="x", color="black", zorder=3,
-                           label="published" if i == next(j for j, q in enumerate(rows) if q["published"].get(metric) is not None) else None)
+                           label="published" if i == first else None)  # one legend entry
         ax.set_xticks(range(len(rows)), [r["label"] for r in rows], rotation=35, ha="right", fontsize="x-small")
         ax.set_title(f"dev {metric}")
         ax.grid(alpha=0.3, axis="y")

@@ -215,7 +215,8 @@ def recipe_problem(raw: dict) -> str | None:
     raw.setdefault("about", "")
     checks = [
         ("kind", raw["kind"] in KINDS, f"one of {', '.join(KINDS)}"),
-        ("tasks", _list_of(raw["tasks"], str) and set(raw["tasks"]) <= set(TASKS) and raw["tasks"], "some of sst, para, sts"),
+        ("tasks", _list_of(raw["tasks"], str) and set(raw["tasks"]) <= set(TASKS) and raw["tasks"],
+         "some of sst, para, sts"),
         ("depths", _list_of(raw["depths"], (int, str)) and raw["depths"] and all(_depth_ok(d) for d in raw["depths"]),
          'a list of depths: "none", integers >= -1, or shares "P%"'),
         ("sizes", _list_of(raw["sizes"], (int, str)) and raw["sizes"]

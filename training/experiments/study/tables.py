@@ -59,9 +59,10 @@ def depth_markdown(recipe: Recipe, records: list[dict]) -> str:
         cells = relative_cells(recipe, records, size, protocol)
         lrs = _lr_column(recipe, records, size) if protocol == "tuned" else None
         lines += [f"## Quality against frozen depth: {what}", ""] + _relative_table(recipe, cells, lrs) + [""]
-        lines += [f"Deepest depth keeping {NINETY:.0%} of full quality (mean relative quality): " + ", ".join(
-            f"{m} {_depth_or_none(ninety_depth(cells, m), recipe.layers)}" for m in metric_names("+".join(recipe.tasks))),
-            ""]
+        deepest = [f"{m} {_depth_or_none(ninety_depth(cells, m), recipe.layers)}"
+                   for m in metric_names("+".join(recipe.tasks))]
+        lines += [f"Deepest depth keeping {NINETY:.0%} of full quality (mean relative quality): "
+                  + ", ".join(deepest), ""]
     if recipe.lr_grid:
         best = recipe.best_lrs(records)
         lines += ["Best learning rate per depth (tuning seeds): " + ", ".join(
@@ -69,8 +70,8 @@ def depth_markdown(recipe: Recipe, records: list[dict]) -> str:
             if n == size), ""]
     lines += ["## Cost against frozen depth", "",
               "Training seconds per epoch: the training steps alone (no evaluation), the median over seeds of "
-              "each run's mean epoch; without the cache: the cost arm (the same depth with `--frozen-cache off`). Cache: "
-              "seconds to build the frozen prefix's states once (a run that found them on disk took less). "
+              "each run's mean epoch; without the cache: the cost arm (the same depth with `--frozen-cache off`). "
+              "Cache: seconds to build the frozen prefix's states once (a run that found them on disk took less). "
               "Peak RSS: the run's process at its peak; added: above the process before training.", "",
               "| depth | trainable layers | trainable params | s/epoch | s/epoch without cache | cache speed-up "
               "| vs full fine-tuning | cache build s | peak RSS MiB | added MiB | CUDA peak MiB |",
@@ -81,7 +82,8 @@ def depth_markdown(recipe: Recipe, records: list[dict]) -> str:
         speedup = _ratio(r["epoch_seconds_nocache"], r["epoch_seconds"])
         lines.append(f"| {depth_label(r['depth'], recipe.layers)} | {trainable_layers(r['depth'], recipe.layers)} "
                      f"| {r['trainable_params'] / 1e6:.2f}M | {_f(r['epoch_seconds'], 1)} | "
-                     f"{_f(r['epoch_seconds_nocache'], 1)} | {_times(speedup)} | {_times(_ratio(full, r['epoch_seconds']))} "
+                     f"{_f(r['epoch_seconds_nocache'], 1)} | {_times(speedup)} "
+                     f"| {_times(_ratio(full, r['epoch_seconds']))} "
                      f"| {_f(r['cache_seconds'], 1)} | {_f(r['peak_rss_mib'], 0)} | {_f(r['added_rss_mib'], 0)} "
                      f"| {_f(r['cuda_peak_mib'], 0)} |")
     return "\n".join(lines) + "\n"
@@ -158,9 +160,11 @@ def table_markdown(recipe: Recipe, records: list[dict]) -> str:
                 "own 'Overall' averages the raw Pearson)." if published else
                 "; train s: the training steps of a run (its caches' building included), mean over seeds, "
                 "measured while another run shared the machine's two cores."), "",
-             "| recipe | frozen layers | seeds | " + " | ".join(f"{m}{' | published' if published else ''}"
-                                                             for m in metrics) + ("" if published else " | train s") + " |",
-             "|---|---:|---:|" + ("---:|---:|" if published else "---:|") * len(metrics) + ("" if published else "---:|")]
+             "| recipe | frozen layers | seeds | "
+             + " | ".join(f"{m}{' | published' if published else ''}" for m in metrics)
+             + ("" if published else " | train s") + " |",
+             "|---|---:|---:|" + ("---:|---:|" if published else "---:|") * len(metrics)
+             + ("" if published else "---:|")]
     for r in rows:
         seeds = max(len(v) for v in r["values"].values())
         cells = []
@@ -179,7 +183,8 @@ def table_markdown(recipe: Recipe, records: list[dict]) -> str:
     if tests:
         lines += ["", "Paired by seed (B - A; t: paired t-test, two-sided; with 3 seeds only a large, steady "
                       "difference reaches p < 0.05):", "",
-                  "| A | B | metric | seeds | B - A | sd | t p | Wilcoxon p |", "|---|---|---|---:|---:|---:|---:|---:|"]
+                  "| A | B | metric | seeds | B - A | sd | t p | Wilcoxon p |",
+                  "|---|---|---|---:|---:|---:|---:|---:|"]
         for t in tests:
             lines.append(f"| {t['a']} | {t['b']} | {t['metric']} | {t['n']} | {_f(t['diff'], sign=True)} | "
                          f"{_f(t['diff_sd'])} | {_f(t['t_p'], 3)} | {_f(t['wilcoxon_p'], 3)} |")

@@ -19,12 +19,12 @@ Resuming: rerunning the same command skips every run whose key is already in res
 that was cut off goes on from its last training checkpoint (exact resume: the numbers of an uninterrupted
 run; its record says "resumed", and its wall seconds count the last part only), or starts again in a
 cleaned run directory when it left none that the trainer can use; runs cut off are taken before
-runs nobody began. A partial last line (the sweep killed
-while writing) is dropped with a warning. A run whose record the results file could not take (a full
-disk) keeps its directory and the record beside it (sweep-result.json), which the next start records
-without training. Ctrl-C or SIGTERM stops the sweep after the current run (its training after the step,
-with a checkpoint: the run goes on from it next time), exit status 130 or 143. Results written with different settings (epochs, lr, model, ...) are refused: use
-another --out.
+runs nobody began. A partial last line (the sweep killed while writing) is dropped with a warning. A
+run whose record the results file could not take (a full disk) keeps its directory and the record
+beside it (sweep-result.json), which the next start records without training. Ctrl-C or SIGTERM stops
+the sweep after the current run (its training after the step, with a checkpoint: the run goes on from
+it next time), exit status 130 or 143. Results written with different settings (epochs, lr, model,
+...) are refused: use another --out.
 Workers: the same command started again (another shell, `--threads 1` each on a small machine) shares
 the grid: a run is claimed by a lock file in --runs-dir, left to its worker while that lives, taken
 over when it died. Arms (training.experiments.study): a key may name a set of option overrides, recorded with it.
@@ -141,7 +141,8 @@ def build_parser(prog: str = PROG) -> Parser:
                    help="freezing schedules (--unfreeze-schedule), each run at every depth: the depth is where "
                         "lp-ft and gradual start and adaptive starts from (default: fixed)")
     g = p.add_argument_group("where")
-    g.add_argument("--out", default="runs/sweep", help="folder for results.jsonl (and the report) (default: %(default)s)")
+    g.add_argument("--out", default="runs/sweep",
+                   help="folder for results.jsonl (and the report) (default: %(default)s)")
     g.add_argument("--runs-dir", default=None, help="folder for the run directories (checkpoints, logs, the subset "
                    "files) (default: runs/<name of OUT>-<hash of its path>-runs)")
     for name in ("data_dir", "model"):
@@ -219,7 +220,8 @@ def resolve_depths(args) -> str | None:
     layers = model_layers(args.model)
     if layers is None:
         if any(isinstance(d, str) for d in args.depths):
-            return f"--depths {next(d for d in args.depths if isinstance(d, str))}: cannot read the depth of {args.model}"
+            share = next(d for d in args.depths if isinstance(d, str))
+            return f"--depths {share}: cannot read the depth of {args.model}"
         return None
     for d in args.depths:
         problem = depth_error(d, layers, args.model)

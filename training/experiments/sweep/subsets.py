@@ -131,8 +131,8 @@ def write_course_file(path: str | os.PathLike, task: str, examples: Sequence[Exa
 def training_subsets(grid: Grid, base: TrainConfig, flag: str = "--sizes") -> dict | str:
     """Every training subset, (task, seed) -> size -> examples, made before any training (a bad size fails
     now, not an hour in); or the error, naming `flag`. With grid.tuning_split ({"share", "seed"};
-    training.experiments.study's), a stratified tuning split is first taken out of each training file, kept as (task, TUNE) -> examples,
-    and the subsets are drawn from the rest ("all": the whole rest)."""
+    training.experiments.study's), a stratified tuning split is first taken out of each training file,
+    kept as (task, TUNE) -> examples, and the subsets are drawn from the rest ("all": the whole rest)."""
     subsets: dict[tuple[str, int | str], dict[int | str, list[Example]] | list[Example]] = {}
     split = grid.tuning_split
     for task in grid.tasks:
