@@ -24,7 +24,7 @@ from data.batching import CPU_EVAL_TOKENS, EvalBatching, _sorted_spans, encode_t
 from data.loaders import COURSE_FILES, load_task_file  # noqa: E402
 from training.common.device import seed_everything  # noqa: E402
 from training.config.train_config import TrainConfig  # noqa: E402
-from training.inference.metrics import evaluate  # noqa: E402
+from training.inference.outputs import evaluate  # noqa: E402
 from training.run.build import build_model  # noqa: E402
 
 

@@ -39,6 +39,7 @@ COURSE_FILES: dict[str, dict[str, str]] = {
 ID_COLUMN = "id"
 TEXT_COLUMNS = {"sst": ("sentence",), "para": ("sentence1", "sentence2"), "sts": ("sentence1", "sentence2")}
 LABEL_COLUMN = {"sst": "sentiment", "para": "is_duplicate", "sts": "similarity"}
+SENTIMENTS = ("negative", "somewhat negative", "neutral", "somewhat positive", "positive")  # SST-5's labels 0..4
 
 # what the line of an unusable course file suggests; a command reading a file of the user's own passes
 # its own (training.predict: --text), since fetching the course's files would not mend that one

@@ -16,7 +16,8 @@ from tiny_runs import tiny_run
 from data.loaders import COURSE_FILES, TASKS, Example, load_task_file
 from minbert import Tokenizer
 from training import evaluate as evaluate_mod
-from training.api import LoadError, load
+from training.api import load
+from training.common.errors import LoadError
 from training.inference.formats import read_predictions, read_tsv_predictions
 from training.run.checkpointing import model_from_checkpoint
 
@@ -142,6 +143,8 @@ def test_batch_size_and_input_order_do_not_change_predictions(run):
 
 
 def test_bad_inputs_and_paths_are_refused_in_one_line(run, tmp_path):
+    import training.api
+    assert training.api.LoadError is LoadError  # the name docs/api.md gives users
     model = load(run.out_dir, device="cpu")
     with pytest.raises(TypeError, match="not one string"):
         model.sentiment("a great film")

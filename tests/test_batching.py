@@ -64,8 +64,7 @@ def test_token_budget_batches_are_smaller_for_long_examples_and_cover_every_exam
 def test_outputs_per_example_do_not_depend_on_the_batching(dev_subset):
     """Each example's output under the token budget equals its output computed alone (batch of one,
     no padding: the reference), to float noise; the metrics equal the fixed-count batching's to 1e-6."""
-    from training.inference.metrics import evaluate
-    from training.inference.outputs import raw_outputs
+    from training.inference.outputs import evaluate, raw_outputs
     model, tok, dev = dev_subset
     cpu = torch.device("cpu")
     for task, data in dev.items():

@@ -14,6 +14,7 @@ from data.loaders import COURSE_FILES, TASKS
 from minbert import Bert, BertConfig, save_hf
 from training.args import config_from_args
 from training.config.train_config import TrainConfig, validate
+from training.main import COMMANDS
 from training.train import build_parser, main
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -86,6 +87,19 @@ def test_script_help_runs_without_importing_torch():
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "usage: run_multitask.py" in r.stdout and "--freeze-upto" in r.stdout
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_every_commands_help_comes_before_torch_and_scipy(command):
+    """`minbert COMMAND --help` (and a flag error) answers at once: torch and scipy, seconds of imports, load
+    only once the flags are known."""
+    code = (f"import sys\nfrom training.main import main\ntry:\n    main([{command!r}, '--help'])\n"
+            "except SystemExit as e:\n    assert e.code == 0, e.code\n"
+            "print('loaded:', *[name for name in ('torch', 'scipy') if name in sys.modules])")
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert f"usage: minbert {command}" in r.stdout
+    assert r.stdout.splitlines()[-1] == "loaded:", r.stdout.splitlines()[-1]
 
 
 def test_defaults_match_trainconfig(tmp_path):

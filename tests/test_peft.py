@@ -422,7 +422,8 @@ def test_the_trained_part_is_refused_onto_another_base_and_for_full_fine_tuning(
 
     from safetensors.torch import load_file, save_file
 
-    from training.api import LoadError, load
+    from training.api import load
+    from training.common.errors import LoadError
     from training.export import main as export_main
     export_trained_part(lora_run.out_dir, tmp_path / "part", capsys)
     with pytest.raises(CheckpointError) as e:  # e.g. --model PART: not a whole encoder, and how to get one

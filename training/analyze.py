@@ -26,17 +26,20 @@ import logging
 import math
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from data.folder import HELP as DATA_HELP
-from data.loaders import COURSE_FILES, DataError, load_task_file
-from heads import predict, probabilities
-from training.api import SENTIMENTS, LoadError, Model
+from data.loaders import COURSE_FILES, SENTIMENTS, DataError, load_task_file
 from training.args import Parser, add_inference_flags, add_model_source, course_data, load_model
+from training.common.errors import LoadError
 from training.common.places import output_folder
 from training.common.progress import setup_logging
 from training.inference.formats import write_tsv_predictions
+
+if TYPE_CHECKING:
+    from training.api import Model
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +126,8 @@ NUMBERS = {"sst": sst_numbers, "para": para_numbers, "sts": sts_numbers}
 
 def dev_predictions(model: Model, task: str, path: Path, out: Path) -> tuple[np.ndarray, np.ndarray]:
     """(gold, predicted) on a labelled file; the predictions also go to OUT/{task}-dev.tsv."""
+    from heads import predict, probabilities  # torch, which the loaded model has brought in already
+
     examples = load_task_file(path, task, labelled=True).examples
     log.info("%s: predicting %d %s examples", path, len(examples), task)
     outputs = model.outputs(task, examples)

@@ -27,20 +27,16 @@ import numpy as np
 import torch
 
 from data.batching import EvalBatching, encode_task
-from data.loaders import TASKS, Example
+from data.loaders import SENTIMENTS, TASKS, Example
 from heads import MultitaskBert, predict, probabilities
 from training.common import device as _device
+from training.common.errors import LoadError
 from training.config.train_config import TrainConfig
-from training.run.rundir import read_metrics
+from training.run.metrics_file import read_metrics
 
 log = logging.getLogger(__name__)
 
-SENTIMENTS = ("negative", "somewhat negative", "neutral", "somewhat positive", "positive")  # SST-5's labels 0..4
 HEADS_FILE, HEADS_WEIGHTS = "heads.json", "heads.safetensors"  # what training.export writes beside the encoder
-
-
-class LoadError(ValueError):
-    """A path that holds no model we can load; the message is one line naming it."""
 
 
 # --------------------------------------------------------------------------- results

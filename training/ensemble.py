@@ -19,19 +19,20 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
-import torch
 
 from data.folder import HELP as DATA_HELP
 from data.loaders import COURSE_FILES, DataError, load_task_file
-from heads.tasks import MAX_SIMILARITY
-from training.api import LoadError
 from training.args import Parser, add_inference_flags, course_data
+from training.common.errors import LoadError
 from training.common.progress import setup_logging
 from training.inference.metrics import METRIC, overall, score
 from training.inference.predictions import read_manifest, write_prediction_set
+
+if TYPE_CHECKING:  # the tensors come from the members, loaded once the flags are known
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -60,14 +61,16 @@ def probabilities(task: str, out: torch.Tensor) -> torch.Tensor:
     """What the ensemble averages: SST class probabilities (N, 5), paraphrase probabilities (N,),
     similarity scores (N,)."""
     if task == "sst":
-        return torch.softmax(out.double(), dim=-1)
+        return out.double().softmax(dim=-1)
     if task == "para":
-        return torch.sigmoid(out.double())
+        return out.double().sigmoid()
     return out.double()
 
 
 def predictions(task: str, probs: torch.Tensor) -> np.ndarray:
     """The course's predictions from (averaged) probabilities: what heads.predict gives for one model."""
+    from heads.tasks import MAX_SIMILARITY  # torch, which the members have brought in already
+
     if task == "sst":
         return probs.argmax(-1).double().numpy()
     if task == "para":

@@ -28,10 +28,9 @@ import logging
 import sys
 from pathlib import Path
 
-from data.batching import encode_task
 from data.loaders import COURSE_FILES, TASKS, DataError, load_task_file
-from heads import predict
 from training.args import Parser, add_inference_flags, add_model_source, course_data, load_model
+from training.common.errors import LoadError
 from training.common.places import output_folder
 from training.common.progress import setup_logging
 from training.inference.metrics import METRIC, score
@@ -76,9 +75,6 @@ def main(argv=None, prog: str = PROG) -> int:
             p.error(f"unknown task {task!r}; one of {', '.join(TASKS)}")
     if args.probabilities and not (args.predict or args.predict_text):
         p.error("--probabilities applies to --predict and --predict-text")
-
-    from training.api import LoadError
-
     try:
         model = load_model(args)
     except LoadError as e:
@@ -94,6 +90,9 @@ def main(argv=None, prog: str = PROG) -> int:
 
 
 def run_commands(args, model) -> None:
+    from data.batching import encode_task  # torch, which the loaded model has brought in already
+    from heads import predict
+
     cfg = model.config
 
     def encoded(task, path, labelled):

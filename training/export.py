@@ -23,11 +23,10 @@ from __future__ import annotations
 
 import sys
 
-from training.api import LoadError
 from training.args import Parser, add_model_source
+from training.common.errors import LoadError
 from training.common.places import output_folder
 from training.common.progress import setup_logging
-from training.results.export import ExportError, export
 
 PROG = "python -m training.export"
 
@@ -43,6 +42,8 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
                         "onto the run's pretrained model; refused for full fine-tuning, which changes them all")
     args = p.parse_args(argv)
     setup_logging()
+    from training.results.export import ExportError, export  # torch, once the flags are known
+
     try:
         out = export(args.source, output_folder(args.out, args.source, "export"), args.overwrite, args.raw_weights,
                      args.tokenizer, args.trained_only)

@@ -12,6 +12,7 @@ import sys
 
 from data.loaders import TASKS, DataError
 from training.args import Parser, add_inference_flags, add_model_source, load_model
+from training.common.errors import LoadError
 from training.common.progress import setup_logging
 from training.inference.predictions import predict_file
 
@@ -31,9 +32,6 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     add_inference_flags(p)
     args = p.parse_args(argv)
     setup_logging()
-
-    from training.api import LoadError
-
     try:
         model = load_model(args)
         n = predict_file(model, args.task, args.file, args.out, args.text, args.probabilities)

@@ -8,6 +8,10 @@ class ConfigError(ValueError):
     for the user, found before any training."""
 
 
+class LoadError(ValueError):
+    """A path that holds no model we can load; the message is one line naming it (training.api raises it)."""
+
+
 class NonFiniteLossError(RuntimeError):
     """Too many consecutive steps with a non-finite loss or gradient (--max-bad-steps)."""
 

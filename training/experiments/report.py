@@ -38,7 +38,7 @@ from training.results.summary import (
     size_order,
     summary_rows,
 )
-from training.run.rundir import read_metrics
+from training.run.metrics_file import read_metrics
 
 log = logging.getLogger(__name__)
 

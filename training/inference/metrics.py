@@ -1,24 +1,23 @@
-"""The dev metrics: each task's score, the course's overall score, and a model's metrics on dev sets."""
+"""The dev metrics from predictions: each task's score and the course's overall score. No model here (running
+one is training.inference.outputs), so that the commands that only read scores load neither torch nor scipy."""
 from __future__ import annotations
 
-import contextlib
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
-from scipy.stats import pearsonr
 
-from data.batching import EvalBatching, TaskData
-from training.inference.outputs import predict_sets
+if TYPE_CHECKING:
+    from data.batching import TaskData
 
 METRIC = {"sst": "sst_acc", "para": "para_acc", "sts": "sts_pearson"}
 
 
-@torch.inference_mode()
 def score(task: str, preds: np.ndarray, labels) -> float:
     labels = np.asarray(labels, dtype=np.float64)
     if task == "sts":
         if len(labels) < 2 or np.std(preds) == 0 or np.std(labels) == 0:
             return 0.0  # Pearson is undefined for constant inputs; count it as no correlation
+        from scipy.stats import pearsonr  # a second of import: only once an STS score is asked for
         return float(pearsonr(preds, labels)[0])
     return float(np.mean(preds == labels))
 
@@ -37,8 +36,3 @@ def metrics_of(dev: dict[str, TaskData], preds: dict[str, np.ndarray]) -> dict[s
     metrics["overall"] = overall(metrics)
     return metrics
 
-
-def evaluate(model, dev: dict[str, TaskData], tokenizer, batching: EvalBatching, device,
-             autocast=contextlib.nullcontext) -> dict[str, float]:
-    """Dev metrics of `model`, its batches cut as `batching` says."""
-    return metrics_of(dev, predict_sets(model, dev, tokenizer, batching, device, autocast))

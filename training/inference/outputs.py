@@ -12,6 +12,7 @@ import torch
 from data.batching import EvalBatching, TaskData
 from heads import MultitaskBert, predict
 from training.common.progress import progress
+from training.inference.metrics import metrics_of
 
 SHOW_PROGRESS_FROM = 20  # batches: below that a call is quick, and a line for each would be noise
 
@@ -66,6 +67,12 @@ def predict_sets(model, sets: dict[str, TaskData], tokenizer, batching: EvalBatc
     """predict_task for each task's set: task -> predictions in the order of its examples."""
     return {task: predict_task(model, data, tokenizer, batching, device, autocast, cache)
             for task, data in sets.items()}
+
+
+def evaluate(model, dev: dict[str, TaskData], tokenizer, batching: EvalBatching, device,
+             autocast=contextlib.nullcontext) -> dict[str, float]:
+    """Dev metrics of `model`, its batches cut as `batching` says."""
+    return metrics_of(dev, predict_sets(model, dev, tokenizer, batching, device, autocast))
 
 
 def run_tokenizer_dir(checkpoint, given: str | None) -> Path:

@@ -23,12 +23,10 @@ from pathlib import Path
 import numpy as np
 
 from data.loaders import load_task_file
-from heads import predict, probabilities
 from training.common.errors import ConfigError, write_error
 from training.common.places import current_umask, run_folder
 from training.inference.formats import read_text_examples, write_predictions, write_tsv_predictions
 from training.inference.metrics import metrics_of
-from training.inference.outputs import predict_sets
 
 log = logging.getLogger(__name__)
 
@@ -149,6 +147,8 @@ def write_all_predictions(model, splits, folder, overwrite: bool = False, source
     """The dev metrics of `model` (a training.api.Model) printed, and the course's files of every set in
     `splits` written to `folder` with their manifest, as one set replacing the folder's earlier one whole
     (training/inference/predictions.py). A folder holding another run's set is refused unless `overwrite`."""
+    from training.inference.outputs import predict_sets  # torch, which the loaded model has brought in already
+
     run = run_folder(model.source)
     check_predictions_dir(folder, run, overwrite)
 
@@ -182,6 +182,8 @@ def predict_file(model, task: str, path, out, plain: bool = False, with_probabil
     the course's format, or in our TSV format for plain text and with the class probabilities. Returns
     the number of examples. text_flag: the command's flag for plain text, which the line of a file that is
     not in the course's format names."""
+    from heads import predict, probabilities  # torch, which the loaded model has brought in already
+
     hint = f"for plain text (a sentence, or sentence1<TAB>sentence2, per line), pass {text_flag}"
     examples = (read_text_examples(path, task) if plain
                 else load_task_file(path, task, labelled=None, hint=hint).examples)

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import torch
 
+from data.loaders import SENTIMENTS
 from minbert.checkpoint import TRAINED_PART, VOCAB_FILES, WEIGHT_FILES, copy_tokenizer_files
-from training.api import HEADS_FILE, HEADS_WEIGHTS, SENTIMENTS, Model, load
+from training.api import HEADS_FILE, HEADS_WEIGHTS, Model, load
 from training.config.freeze_spec import freeze_depth
 from training.inference.metrics import METRIC
 from training.methods.peft import share, trainable_counts

@@ -10,13 +10,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from scipy import stats as sps
 
 from data.loaders import COURSE_FILES, load_task_file
 from training.inference.formats import read_predictions
 from training.inference.metrics import METRIC, score
 from training.inference.predictions import MANIFEST, read_manifest
-from training.run.rundir import kept_evaluation, read_metrics
+from training.run.metrics_file import kept_evaluation, read_metrics
 
 METRICS = ("sst_acc", "para_acc", "sts_pearson", "overall")
 
@@ -43,7 +42,7 @@ class FinishedRun:
 
 
 def best_record(records: list[dict]) -> dict:
-    """The evaluation best.pt holds (rundir.kept_evaluation); ValueError when there is none."""
+    """The evaluation best.pt holds (metrics_file.kept_evaluation); ValueError when there is none."""
     kept = kept_evaluation(records)
     if kept is None:
         raise ValueError("no dev evaluation")
@@ -123,11 +122,13 @@ def paired_tests(a, b) -> dict:
         mean = float(d.mean())
         out["t"], out["t_p"] = (math.nan, math.nan) if abs(mean) <= SAME else (math.copysign(math.inf, mean), 0.0)
     else:
+        from scipy import stats as sps  # a second of import: only where a test runs, not for `minbert stats --help`
         res = sps.ttest_rel(b, a)
         out["t"], out["t_p"] = float(res.statistic), float(res.pvalue)
     if np.any(d != 0):
         with warnings.catch_warnings():  # few pairs, ties: scipy's notes about its method
             warnings.simplefilter("ignore")
+            from scipy import stats as sps
             out["wilcoxon_p"] = float(sps.wilcoxon(b, a).pvalue)
     return out
 
@@ -146,6 +147,7 @@ def tost(a, b, margin: float) -> dict:
     if se <= SAME:  # the same difference on every pair: inside the margin or not, without doubt
         out["tost_p"] = 0.0 if abs(mean) < margin else 1.0
         return out
+    from scipy import stats as sps  # a second of import: only where a test runs, not for `minbert stats --help`
     lower = float(sps.t.sf((mean + margin) / se, n - 1))   # H0: diff <= -margin
     upper = float(sps.t.cdf((mean - margin) / se, n - 1))  # H0: diff >= +margin
     out["tost_p"] = max(lower, upper)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from data.loaders import COURSE_FILES, load_task_file
 from training.inference.metrics import METRIC
-from training.run.rundir import kept_evaluation, read_metrics, training_seconds
+from training.run.metrics_file import kept_evaluation, read_metrics, training_seconds
 
 log = logging.getLogger(__name__)
 

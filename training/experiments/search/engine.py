@@ -295,7 +295,7 @@ def run_trial(optuna, study, space: Space, base: TrainConfig, out: Path, seed: i
 def train_seconds(run_dir: Path) -> float:
     """The run's training time: its epochs' train_seconds in metrics.jsonl (steps only, no evaluation);
     for a run stopped mid-epoch, what the epochs before it took (0 if none ended)."""
-    from training.run.rundir import read_metrics, training_seconds
+    from training.run.metrics_file import read_metrics, training_seconds
     path = run_dir / "metrics.jsonl"
     return training_seconds(read_metrics(path) if path.is_file() else [])
 

@@ -26,7 +26,6 @@ from training.args import Parser, add_option
 from training.common.errors import ConfigError
 from training.common.progress import setup_logging
 from training.config.train_config import TrainConfig, validate
-from training.experiments.study.arms import point_rows, twins_due
 from training.experiments.study.arms_cost import measured_where, read_cost, remaining_work
 from training.experiments.study.figures import FIGURES
 from training.experiments.study.protocol import ArmOverrides, role_of
@@ -198,6 +197,8 @@ def print_remaining(recipe: Recipe, records: list[dict], measurements: list[dict
           "results; a planning figure: grid extensions not foreseen)")
     if measurements:
         print(measured_on_line(measurements))
+    from training.experiments.study.arms import point_rows, twins_due  # scipy: once there is work
+
     due = twins_due(recipe, point_rows(recipe, records, None))
     if due:
         print(f"  and a longer twin is due (most reporting runs kept their last evaluation) for: {'; '.join(due)}: "

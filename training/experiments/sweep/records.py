@@ -15,6 +15,7 @@ from typing import Sequence
 from training.config.train_config import TrainConfig
 from training.experiments.sweep.subsets import TUNE, Grid
 from training.methods.peft import share
+from training.run.metrics_file import epoch_records, evaluations, kept_evaluation, read_metrics, training_seconds
 
 log = logging.getLogger(__name__)
 
@@ -176,7 +177,6 @@ def settings_clash(records: list[dict], settings: dict, results_path: Path, then
 def result_record(grid: Grid, base: TrainConfig, key: RunKey, subsets: dict, run_dir: Path, m: dict,
                   settings: dict, overrides: dict | None = None, in_process: bool = False) -> dict:
     """The line results.jsonl keeps of a finished run."""
-    from training.run.rundir import epoch_records, evaluations, kept_evaluation, read_metrics, training_seconds
     rows = read_metrics(run_dir / "metrics.jsonl")
     epochs, evals, kept = epoch_records(rows), evaluations(rows), kept_evaluation(rows)
     best_epoch = kept["epoch"] if kept else None
