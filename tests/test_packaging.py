@@ -46,11 +46,14 @@ def installed(tmp_path_factory) -> tuple[Path, list[str]]:
     for package in PACKAGES:
         shutil.copytree(ROOT / package, source / package, ignore=shutil.ignore_patterns("__pycache__", "*.csv"))
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
-    subprocess.run(pip + ["wheel", "--no-deps", "--no-build-isolation", "-w", str(work / "wheel"), str(source)],
-                   check=True, capture_output=True, cwd=work)
+    # offline: the build uses this environment's setuptools (>= 70.1, the test extra's), not a download
+    built = subprocess.run(pip + ["wheel", "--no-deps", "--no-build-isolation", "-w", str(work / "wheel"),
+                                  str(source)], capture_output=True, text=True, cwd=work)
+    assert built.returncode == 0, built.stderr[-3000:]
     (wheel,) = (work / "wheel").glob("*.whl")
-    subprocess.run(pip + ["install", "--no-deps", "--no-index", "--target", str(work / "site"), str(wheel)],
-                   check=True, capture_output=True, cwd=work)
+    done = subprocess.run(pip + ["install", "--no-deps", "--no-index", "--target", str(work / "site"), str(wheel)],
+                          capture_output=True, text=True, cwd=work)
+    assert done.returncode == 0, done.stderr[-3000:]
     return work / "site", zipfile.ZipFile(wheel).namelist()
 
 
