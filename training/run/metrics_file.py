@@ -1,6 +1,6 @@
 """A run's metrics.jsonl read back: its records (a torn line skipped), which evaluation best.pt holds, the
-training seconds; and the records a resumed run writes again, dropped. No torch: the commands that read runs
-(report, stats, study) load it only when they train."""
+training seconds; and the records a resumed run writes again, dropped. No torch here: the commands that only
+read runs (report, stats, a study's report) need none."""
 from __future__ import annotations
 
 import json
