@@ -268,6 +268,20 @@ def test_minbert_help_lists_every_command():
     assert listed == list(COMMANDS)
 
 
+def test_minbert_version_names_the_package_torch_and_python():
+    """From the installed metadata, checked against what the modules themselves say, without importing torch."""
+    import platform
+    from importlib import metadata
+
+    import torch
+    p = run("-c", "import sys\nfrom training.main import main\nmain(['--version'])\nprint('torch' in sys.modules)")
+    assert p.returncode == 0, p.stderr
+    line, torch_loaded = p.stdout.splitlines()
+    assert line == (f"minbert: minbert-mt {metadata.version('minbert-mt')}, torch {torch.__version__}, "
+                    f"Python {platform.python_version()} ({sys.executable})")
+    assert torch_loaded == "False"
+
+
 def test_unknown_command_is_one_line_with_the_nearest():
     p = run("-m", "training", "evalute")
     assert p.returncode == 2 and p.stderr == ("minbert: error: unknown command 'evalute' (did you mean evaluate?) "

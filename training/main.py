@@ -3,6 +3,7 @@
     minbert train --freeze-upto 3 --smart        # = python run_multitask.py --freeze-upto 3 --smart
     minbert evaluate runs/default --data-dir data
     minbert COMMAND --help
+    minbert --version                            # this package's, torch's and Python's versions, for a bug report
 
 Each subcommand is a module's main(argv, prog) (training/<command>.py; the experiment drivers'
 training/experiments/<command>.py or training/experiments/<package>/cli.py), so `python -m training.<command>`
@@ -13,7 +14,9 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import platform
 import sys
+from importlib import metadata
 from typing import NamedTuple
 
 
@@ -43,10 +46,24 @@ PROG = "minbert"
 
 def usage() -> str:
     width = max(map(len, COMMANDS))
-    lines = [f"usage: {PROG} COMMAND [options]   ({PROG} COMMAND --help for a command's options)", "",
+    lines = [f"usage: {PROG} COMMAND [options]   ({PROG} COMMAND --help for a command's options; {PROG} --version)",
+             "",
              "A multi-task BERT trainer (SST-5, Quora, STS-B) in plain PyTorch. Commands:", ""]
     lines += [f"  {name:<{width}}  {cmd.summary}" for name, cmd in COMMANDS.items()]
     return "\n".join(lines) + "\n"
+
+
+def installed_version(distribution: str) -> str:
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def version() -> str:
+    """What a bug report needs, from the installed packages' metadata (torch is not imported: no seconds)."""
+    return (f"{PROG}: minbert-mt {installed_version('minbert-mt')}, torch {installed_version('torch')}, "
+            f"Python {platform.python_version()} ({sys.executable})")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,6 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         (sys.stdout if argv else sys.stderr).write(usage())
         return 0 if argv else 2
+    if argv[0] in ("-V", "--version"):
+        print(version())
+        return 0
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
         close = difflib.get_close_matches(name, COMMANDS, n=1, cutoff=0.6)
