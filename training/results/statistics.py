@@ -116,19 +116,19 @@ def paired_tests(a, b) -> dict:
            "t": math.nan, "t_p": math.nan, "wilcoxon_p": math.nan}
     if len(d) < 2:
         return out
+    from scipy import stats as sps  # a second of import: only where a test runs, not for `minbert stats --help`
+
     # no spread beyond rounding (the same gain on every seed): t is 0/0 or +-inf, where scipy would
     # divide rounding noise by rounding noise
     if np.ptp(d) <= SAME * max(1.0, float(np.abs(d).max())):
         mean = float(d.mean())
         out["t"], out["t_p"] = (math.nan, math.nan) if abs(mean) <= SAME else (math.copysign(math.inf, mean), 0.0)
     else:
-        from scipy import stats as sps  # a second of import: only where a test runs, not for `minbert stats --help`
         res = sps.ttest_rel(b, a)
         out["t"], out["t_p"] = float(res.statistic), float(res.pvalue)
     if np.any(d != 0):
         with warnings.catch_warnings():  # few pairs, ties: scipy's notes about its method
             warnings.simplefilter("ignore")
-            from scipy import stats as sps
             out["wilcoxon_p"] = float(sps.wilcoxon(b, a).pvalue)
     return out
 
