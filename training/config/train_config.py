@@ -163,7 +163,7 @@ class TrainConfig:
     peft: str = opt("none", "none, bitfit or lora:r=R[,...] (docs/peft.md)", "optimisation", metavar="METHOD")
     frozen_cache: str = opt("auto", "with --freeze-upto: auto, memory, disk or off (docs/freezing.md)",
                             "optimisation", choices=("auto", "memory", "disk", "off"), metavar="WHERE",
-                            resume_may_differ=True)  # but not between off and on: see rundir.check_resumable
+                            resume_may_differ=True)  # but not between off and on: see rundir.find_resume_checkpoint
     frozen_dropout: bool = opt(False, "keep dropout in frozen layers (no frozen cache then)", "optimisation")
     cache_dir: str = opt(".cache/frozen", "frozen cache's folder", "optimisation",
                          resume_may_differ=True, where="output", metavar="DIR")
