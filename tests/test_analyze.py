@@ -114,7 +114,7 @@ def test_a_bad_source_is_one_line(tmp_path, capsys):
         main([str(tmp_path / "nope"), "--data-dir", str(write_data(tmp_path / "d")), "--out", str(tmp_path / "o")])
     assert e.value.code == 2
     assert capsys.readouterr().err.strip().splitlines() == [
-        f"python -m training.analyze: error: checkpoint {tmp_path / 'nope'} does not exist"]
+        f"python -m training.analyze: error: argument RUN: {tmp_path / 'nope'} does not exist (see --help)"]
 
 
 def test_both_orders_follow_the_run_unless_told(run, analysis, tmp_path, capsys):

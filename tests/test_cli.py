@@ -102,6 +102,22 @@ def test_every_commands_help_comes_before_torch_and_scipy(command):
     assert r.stdout.splitlines()[-1] == "loaded:", r.stdout.splitlines()[-1]
 
 
+@pytest.mark.parametrize("command,extra", [("evaluate", []), ("predict", ["sst", "in.txt", "out.tsv"]),
+                                           ("export", ["out"]), ("analyze", []), ("ensemble", ["."])])
+def test_a_mistyped_run_is_refused_before_torch(command, extra, tmp_path):
+    """A RUN that does not exist is refused as the command line is read, in one line naming it, before the
+    seconds of importing torch."""
+    typo = str(tmp_path / "runs" / "typo")
+    code = (f"import sys\nfrom training.main import main\ntry:\n    main([{command!r}, {typo!r}, *{extra!r}])\n"
+            "except SystemExit as e:\n    assert e.code == 2, e.code\n"
+            "print('loaded:', *[name for name in ('torch', 'scipy') if name in sys.modules])")
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.strip().splitlines() == [f"minbert {command}: error: argument RUN: {typo} does not exist "
+                                             "(see --help)"]
+    assert r.stdout.splitlines()[-1] == "loaded:", r.stdout
+
+
 def test_defaults_match_trainconfig(tmp_path):
     """Flags left out give TrainConfig's defaults (mtdnn sampling unless --pcgrad)."""
     cfg = config_from_args(build_parser().parse_args([]))

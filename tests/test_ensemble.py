@@ -221,8 +221,10 @@ def _error(capsys, *argv) -> str:
 def test_bad_input_is_one_line_exit_2(runs, tmp_path, capsys):
     data, dirs = runs
     good = dirs["cross"]
-    assert f"{tmp_path / 'nope'}: no such checkpoint or run directory" in _error(
+    assert f"argument RUN: {tmp_path / 'nope'} does not exist" in _error(
         capsys, good, tmp_path / "nope", "--data-dir", data)
+    with pytest.raises(ensemble_mod.EnsembleError, match="no such checkpoint or run directory"):
+        ensemble_mod.member_checkpoint(str(tmp_path / "nope"))  # the library's own check, the CLI's being argparse's
     (tmp_path / "empty").mkdir()
     assert f"{tmp_path / 'empty'}: a directory without best.pt" in _error(capsys, good, tmp_path / "empty",
                                                                           "--data-dir", data)

@@ -138,7 +138,7 @@ def test_a_non_empty_folder_is_refused_unless_overwrite(run, tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         export_main([str(tmp_path / "nowhere"), str(tmp_path / "x")])
     assert e.value.code == 2
-    assert capsys.readouterr().err.strip().splitlines()[-1].endswith("does not exist")
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith("nowhere does not exist (see --help)")
     assert not (tmp_path / "x").exists()
 
 

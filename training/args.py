@@ -5,6 +5,7 @@ flag means one thing in every command. Commands import this; the library never d
 from __future__ import annotations
 
 import argparse
+import os
 from typing import NoReturn
 
 from data.folder import data_folder, folder_problem, origin
@@ -166,8 +167,9 @@ def defaults_from(values: dict) -> dict:
 def add_model_source(p: argparse.ArgumentParser, what: str = "the model") -> None:
     """The trained model a command reads: RUN (a run directory, its best.pt), a checkpoint file, or a folder
     written by the export command; and the options of reading it."""
-    p.add_argument("source", metavar="RUN", help=f"{what}: a run directory (its best.pt), a checkpoint file "
-                   "(best.pt, checkpoints/step-N.pt) or a folder written by the export command")
+    p.add_argument("source", metavar="RUN", type=existing_path,
+                   help=f"{what}: a run directory (its best.pt), a checkpoint file (best.pt, checkpoints/step-N.pt) "
+                        "or a folder written by the export command")
     add_reading_flags(p)
 
 
@@ -213,6 +215,14 @@ def load_model(args: argparse.Namespace, source=None):
     return load(source or args.source, device=args.device, precision=args.precision, batch_size=args.batch_size,
                 eval_tokens=args.eval_tokens, both_orders=args.both_orders, raw_weights=args.raw_weights,
                 tokenizer=args.tokenizer)
+
+
+def existing_path(s: str) -> str:
+    """A file or folder that exists, checked as the command line is read: a mistyped RUN is refused before
+    the command imports torch."""
+    if not os.path.exists(s):
+        raise argparse.ArgumentTypeError(f"{s} does not exist")
+    return s
 
 
 def non_negative_int(s: str) -> int:

@@ -25,7 +25,7 @@ import numpy as np
 
 from data.folder import HELP as DATA_HELP
 from data.loaders import COURSE_FILES, DataError, load_task_file
-from training.args import Parser, add_inference_flags, course_data
+from training.args import Parser, add_inference_flags, course_data, existing_path
 from training.common.errors import LoadError
 from training.common.progress import setup_logging
 from training.inference.metrics import METRIC, overall, score
@@ -161,7 +161,7 @@ def check_ensemble_folder(folder: Path, ckpts: list[Path], overwrite: bool) -> N
 
 def main(argv=None, prog: str = PROG) -> int:
     p = Parser(prog=prog, description=__doc__)
-    p.add_argument("members", nargs="+", metavar="RUN",
+    p.add_argument("members", nargs="+", metavar="RUN", type=existing_path,
                    help="run directories (their best.pt) or checkpoint files, one per member")
     p.add_argument("--data-dir", default=None, help=f"{DATA_HELP} (dev sets scored, test sets predicted)")
     p.add_argument("--predictions-dir", default="predictions",
