@@ -6,7 +6,9 @@ sentences carry leading spaces. The course's own loader skips bad rows silently;
 loudly: every skipped record comes back as a BadRow naming the line it starts on, one warning
 per file gives the count, and `strict=True` turns the first one into an error. A quoted field may
 hold a tab or a line break, but not both: that is a quote which opened in one record and closed
-in a later one, swallowing the records between (which may leave the field count right).
+in a later one, swallowing the records between (which may leave the field count right). A bad
+record of several lines is such a quote's work: the lines after its first are read again on their own,
+so that the stray quote costs one record, not the rest of the file.
 A file without a single usable row is an error. An id holding a comma or a line break is a bad row
 too: the prediction files, one `id , prediction` per line, could not carry it.
 
@@ -183,7 +185,7 @@ def _parse_row(row: list[str], start: int, end: int, cols: _Columns, task: str,
     if bad_line is not None:
         return f"invalid UTF-8 on line {bad_line}"
     if len(row) != cols.n_fields:
-        span = (f"; a stray quote may have joined lines {start}-{end}" if end > start else "")
+        span = (f" (a stray quote may have joined lines {start}-{end})" if end > start else "")
         return f"expected {cols.n_fields} tab-separated fields, got {len(row)}{span}"
     joined = next((cols.names[i] for i, f in enumerate(row) if "\t" in f and ("\n" in f or "\r" in f)), None)
     if joined is not None:  # the right field count by chance: the swallowed record would be lost quietly
@@ -238,6 +240,7 @@ def load_task_file(path: str | os.PathLike[str], task: str, *, labelled: bool | 
         bad_rows.append(bad)
 
     end = reader.line_num  # last physical line consumed so far
+    offset = 0  # physical lines before the reader's first (it starts again after a stray quote)
     while True:
         start = end + 1  # the csv module may read several physical lines for one record
         try:
@@ -245,17 +248,21 @@ def load_task_file(path: str | os.PathLike[str], task: str, *, labelled: bool | 
         except StopIteration:
             break
         except csv.Error as e:
-            span = f" (record spans lines {start}-{reader.line_num})" if reader.line_num > start else ""
-            reject(start, f"malformed CSV: {e}{span}")
-            if reader.line_num <= end:  # no progress; cannot happen with csv's reader, but never spin
-                break
-            end = reader.line_num
+            row, why = None, f"malformed CSV: {e}"
+        if offset + reader.line_num <= end:  # no progress; cannot happen with csv's reader, but never spin
+            break
+        end = offset + reader.line_num
+        if row == []:  # a blank line holds no record
             continue
-        end = reader.line_num
-        if not row:  # a blank line holds no record
-            continue
-        example = _parse_row(row, start, end, cols, task, undecodable)
-        if isinstance(example, str):
+        example = _parse_row(row, start, end, cols, task, undecodable) if row is not None else why
+        if isinstance(example, str) and end > start:
+            # A bad record of several lines is a quote that opened on its first line and swallowed the lines
+            # after it (to a closing quote, or to the end of the file): they are read again on their own, so
+            # that the stray quote costs its own record, not the file's rest.
+            again = f"line {end}" if end == start + 1 else f"lines {start + 1}-{end}"
+            reject(start, f"{example}; {again} read again on {'its' if end == start + 1 else 'their'} own")
+            reader, offset, end = csv.reader(lines[start:], delimiter="\t", strict=True), start, start
+        elif isinstance(example, str):
             reject(start, example)
         elif example.id in first_line_of:
             reject(start, f"duplicate id {example.id!r} (first on line {first_line_of[example.id]}; kept that one)")

@@ -189,8 +189,8 @@ def test_bom_blank_lines_and_multiline_records_keep_line_numbers_right(tmp_path)
     res = load_task_file(write(tmp_path, content), "sst")
     assert [e.id for e in res.examples] == ["id1", "id2", "id5"]
     assert res.examples[1].text_a == "A sentence\nover two lines"
-    assert [b.line for b in res.bad_rows] == [6, 7]
-    assert "joined lines 7-8" in res.bad_rows[1].reason
+    assert [b.line for b in res.bad_rows] == [6, 7, 8]  # line 8, read again on its own, is one field
+    assert "joined lines 7-8" in res.bad_rows[1].reason and "line 8 read again on its own" in res.bad_rows[1].reason
 
 
 # ---------------------------------------------------------------- every kind of bad row
@@ -237,11 +237,16 @@ def test_bad_row_is_reported_with_its_line_and_skipped(tmp_path, task, bad, reas
         load_task_file(p, task, strict=True)
 
 
-def test_unterminated_quote_reports_the_record_start_and_what_it_swallowed(tmp_path):
-    p = write(tmp_path, HEADER["sst"] + GOOD["sst"] + '1\tid2\t"never closed\t3\n2\tid3\ttext\t2\n')
+def test_an_unterminated_quote_costs_its_own_record_not_the_rest_of_the_file(tmp_path):
+    """The quote on line 3 never closes: the csv module reads to the end of the file. The lines after the
+    record it opened are read again on their own (a stray quote once cost the 97 records after it, the
+    warning saying one row was skipped)."""
+    after = "".join(f"{i}\tid{i}\ttext {i}\t2\n" for i in range(4, 40))  # lines 4-39
+    p = write(tmp_path, HEADER["sst"] + GOOD["sst"] + '1\tid2\t"never closed\t3\n' + after)
     res = load_task_file(p, "sst")
-    assert [e.id for e in res.examples] == ["id1"]
-    assert [(b.line, "malformed CSV" in b.reason, "lines 3-4" in b.reason) for b in res.bad_rows] == [(3, True, True)]
+    assert [e.id for e in res.examples] == ["id1"] + [f"id{i}" for i in range(4, 40)]
+    assert [(b.line, "malformed CSV" in b.reason, "lines 4-39 read again on their own" in b.reason)
+            for b in res.bad_rows] == [(3, True, True)]
 
 
 def test_one_warning_lists_the_count_and_the_first_positions(tmp_path, caplog):
@@ -292,13 +297,15 @@ def test_a_file_without_usable_rows_is_an_error(tmp_path):
         load_task_file(p, "sst")
 
 
-def test_a_stray_quote_that_keeps_the_field_count_still_costs_only_its_rows(tmp_path):
+def test_a_stray_quote_that_keeps_the_field_count_still_costs_only_its_record(tmp_path):
     # The quote opened on line 3 closes on line 4: 4 fields, as the header wants, but the
-    # sentence holds all of the record on line 4. Both are reported, never returned.
+    # sentence holds all of the record on line 4. Line 3's record is reported, never returned;
+    # line 4, read again on its own, is a record of the file (its sentence ends in the quote).
     p = write(tmp_path, HEADER["sst"] + GOOD["sst"] + '1\tid2\t"stray\t3\n2\tid3\ttext"\t2\n'
               + GOOD_LAST["sst"].replace("id3", "id4"))
     res = load_task_file(p, "sst")
-    assert [e.id for e in res.examples] == ["id1", "id4"]
+    assert [(e.id, e.text_a) for e in res.examples][1:] == [("id3", 'text"'), ("id4", res.examples[2].text_a)]
+    assert res.examples[0].id == "id1"
     assert [(b.line, "joined lines 3-4" in b.reason, "sentence" in b.reason) for b in res.bad_rows] == [(3, True, True)]
 
 
