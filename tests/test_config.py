@@ -86,9 +86,42 @@ def test_train_from_python_validates_before_any_work(tmp_path):
     ("max_grad_norm", float("nan"), "--max-grad-norm must be >= 0 (0: no clipping), not nan"),
     ("pooling", "max", "--pooling must be one of cls, mean, not 'max'"),
     ("tasks", ("sst", "nli"), "--tasks must be some of sst, para, sts, not sst nli"),
+    ("tasks", "sst", "--tasks must be a list, not 'sst'"),
+    ("lr", None, "--lr must be a float, not None"),
+    ("eval_batch_size", None, "--eval-batch-size must be an int, not None"),
+    ("pcgrad", None, "--pcgrad must be a bool, not None"),
+    ("tasks", None, "--tasks must be a list, not None"),
+    ("files", None, "files must be a dict, not None"),
+    ("files", {"sst_trian": "x.csv"}, "files: unknown key(s) sst_trian (the keys: sst_train, sst_dev, sst_test,"),
+    ("files", {"sst_train": 3}, "files: sst_train must be a path, not 3"),
 ])
 def test_values_from_python_or_a_file_are_checked_like_flags(field, value, message):
-    assert message in validate(TrainConfig(**{field: value}))
+    assert any(e.startswith(message) for e in validate(TrainConfig(**{field: value}))), validate(
+        TrainConfig(**{field: value}))
+
+
+def test_none_stays_valid_where_an_option_has_it():
+    """null in a --config file is the flag's "none" where it has one (--freeze-upto none, --ema-decay none)."""
+    assert validate(TrainConfig(freeze_upto=None, ema_decay=None, resume=None, device="cpu",
+                                data_dir=TrainConfig().data_dir)) == validate(TrainConfig(device="cpu"))
+
+
+def test_a_null_in_a_config_file_is_one_line_before_any_work(tmp_path, capsys):
+    """A null where the option has no "none" crashed with a TypeError, some only once training had begun
+    (--eval-batch-size), after --overwrite had removed the earlier run."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "best.pt").write_bytes(b"an earlier run")
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"eval_batch_size": None, "files": {"sst_trian": "x.csv"}}))
+    with pytest.raises(SystemExit) as e:
+        parse(["--config", str(path), "--out-dir", str(run), "--overwrite"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"run_multitask.py: error: --config {path}: files: unknown key(s) sst_trian (the keys: sst_train, sst_dev, "
+        "sst_test, para_train, para_dev, para_test, sts_train, sts_dev, sts_test)",
+        f"run_multitask.py: error: --config {path}: --eval-batch-size must be an int, not None"]
+    assert (run / "best.pt").read_bytes() == b"an earlier run"
 
 
 # ----------------------------------------------------------------------------- --config FILE

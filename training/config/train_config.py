@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from data.folder import HELP as DATA_HELP
 from data.folder import data_folder, folder_error, origin
-from data.loaders import COURSE_FILES, TASKS
+from data.loaders import COURSE_FILES, SPLITS, TASKS
 from training.common.errors import ConfigError
 from training.common.places import output_folder
 from training.config.freeze_spec import freeze_error, parse_schedule
@@ -234,7 +234,8 @@ class TrainConfig:
                              resume_may_differ=True, metavar="N")
 
     def __post_init__(self) -> None:
-        self.tasks = tuple(self.tasks)
+        if isinstance(self.tasks, list):  # from JSON; anything else stays for field_errors to name
+            self.tasks = tuple(self.tasks)
         if self.task_sampling is None:
             self.task_sampling = "mixed" if self.pcgrad else "mtdnn"
 
@@ -296,7 +297,8 @@ def default_of(f):
 
 
 def flag_of(name: str) -> str:
-    return "--" + name.replace("_", "-")
+    """A field's flag, as errors name it; `files` is the --sst-train ... flags' dict, named as in config.json."""
+    return "files" if name == "files" else "--" + name.replace("_", "-")
 
 
 def resume_may_differ() -> set[str]:
@@ -395,7 +397,13 @@ def _type_error(f, value) -> str | None:
           "float": isinstance(value, (int, float)) and not isinstance(value, bool),
           "bool": isinstance(value, bool), "str": isinstance(value, str),
           "dict": isinstance(value, dict), "tuple": isinstance(value, (tuple, list))}.get(kind, True)
-    return None if ok else f"{flag_of(f.name)} must be {'an' if kind == 'int' else 'a'} {kind}, not {value!r}"
+    return None if ok else f"{flag_of(f.name)} must be {_kind(kind)}, not {value!r}"
+
+
+def _kind(type_name: str) -> str:
+    """A field's type as a --config file's author reads it: an int, a float | None, a list (of tasks)."""
+    shown = "list" if type_name == "tuple" else type_name
+    return f"{'an' if shown == 'int' else 'a'} {shown}"
 
 
 def field_errors(cfg: TrainConfig) -> list[str]:
@@ -403,10 +411,16 @@ def field_errors(cfg: TrainConfig) -> list[str]:
     errors = []
     for f in options():
         value, meta = getattr(cfg, f.name), f.metadata
-        if value is None or (meta["feature"] and not getattr(cfg, meta["feature"])):
+        if meta["feature"] and not getattr(cfg, meta["feature"]):
+            continue
+        if value is None:  # "none" where the option has one; a --config file's null elsewhere
+            if "None" not in str(f.type).split(" | "):
+                errors.append(f"{flag_of(f.name)} must be {_kind(str(f.type))}, not None")
             continue
         if f.name == "freeze_upto":
             errors += [e for e in (freeze_error(value),) if e]
+        elif f.name == "files" and isinstance(value, dict):
+            errors += _files_errors(value)
         elif _type_error(f, value):
             errors.append(_type_error(f, value))
         elif meta["choices"] and f.name != "tasks" and value not in meta["choices"]:
@@ -418,6 +432,17 @@ def field_errors(cfg: TrainConfig) -> list[str]:
         elif isinstance(value, float) and not math.isfinite(value):  # ranged or not (--smart-lambda)
             errors.append(f"{flag_of(f.name)} must be finite, not {value}")
     return errors
+
+
+def _files_errors(files: dict) -> list[str]:
+    """`files`, from a --config file or a caller: keys of the --sst-train ... flags, each a path (a key
+    mistyped would leave the course's file in its place without a word)."""
+    known = [f"{task}_{split}" for task in TASKS for split in SPLITS]
+    unknown = sorted(set(files) - set(known))
+    if unknown:
+        return [f"files: unknown key(s) {', '.join(unknown)} (the keys: {', '.join(known)})"]
+    return [f"files: {key} must be a path, not {path!r}" for key, path in files.items()
+            if path is not None and not isinstance(path, str)]
 
 
 def _feature_errors(cfg: TrainConfig) -> list[str]:
