@@ -67,6 +67,17 @@ def test_settings_that_change_no_output_still_find_it_finished(run, monkeypatch)
     assert snapshot(run) == before
 
 
+def test_no_test_predictions_on_a_finished_run_keeps_the_test_files_it_wrote(run, monkeypatch):
+    """Asking a finished run for fewer files is nothing to do: its predictions were written again without the
+    test files, which were lost."""
+    resume(run)
+    before = snapshot(run)
+    assert len(list((run / "predictions").glob("*-test-output.csv"))) == 3
+    _no_model_may_be_built(monkeypatch)
+    assert resume(run, "--no-test-predictions") == 0
+    assert snapshot(run) == before
+
+
 def test_more_epochs_on_a_finished_run_is_refused_in_one_line_that_says_how_to_train_further(run, capsys,
                                                                                              monkeypatch):
     resume(run)

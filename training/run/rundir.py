@@ -139,7 +139,8 @@ def finished_run(cfg: TrainConfig, out_dir: Path) -> dict | None:
     patience = cfg.early_stop_patience
     if state["epoch"] < old.get("epochs", 0) and (patience is None or state.get("evals_since_best", 0) < patience):
         return None
-    changed = [k for k, v in cfg.to_dict().items() if k not in _NOT_IN_A_FINISHED_RUN and old.get(k) != v]
+    changed = [k for k, v in cfg.to_dict().items() if k not in _NOT_IN_A_FINISHED_RUN and old.get(k) != v
+               and not (k == "test_predictions" and not v)]  # fewer files than it wrote: none is to be removed
     if changed == ["epochs"]:
         raise ConfigError(f"--resume auto: {out_dir} holds a finished run of {old['epochs']} epoch(s), and "
                           f"--epochs is now {cfg.epochs}. {more_epochs_hint(cfg, out_dir)}")
