@@ -218,11 +218,18 @@ def test_needs_a_frozen_layer(setup):
         build_frozen_cache(_model(ckpt, -1), train, tok, torch.device("cpu"))
 
 
-@pytest.mark.parametrize("mode, upto, says", [("disk", 0, True), ("memory", None, True), ("auto", 0, False)])
-def test_an_explicit_cache_mode_without_frozen_layers_is_not_ignored_silently(setup, caplog, mode, upto, says):
-    from training.methods.cache_keeper import maybe_frozen_cache
-    ckpt, tok, train = setup
-    cfg = TrainConfig(frozen_cache=mode, freeze_upto=upto)
+@pytest.mark.parametrize("options, says", [
+    (dict(frozen_cache="disk", freeze_upto=-1), "--frozen-cache disk: does nothing here"),
+    (dict(frozen_cache="memory"), "--frozen-cache memory: does nothing here"),
+    (dict(frozen_dropout=True, cache_dir="elsewhere"), "--frozen-dropout, --cache-dir elsewhere: do nothing here"),
+    (dict(frozen_cache="auto", freeze_upto=-1), None),
+    (dict(frozen_cache="disk", unfreeze_schedule="lp-ft:1epochs", epochs=2), None),  # frozen in its first phase
+])
+def test_the_frozen_layers_options_on_a_run_without_frozen_layers_are_not_ignored_silently(tmp_path, caplog,
+                                                                                          options, says):
+    """Said once as the run starts, where the depth is known (the check once sat in a path such a run never took)."""
+    from tiny_runs import tiny_run
     with caplog.at_level("WARNING"):
-        assert maybe_frozen_cache(cfg, _model(ckpt, upto), train, tok, torch.device("cpu")) is None
-    assert (f"--frozen-cache {mode} does nothing here" in caplog.text) == says
+        tiny_run(tmp_path, epochs=options.pop("epochs", 1), **options)
+    said = [r.getMessage() for r in caplog.records if "nothing here" in r.getMessage()]
+    assert said == ([] if says is None else [said[0]]) and (says is None or said[0].startswith(says)), said

@@ -25,7 +25,7 @@ import torch
 
 from data.batching import TaskData
 from heads import MultitaskBert
-from training.config.train_config import TrainConfig
+from training.config.train_config import TrainConfig, default_of
 from training.methods.frozen_cache import build_frozen_cache, estimate_bytes
 
 log = logging.getLogger(__name__)
@@ -39,6 +39,7 @@ class CacheKeeper:
         self.dev = None  # FrozenCache of the dev sets (one process only: see dev_frozen_cache below)
         self.chain: list[int] = []  # the layers the caches entered since they were built from the tokens
         self.seconds: float | None = None  # time spent building caches since the last epoch record
+        _warn_of_unused_options(cfg, model)
 
     def worth_caching(self, steps: int | None) -> bool:
         """Whether a scheduled phase of `steps` updates repays its cache (module docstring); None: a fixed depth."""
@@ -100,12 +101,7 @@ def maybe_frozen_cache(cfg: TrainConfig, model: MultitaskBert, train: dict[str, 
                        dist=None, amp_dtype: torch.dtype | None = None, base=None):
     """The frozen-prefix cache when it applies (frozen encoder layers, nothing needing their gradients).
     base: the cache of a shallower prefix, to compute the new states from (one process)."""
-    if cfg.frozen_cache == "off":
-        return None
-    if model.first_trainable_layer < 1:
-        if cfg.frozen_cache != "auto":
-            log.warning("--frozen-cache %s does nothing here: no encoder layer is frozen (it caches the states "
-                        "entering the first trainable layer, with --freeze-upto N >= 1)", cfg.frozen_cache)
+    if cfg.frozen_cache == "off" or model.first_trainable_layer < 1:
         return None
     if cfg.frozen_dropout:
         log.info("frozen-prefix cache off: --frozen-dropout keeps dropout in the frozen layers, so their output "
@@ -120,6 +116,23 @@ def maybe_frozen_cache(cfg: TrainConfig, model: MultitaskBert, train: dict[str, 
                                      amp_dtype)
     return build_frozen_cache(model, train, tokenizer, device, cfg.frozen_cache, cfg.cache_dir,
                               compute_dtype=amp_dtype, base=base)
+
+
+def _warn_of_unused_options(cfg: TrainConfig, model: MultitaskBert) -> None:
+    """The frozen layers' options on a run whose depth stays below one encoder layer do nothing: said once at
+    the start rather than refused, as a sweep or search may fix them over trials of every depth."""
+    if cfg.unfreeze_schedule.split(":")[0] != "fixed" or model.first_trainable_layer >= 1:
+        return
+    unused = [flag for flag, given in (("--frozen-cache " + cfg.frozen_cache, cfg.frozen_cache in ("memory", "disk")),
+                                       ("--frozen-dropout", cfg.frozen_dropout),
+                                       ("--cache-dir " + cfg.cache_dir, cfg.cache_dir != default_of(_CACHE_DIR)))
+              if given]
+    if unused:
+        log.warning("%s: %s nothing here, as no encoder layer is frozen (they are for --freeze-upto N >= 1)",
+                    ", ".join(unused), "does" if len(unused) == 1 else "do")
+
+
+_CACHE_DIR = TrainConfig.__dataclass_fields__["cache_dir"]
 
 
 def dev_frozen_cache(cfg: TrainConfig, model: MultitaskBert, dev: dict[str, TaskData], tokenizer, device,
