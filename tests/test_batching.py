@@ -129,7 +129,7 @@ def test_auto_budget_is_the_cpu_measurement_on_cpu_and_none_elsewhere():
 def test_evaluate_cli_rejects_a_bad_token_budget_in_one_line(value, capsys):
     from training.evaluate import main
     with pytest.raises(SystemExit) as e:
-        main(["x.pt", "--score", "sst", "f.csv", f"--eval-tokens={value}"])
+        main([".", "--score", "sst", "f.csv", f"--eval-tokens={value}"])  # a RUN that exists: the flag is at fault
     assert e.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("python -m training.evaluate: error: argument --eval-tokens: ")

@@ -403,7 +403,8 @@ def test_evaluate_errors_are_one_line_naming_the_file(cross_run, tmp_path, capsy
         assert e.value.code == 2
         return capsys.readouterr().err.strip().splitlines()[-1]
 
-    assert f"checkpoint {tmp_path / 'nope.pt'} does not exist" in error(tmp_path / "nope.pt", "--score", "sts", sts_dev)
+    assert f"argument RUN: {tmp_path / 'nope.pt'} does not exist" in error(tmp_path / "nope.pt", "--score", "sts",
+                                                                           sts_dev)
     missing = tmp_path / "missing.csv"
     assert str(missing) in error(Path(cfg.out_dir) / "best.pt", "--score", "sts", str(missing))
     shutil.copy(Path(cfg.out_dir) / "best.pt", tmp_path / "alone.pt")
