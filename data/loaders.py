@@ -208,6 +208,13 @@ def _parse_row(row: list[str], start: int, end: int, cols: _Columns, task: str,
     return Example(ex_id, texts[0], texts[1] if len(texts) > 1 else None, label)
 
 
+def _swallowed(row: list[str] | None, cols: _Columns) -> bool:
+    """Whether a record of several lines bears a stray quote's marks: unreadable, the wrong field count, or a
+    field holding a tab and a line break (a record well formed over several lines, bad for another reason,
+    keeps its lines)."""
+    return row is None or len(row) != cols.n_fields or any("\t" in f and ("\n" in f or "\r" in f) for f in row)
+
+
 def load_task_file(path: str | os.PathLike[str], task: str, *, labelled: bool | None = None,
                    strict: bool = False, max_report: int = 5, log: bool = True,
                    hint: str | None = FETCH_HINT) -> LoadResult:
@@ -255,10 +262,10 @@ def load_task_file(path: str | os.PathLike[str], task: str, *, labelled: bool | 
         if row == []:  # a blank line holds no record
             continue
         example = _parse_row(row, start, end, cols, task, undecodable) if row is not None else why
-        if isinstance(example, str) and end > start:
-            # A bad record of several lines is a quote that opened on its first line and swallowed the lines
-            # after it (to a closing quote, or to the end of the file): they are read again on their own, so
-            # that the stray quote costs its own record, not the file's rest.
+        if isinstance(example, str) and end > start and _swallowed(row, cols):
+            # A quote that opened on the record's first line and swallowed the lines after it (to a closing
+            # quote, or to the end of the file): they are read again on their own, so that the stray quote
+            # costs its own record, not the file's rest.
             again = f"line {end}" if end == start + 1 else f"lines {start + 1}-{end}"
             reject(start, f"{example}; {again} read again on {'its' if end == start + 1 else 'their'} own")
             reader, offset, end = csv.reader(lines[start:], delimiter="\t", strict=True), start, start
