@@ -51,11 +51,11 @@ def evaluate(*argv) -> None:
 def test_api_predictions_equal_training_evaluates(run, tmp_path, capsys):
     run_dir = Path(run.out_dir)
     step = sorted((run_dir / "checkpoints").glob("step-*.pt"))[-1]
-    for source in (run_dir, run_dir / "best.pt", step):
+    for n, source in enumerate((run_dir, run_dir / "best.pt", step)):
         model = load(source, device="cpu", batch_size=4)
         for task in TASKS:
             dev = Path(run.data_dir) / COURSE_FILES[task]["dev"]
-            course, tsv = tmp_path / f"{task}.csv", tmp_path / f"{task}.tsv"
+            course, tsv = tmp_path / f"{task}-{n}.csv", tmp_path / f"{task}-{n}.tsv"  # an existing OUT is refused
             evaluate(source, "--predict", task, dev, course)
             evaluate(source, "--predict", task, dev, tsv, "--probabilities")
             examples = dev_examples(run, task)

@@ -32,7 +32,7 @@ import numpy as np
 
 from data.folder import HELP as DATA_HELP
 from data.loaders import COURSE_FILES, SENTIMENTS, DataError, load_task_file
-from training.args import Parser, add_inference_flags, add_model_source, course_data, load_model
+from training.args import Parser, add_inference_flags, add_model_source, check_outputs, course_data, load_model
 from training.common.errors import LoadError
 from training.common.places import output_folder
 from training.common.progress import setup_logging
@@ -272,9 +272,11 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     args = p.parse_args(argv)
     setup_logging()
     out = output_folder(args.out, args.source, "analysis")
+    check_outputs(p, folders={"--out": out})  # before the model loads and predicts every dev set
+    data_dir = course_data(p, args.data_dir)
     try:
         model = load_model(args)
-        results = analyze(model, dev_files(model, course_data(p, args.data_dir)), out)
+        results = analyze(model, dev_files(model, data_dir), out)
     except (LoadError, DataError) as e:
         p.fail(str(e))
     plt = _pyplot()

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import NoReturn
+from pathlib import Path
+from typing import Iterable, NoReturn
 
 from data.folder import data_folder, folder_problem, origin
 from data.loaders import COURSE_FILES, TASKS
 from training.config.freeze_spec import freeze_error
-from training.config.train_config import TrainConfig, default_of, flag_of, options
+from training.config.train_config import TrainConfig, default_of, dir_problem, flag_of, options
 
 
 def _opt_int(s: str) -> int | None:
@@ -237,3 +238,61 @@ def positive_int(s: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, not {value}")
     return value
+
+
+# --------------------------------------------------------------------------- the paths a command writes
+
+def output_folder_problem(path: str | os.PathLike) -> str | None:
+    """Why `path` cannot be, or be made, a folder to write in (a file there or above it, not writable); None
+    when it can. The trainer's own check of its output folders (dir_problem), for every command's."""
+    return dir_problem(Path(path), writable=True)
+
+
+def output_file_problem(path: str | os.PathLike) -> str | None:
+    """Why a file cannot be written at `path`: a directory there, or a folder for it that cannot be (a file
+    there or above it, not writable); None when it can."""
+    path = Path(path)
+    if path.is_dir():
+        return "is a directory, not a file"
+    problem = dir_problem(path.parent, writable=True)
+    if problem is None or not problem.startswith(("is ", "not ")):
+        return problem  # None, or a message naming the file above the folder
+    return f"{path.parent} {'' if problem.startswith('is ') else 'is '}{problem}"  # its subject: the folder
+
+
+def check_outputs(p: Parser, files: dict[str, str | os.PathLike | None] | None = None,
+                  folders: dict[str, str | os.PathLike | None] | None = None) -> None:
+    """Refuse (p.fail) the first output that cannot be written, before the command's work: found after it, a
+    bad path would cost that work, or (a file where a folder goes) its traceback. Keys say where a path came
+    from ("--json"); None values (an output not asked for) are skipped."""
+    named = [(k, v, output_file_problem) for k, v in (files or {}).items()]
+    named += [(k, v, output_folder_problem) for k, v in (folders or {}).items()]
+    for where, path, problem_of in named:
+        problem = problem_of(path) if path is not None else None
+        if problem:
+            p.fail(f"{where} {path}: {problem}")
+
+
+def prediction_out_problem(out: str | os.PathLike, inputs: Iterable[str | os.PathLike],
+                           overwrite: bool) -> str | None:
+    """output_file_problem, and: OUT is never one of the command's input files (the predictions would be
+    written over what they are made from) and, unless `overwrite`, not a file already there."""
+    problem = output_file_problem(out)
+    if problem:
+        return problem
+    if any(same_file(out, f) for f in inputs):
+        return "is an input of this command too: the predictions would be written over it; name another OUT"
+    if os.path.lexists(out) and not overwrite:
+        return "exists; pass --overwrite to replace it, or name another OUT"
+    return None
+
+
+def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """One file under two names: the same path once links and `..` are resolved, or (a hard link) the same
+    inode."""
+    if Path(a).resolve() == Path(b).resolve():
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist (yet): not the same file
+        return False

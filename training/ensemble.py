@@ -7,7 +7,8 @@ are averaged, then turned into predictions: SST, the softmax probabilities of th
 then the most probable class; Quora, the probability sigmoid(logit) of a paraphrase, then > 0.5;
 STS, the similarity scores, then clamped to [0, 5]. Every member reads the data its own way (its
 run's tokenizer/, pair encoding, max length and --predict-both-orders), so members trained with
-different settings mix; they must have been trained on the same tasks. Prints each member's dev
+different settings mix; they must have been trained on the same tasks. Every member is loaded and
+checked (its checkpoint, tokenizer and tasks) before the first one predicts. Prints each member's dev
 metrics and the ensemble's, and writes PREDICTIONS_DIR/{sst,para,sts}-{dev,test}-output.csv for the
 ensemble (the test files where the data folder has them) with a manifest.json naming its members and
 dev metrics, so that `python -m training.submit PREDICTIONS_DIR` zips it. The folder is replaced as a
@@ -25,7 +26,7 @@ import numpy as np
 
 from data.folder import HELP as DATA_HELP
 from data.loaders import COURSE_FILES, DataError, load_task_file
-from training.args import Parser, add_inference_flags, course_data, existing_path
+from training.args import Parser, add_inference_flags, check_outputs, course_data, existing_path, output_folder_problem
 from training.common.errors import LoadError
 from training.common.progress import setup_logging
 from training.inference.metrics import METRIC, overall, score
@@ -115,20 +116,19 @@ def ensemble(members: Sequence[str | Path], data_dir: str | Path, predictions_di
     precision and both_orders override each member's own (both_orders applies to cross-encoded members)."""
     from training.api import load
 
-    ckpts = [member_checkpoint(str(m)) for m in members]
-    out = Path(predictions_dir)
-    check_ensemble_folder(out, ckpts, overwrite)
-    tasks, examples, total, scores = None, None, {}, []
-    for ckpt in ckpts:  # one member in memory at a time
+    def load_member(ckpt: Path):
         model = load(ckpt, device=device, precision=precision, batch_size=batch_size, eval_tokens=eval_tokens)
         if both_orders is not None and model.config.pair_encoding == "cross":
             model.both_orders = both_orders
-        if tasks is None:
-            tasks = list(model.tasks)
-            examples = load_examples(Path(data_dir), tasks)
-        elif sorted(model.tasks) != sorted(tasks):
-            raise EnsembleError(f"{ckpt}: trained on {'+'.join(model.tasks)}, the first member on "
-                                f"{'+'.join(tasks)}: an ensemble's members need the same tasks")
+        return model
+
+    ckpts = [member_checkpoint(str(m)) for m in members]
+    out = Path(predictions_dir)
+    check_ensemble_folder(out, ckpts, overwrite)
+    tasks = member_tasks(ckpts, load_member)
+    examples, total, scores = load_examples(Path(data_dir), tasks), {}, []
+    for ckpt in ckpts:  # one member in memory at a time
+        model = load_member(ckpt)
         probs = member_probabilities(model, examples)
         del model
         scores.append({"checkpoint": str(ckpt), "dev": dev_metrics(probs, examples, tasks)})
@@ -146,8 +146,30 @@ def ensemble(members: Sequence[str | Path], data_dir: str | Path, predictions_di
     return {"members": scores, "ensemble": together}
 
 
+def member_tasks(ckpts: list[Path], load_member) -> list[str]:
+    """Every member loaded and checked (readable, its tokenizer there, trained on the first one's tasks)
+    before any predicts: found at its turn, a bad member would cost the members before it their whole dev
+    and test sets. Each is let go again, so that one model is in memory at a time (members may be large, and
+    on one GPU), at the price of loading each twice: seconds, against minutes of predicting. Returns the
+    tasks."""
+    tasks = None
+    for ckpt in ckpts:
+        model = load_member(ckpt)
+        if tasks is None:
+            tasks = list(model.tasks)
+        elif sorted(model.tasks) != sorted(tasks):
+            raise EnsembleError(f"{ckpt}: trained on {'+'.join(model.tasks)}, the first member on "
+                                f"{'+'.join(tasks)}: an ensemble's members need the same tasks")
+        del model
+    return tasks
+
+
 def check_ensemble_folder(folder: Path, ckpts: list[Path], overwrite: bool) -> None:
-    """Before any work: the folder is free, or holds an earlier set of these very members, or --overwrite."""
+    """Before any work: the folder can be one (not a file), and is free, or holds an earlier set of these very
+    members, or --overwrite."""
+    problem = output_folder_problem(folder)
+    if problem:
+        raise EnsembleError(f"--predictions-dir {folder}: {problem}")
     if overwrite or not folder.is_dir() or not any(folder.iterdir()):
         return
     manifest = read_manifest(folder)
@@ -172,6 +194,7 @@ def main(argv=None, prog: str = PROG) -> int:
     add_inference_flags(p, "each member's")
     args = p.parse_args(argv)
     setup_logging()
+    check_outputs(p, files={"--json": args.json})  # --predictions-dir: check_ensemble_folder, for the library too
     data_dir = course_data(p, args.data_dir)
     try:
         result = ensemble(args.members, data_dir, args.predictions_dir, args.overwrite, args.device,

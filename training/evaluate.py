@@ -21,6 +21,9 @@ pair per line for para and sts; blank lines skipped; ids are line numbers. Its o
 with --probabilities, is our TSV format, not the course's: id, the sentence(s), the label (sst 0..4,
 para 0/1) or the score (sts), and with --probabilities the class probabilities (prob_0..prob_4 for sst,
 prob_paraphrase for para) -- training/inference/formats.py describes it.
+
+Every OUT is checked before the model loads: one that exists is refused unless --overwrite, and one that is
+an input of the command (FILE, or a course file) or another OUT always is.
 """
 from __future__ import annotations
 
@@ -29,7 +32,16 @@ import sys
 from pathlib import Path
 
 from data.loaders import COURSE_FILES, TASKS, DataError, load_task_file
-from training.args import Parser, add_inference_flags, add_model_source, course_data, load_model
+from training.args import (
+    Parser,
+    add_inference_flags,
+    add_model_source,
+    check_outputs,
+    course_data,
+    load_model,
+    prediction_out_problem,
+    same_file,
+)
 from training.common.errors import LoadError
 from training.common.places import output_folder
 from training.common.progress import setup_logging
@@ -50,7 +62,8 @@ def build_parser(prog: str = PROG) -> Parser:
                    help="where the course's prediction files go, with their manifest.json, replacing an earlier set "
                         "of the same run (default: RUN/predictions)")
     p.add_argument("--overwrite", action="store_true",
-                   help="let --data-dir replace a --predictions-dir holding another run's set (or files of no run)")
+                   help="replace the OUT files of --predict and --predict-text that exist (refused without it), and "
+                        "let --data-dir replace a --predictions-dir holding another run's set (or files of no run)")
     p.add_argument("--score", nargs=2, action="append", default=[], metavar=("TASK", "FILE"),
                    help="score a labelled file in the course format (repeatable)")
     p.add_argument("--predict", nargs=3, action="append", default=[], metavar=("TASK", "FILE", "OUT"),
@@ -75,18 +88,37 @@ def main(argv=None, prog: str = PROG) -> int:
             p.error(f"unknown task {task!r}; one of {', '.join(TASKS)}")
     if args.probabilities and not (args.predict or args.predict_text):
         p.error("--probabilities applies to --predict and --predict-text")
+    # the course's files, asked for or nothing else is: from the one data folder of every command
+    asked = args.data_dir or not (args.score or args.predict or args.predict_text)
+    args.course = course_data(p, args.data_dir) if asked else None
+    check_paths(p, args)
     try:
         model = load_model(args)
     except LoadError as e:
         p.fail(str(e))
-    # the course's files, asked for or nothing else is: from the one data folder of every command
-    asked = args.data_dir or not (args.score or args.predict or args.predict_text)
-    args.course = course_data(p, args.data_dir) if asked else None
     try:
         run_commands(args, model)
     except (DataError, ValueError) as e:  # a missing or unusable file, an untrained task, another run's folder
         p.fail(str(e))
     return 0
+
+
+def check_paths(p: Parser, args) -> None:
+    """What evaluate writes, refused in one line before the model loads: found after the predictions, a bad
+    path costs them, and an OUT that is an input (the course's files too), or is given twice, loses what
+    was there."""
+    if args.course:
+        check_outputs(p, folders={"--predictions-dir": output_folder(args.predictions_dir, args.source, "predictions")})
+    inputs = [f for _, f in args.score] + [f for _, f, _ in args.predict + args.predict_text]
+    if args.course:
+        inputs += [Path(args.course) / COURSE_FILES[t][s] for t in TASKS for s in ("dev", "test")]
+    outs = [("--predict", out) for *_, out in args.predict] + [("--predict-text", out) for *_, out in args.predict_text]
+    for i, (flag, out) in enumerate(outs):
+        problem = prediction_out_problem(out, inputs, args.overwrite)
+        if any(same_file(out, earlier) for _, earlier in outs[:i]):
+            problem = "is given as OUT twice: the second predictions would be written over the first"
+        if problem:
+            p.fail(f"{flag} OUT {out}: {problem}")
 
 
 def run_commands(args, model) -> None:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import sys
 
-from training.args import Parser, add_model_source
+from training.args import Parser, add_model_source, check_outputs
 from training.common.errors import LoadError
 from training.common.places import output_folder
 from training.common.progress import setup_logging
@@ -42,11 +42,12 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
                         "onto the run's pretrained model; refused for full fine-tuning, which changes them all")
     args = p.parse_args(argv)
     setup_logging()
+    out = output_folder(args.out, args.source, "export")
+    check_outputs(p, folders={"OUT_DIR": out})  # before the seconds of torch and the model
     from training.results.export import ExportError, export  # torch, once the flags are known
 
     try:
-        out = export(args.source, output_folder(args.out, args.source, "export"), args.overwrite, args.raw_weights,
-                     args.tokenizer, args.trained_only)
+        out = export(args.source, out, args.overwrite, args.raw_weights, args.tokenizer, args.trained_only)
     except (ExportError, LoadError) as e:
         p.fail(str(e))
     print(f"wrote {out} (load it with training.api.load({str(out)!r}))")

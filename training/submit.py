@@ -24,7 +24,7 @@ import zipfile
 from pathlib import Path
 
 from data.loaders import TASKS
-from training.args import Parser
+from training.args import Parser, output_file_problem
 from training.inference.formats import read_predictions
 from training.inference.predictions import MANIFEST, PredictionSetError, check_prediction_set
 
@@ -85,6 +85,9 @@ def submit(arg: str | Path, out: str | Path | None = None, overwrite: bool = Fal
     folder = predictions_folder(arg)
     manifest, files = checked_files(folder, partial)
     zip_path = Path(out) if out else (arg if folder != arg else arg.parent) / COURSE_ZIP
+    problem = output_file_problem(zip_path)  # a folder there, or a file where its folder goes
+    if problem:
+        raise SubmitError(f"{zip_path}: {problem}")
     if zip_path.exists() and not overwrite:
         raise SubmitError(f"{zip_path}: exists; pass --overwrite to replace it, or --zip another file")
     zip_path.parent.mkdir(parents=True, exist_ok=True)

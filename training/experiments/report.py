@@ -25,7 +25,7 @@ import math
 import sys
 from pathlib import Path
 
-from training.args import Parser
+from training.args import Parser, check_outputs, output_file_problem
 from training.common.progress import setup_logging
 from training.config.train_config import flag_of, locations
 from training.experiments.sweep.records import RESULTS, read_results
@@ -38,7 +38,7 @@ from training.results.summary import (
     size_order,
     summary_rows,
 )
-from training.run.metrics_file import read_metrics
+from training.run.metrics_file import evaluations, read_metrics
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +116,28 @@ def _pyplot():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     return plt
+
+
+def figure_path(given: str | Path) -> Path:
+    """Where a figure named `given` goes: savefig adds .png to a name without a suffix; said here, so that the
+    path checked and printed is the one written."""
+    path = Path(given)
+    return path if path.suffix else path.with_name(f"{path.name}.png")
+
+
+def figure_problem(path: Path) -> str | None:
+    """Why a figure cannot be drawn to `path` (figure_path's): output_file_problem's reasons, or a format
+    matplotlib does not write."""
+    problem = output_file_problem(path)
+    if problem:
+        return problem
+    _pyplot()  # matplotlib, or the one line saying how to install it
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if path.suffix[1:].lower() not in formats:
+        return f"matplotlib draws no {path.suffix} files (it draws {', '.join(sorted(formats))})"
+    return None
 
 
 def plot_sweep(rows: list[dict], path: Path) -> Path:
@@ -201,10 +223,12 @@ def plot_curves(run_dir: Path, path: Path | None = None) -> Path:
     records = read_metrics(src)
     steps = [r for r in records if "train_seconds" not in r and "dev_overall" not in r]
     epochs = [r for r in records if "train_seconds" in r]
-    path = Path(path) if path else run_dir / "curves.png"
-    fig, (left, right) = plt.subplots(1, 2, figsize=CURVES_SIZE, dpi=DPI)
+    path = figure_path(path or run_dir / "curves.png")
     tasks = sorted({k[len("loss_"):] for r in steps for k in r if k.startswith("loss_")} |
                    {k[len("train_loss_"):] for r in epochs for k in r if k.startswith("train_loss_")})
+    if not tasks and not evaluations(records):  # an empty figure would pass for a run that learnt nothing
+        raise RunDirError(f"{src}: no training loss and no dev evaluation recorded (yet): nothing to draw")
+    fig, (left, right) = plt.subplots(1, 2, figsize=CURVES_SIZE, dpi=DPI)
     for j, t in enumerate(tasks):
         pts = [(r["step"], r[f"loss_{t}"]) for r in steps if f"loss_{t}" in r]
         if pts:
@@ -293,6 +317,7 @@ def write_compare_csv(header: list[str], rows: list[list[str]], path: Path) -> N
 def plot_compare(runs: list[dict], path: Path) -> Path:
     """One panel per dev metric, one line per run against epochs done; a star on each run's kept evaluation."""
     plt = _pyplot()
+    path = figure_path(path)
     series = [dev_series(r["records"]) for r in runs]
     metrics = [f"dev_{m}" for m in COMPARED_METRICS if any(f"dev_{m}" in s for s in series)]
     fig, axes = plt.subplots(1, len(metrics), figsize=(COMPARE_SIZE[0] * len(metrics), COMPARE_SIZE[1]), dpi=DPI,
@@ -365,10 +390,23 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     if not (args.out or args.curves or args.compare):
         p.error("give a sweep folder (OUT), --curves RUN_DIR or --compare RUN_DIR ...")
     try:
+        check_paths(p, args)
         run_commands(args)
     except RunDirError as e:
         p.fail(str(e))
     return 0
+
+
+def check_paths(p: Parser, args) -> None:
+    """The files --compare and --curves write, refused in one line before any run is read or drawn; -o
+    becomes the path the figure is written to (figure_path)."""
+    check_outputs(p, files={"--csv": args.csv})
+    if args.curves or (args.compare and args.output):
+        given = args.output
+        args.output = figure_path(given or Path(args.curves) / "curves.png")
+        problem = figure_problem(args.output)
+        if problem:
+            p.fail(f"{'-o ' if given else ''}{args.output}: {problem}")
 
 
 def run_commands(args) -> None:

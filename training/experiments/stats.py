@@ -36,7 +36,7 @@ import sys
 from pathlib import Path
 
 from data.loaders import DataError
-from training.args import Parser
+from training.args import Parser, check_outputs
 from training.common.progress import setup_logging
 from training.results.statistics import CI_LEVEL, StatsError, compare, read_run
 
@@ -87,6 +87,7 @@ def main(argv=None, prog: str = PROG) -> int:
         p.error(f"--alpha must be in (0, 1), not {args.alpha}")
     if args.data_dir is not None and not Path(args.data_dir).is_dir():
         p.error(f"--data-dir {args.data_dir}: no such directory")
+    check_outputs(p, files={"--json": args.json})  # before the runs are read and the bootstrap runs
     try:
         a, b = [read_run(r) for r in args.a], [read_run(r) for r in args.vs]
         rows = compare(a, b, args.data_dir, args.bootstrap, args.seed, args.alpha, args.pair_by_order)

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from data.loaders import load_task_file
-from training.common.errors import ConfigError, write_error
+from training.common.errors import ConfigError, WriteError, write_error
 from training.common.places import current_umask, run_folder
 from training.inference.formats import read_text_examples, write_predictions, write_tsv_predictions
 from training.inference.metrics import metrics_of
@@ -72,8 +72,10 @@ def write_prediction_set(folder: str | os.PathLike, preds: dict[tuple[str, str],
     """Write {task}-{split}-output.csv for each (task, split) -> (ids, predictions) and the manifest into
     a new folder, then put it in place of `folder` (whose old files go in one piece)."""
     folder = Path(folder)
-    folder.parent.mkdir(parents=True, exist_ok=True)
+    if folder.exists() and not folder.is_dir():  # a user's file, not an earlier set: never moved aside
+        raise WriteError(f"{folder}: is a file, not a directory (the file is unchanged)")
     try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
         fresh = Path(tempfile.mkdtemp(prefix=f".{folder.name}.{os.getpid()}.", suffix=".tmp", dir=folder.parent))
     except OSError as e:
         raise write_error(e, folder) from e
