@@ -135,6 +135,21 @@ def test_evaluates_out_is_no_input_of_the_command_nor_another_out(run, here, cap
     assert files_of(here) == before and files_of(Path(run.data_dir)) == data
 
 
+def test_evaluate_keeps_the_test_predictions_a_data_folder_without_test_files_cannot_write_again(run, tmp_path,
+                                                                                                   capsys, no_model):
+    """The run's predictions/ is replaced as a whole: a --data-dir lacking a test file lost its test predictions."""
+    data = tmp_path / "data"
+    shutil.copytree(run.data_dir, data)
+    (data / "sts-test-student.csv").unlink()
+    folder = tmp_path / "p"
+    shutil.copytree(Path(run.out_dir) / "predictions", folder)
+    before = files_of(folder)
+    assert error(capsys, evaluate, run.out_dir, "--data-dir", data, "--predictions-dir", folder) == (
+        f"--predictions-dir {folder} holds sts-test-output.csv, and {data} lacks the test file behind it: the new "
+        f"set would lose it; pass --overwrite, or another --predictions-dir")
+    assert files_of(folder) == before
+
+
 @pytest.mark.parametrize("command", [predict, evaluate], ids=["predict", "evaluate"])
 def test_an_existing_out_is_replaced_only_with_overwrite(run, here, capsys, monkeypatch, command):
     (here / "out.tsv").write_text("mine\n")

@@ -108,7 +108,14 @@ def check_paths(p: Parser, args) -> None:
     path costs them, and an OUT that is an input (the course's files too), or is given twice, loses what
     was there."""
     if args.course:
-        check_outputs(p, folders={"--predictions-dir": output_folder(args.predictions_dir, args.source, "predictions")})
+        folder = output_folder(args.predictions_dir, args.source, "predictions")
+        check_outputs(p, folders={"--predictions-dir": folder})
+        lost = unwritable_test_outputs(Path(folder), Path(args.course))
+        if lost and not args.overwrite:
+            it = "it" if len(lost) == 1 else "them"
+            p.fail(f"--predictions-dir {folder} holds {', '.join(lost)}, and {args.course} lacks the test file behind "
+                   f"{'it' if len(lost) == 1 else 'each'}: the new set would lose {it}; pass --overwrite, or another "
+                   f"--predictions-dir")
     inputs = [f for _, f in args.score] + [f for _, f, _ in args.predict + args.predict_text]
     if args.course:
         inputs += [Path(args.course) / COURSE_FILES[t][s] for t in TASKS for s in ("dev", "test")]
@@ -119,6 +126,13 @@ def check_paths(p: Parser, args) -> None:
             problem = "is given as OUT twice: the second predictions would be written over the first"
         if problem:
             p.fail(f"{flag} OUT {out}: {problem}")
+
+
+def unwritable_test_outputs(folder: Path, course: Path) -> list[str]:
+    """The test prediction files in `folder` whose test set `course` lacks: the set is replaced as a whole, so a
+    new one from `course` would not hold them (a data folder without the test files, the training's was)."""
+    return [f"{task}-test-output.csv" for task in TASKS if (folder / f"{task}-test-output.csv").is_file()
+            and not (course / COURSE_FILES[task]["test"]).is_file()]
 
 
 def run_commands(args, model) -> None:
