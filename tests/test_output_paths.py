@@ -150,6 +150,21 @@ def test_evaluate_keeps_the_test_predictions_a_data_folder_without_test_files_ca
     assert files_of(folder) == before
 
 
+def test_ensemble_keeps_the_test_predictions_a_data_folder_without_test_files_cannot_write_again(run, tmp_path,
+                                                                                                 capsys):
+    data, folder = tmp_path / "data", tmp_path / "p"
+    shutil.copytree(run.data_dir, data)
+    assert ensemble.main([run.out_dir, "--data-dir", str(data), "--predictions-dir", str(folder), *CPU]) == 0
+    (data / "ids-sst-test-student.csv").unlink()
+    (data / "quora-test-student.csv").unlink()
+    before = files_of(folder)
+    capsys.readouterr()
+    assert error(capsys, ensemble, run.out_dir, "--data-dir", data, "--predictions-dir", folder, *CPU) == (
+        f"--predictions-dir {folder} holds sst-test-output.csv, para-test-output.csv, and {data} lacks the test file "
+        f"behind each: the new set would lose them; pass --overwrite, or another --predictions-dir")
+    assert files_of(folder) == before
+
+
 @pytest.mark.parametrize("command", [predict, evaluate], ids=["predict", "evaluate"])
 def test_an_existing_out_is_replaced_only_with_overwrite(run, here, capsys, monkeypatch, command):
     (here / "out.tsv").write_text("mine\n")

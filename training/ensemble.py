@@ -30,7 +30,7 @@ from training.args import Parser, add_inference_flags, check_outputs, course_dat
 from training.common.errors import LoadError
 from training.common.progress import setup_logging
 from training.inference.metrics import METRIC, overall, score
-from training.inference.predictions import read_manifest, write_prediction_set
+from training.inference.predictions import lost_test_outputs, read_manifest, write_prediction_set
 
 if TYPE_CHECKING:  # the tensors come from the members, loaded once the flags are known
     import torch
@@ -125,6 +125,9 @@ def ensemble(members: Sequence[str | Path], data_dir: str | Path, predictions_di
     ckpts = [member_checkpoint(str(m)) for m in members]
     out = Path(predictions_dir)
     check_ensemble_folder(out, ckpts, overwrite)
+    lost = None if overwrite else lost_test_outputs(out, data_dir)
+    if lost:
+        raise EnsembleError(lost)
     tasks = member_tasks(ckpts, load_member)
     examples, total, scores = load_examples(Path(data_dir), tasks), {}, []
     for ckpt in ckpts:  # one member in memory at a time
@@ -190,7 +193,8 @@ def main(argv=None, prog: str = PROG) -> int:
                    help="where the ensemble's prediction files go (default: %(default)s)")
     p.add_argument("--json", default=None, metavar="FILE", help="also write every dev metric to FILE as JSON")
     p.add_argument("--overwrite", action="store_true",
-                   help="replace a --predictions-dir holding other predictions (another run's, or other members')")
+                   help="replace a --predictions-dir holding other predictions (another run's, or other members'), "
+                        "or test predictions that --data-dir lacks the test files to write again")
     add_inference_flags(p, "each member's")
     args = p.parse_args(argv)
     setup_logging()

@@ -46,7 +46,7 @@ from training.common.errors import LoadError
 from training.common.places import output_folder
 from training.common.progress import setup_logging
 from training.inference.metrics import METRIC, score
-from training.inference.predictions import predict_file, write_all_predictions
+from training.inference.predictions import lost_test_outputs, predict_file, write_all_predictions
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,8 @@ def build_parser(prog: str = PROG) -> Parser:
                         "of the same run (default: RUN/predictions)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace the OUT files of --predict and --predict-text that exist (refused without it), and "
-                        "let --data-dir replace a --predictions-dir holding another run's set (or files of no run)")
+                        "let --data-dir replace a --predictions-dir holding another run's set (or files of no run), "
+                        "or test predictions that --data-dir lacks the test files to write again")
     p.add_argument("--score", nargs=2, action="append", default=[], metavar=("TASK", "FILE"),
                    help="score a labelled file in the course format (repeatable)")
     p.add_argument("--predict", nargs=3, action="append", default=[], metavar=("TASK", "FILE", "OUT"),
@@ -110,12 +111,9 @@ def check_paths(p: Parser, args) -> None:
     if args.course:
         folder = output_folder(args.predictions_dir, args.source, "predictions")
         check_outputs(p, folders={"--predictions-dir": folder})
-        lost = unwritable_test_outputs(Path(folder), Path(args.course))
-        if lost and not args.overwrite:
-            it = "it" if len(lost) == 1 else "them"
-            p.fail(f"--predictions-dir {folder} holds {', '.join(lost)}, and {args.course} lacks the test file behind "
-                   f"{'it' if len(lost) == 1 else 'each'}: the new set would lose {it}; pass --overwrite, or another "
-                   f"--predictions-dir")
+        lost = None if args.overwrite else lost_test_outputs(folder, args.course)
+        if lost:
+            p.fail(lost)
     inputs = [f for _, f in args.score] + [f for _, f, _ in args.predict + args.predict_text]
     if args.course:
         inputs += [Path(args.course) / COURSE_FILES[t][s] for t in TASKS for s in ("dev", "test")]
@@ -126,13 +124,6 @@ def check_paths(p: Parser, args) -> None:
             problem = "is given as OUT twice: the second predictions would be written over the first"
         if problem:
             p.fail(f"{flag} OUT {out}: {problem}")
-
-
-def unwritable_test_outputs(folder: Path, course: Path) -> list[str]:
-    """The test prediction files in `folder` whose test set `course` lacks: the set is replaced as a whole, so a
-    new one from `course` would not hold them (a data folder without the test files, the training's was)."""
-    return [f"{task}-test-output.csv" for task in TASKS if (folder / f"{task}-test-output.csv").is_file()
-            and not (course / COURSE_FILES[task]["test"]).is_file()]
 
 
 def run_commands(args, model) -> None:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from data.loaders import load_task_file
+from data.loaders import COURSE_FILES, TASKS, load_task_file
 from training.common.errors import ConfigError, WriteError, write_error
 from training.common.places import current_umask, run_folder
 from training.inference.formats import read_text_examples, write_predictions, write_tsv_predictions
@@ -65,6 +65,20 @@ def check_predictions_dir(folder: str | os.PathLike, out_dir: str | os.PathLike,
     owner = f"the run in {manifest.get('run')}" if manifest else "files no run of this out-dir wrote"
     raise ConfigError(f"--predictions-dir {folder} holds {owner}: this run would replace them as a whole; pass "
                       f"--overwrite, or another --predictions-dir (default: OUT_DIR/predictions)")
+
+
+def lost_test_outputs(folder: str | os.PathLike, data_dir: str | os.PathLike) -> str | None:
+    """Why a set written from `data_dir` must not replace `folder`'s: the test prediction files there whose test
+    set `data_dir` lacks (a set is replaced as a whole, so they would go). None when there are none. evaluate
+    and ensemble refuse this unless --overwrite."""
+    lost = [f"{task}-test-output.csv" for task in TASKS if (Path(folder) / f"{task}-test-output.csv").is_file()
+            and not (Path(data_dir) / COURSE_FILES[task]["test"]).is_file()]
+    if not lost:
+        return None
+    one = len(lost) == 1
+    return (f"--predictions-dir {folder} holds {', '.join(lost)}, and {data_dir} lacks the test file behind "
+            f"{'it' if one else 'each'}: the new set would lose {'it' if one else 'them'}; pass --overwrite, or "
+            f"another --predictions-dir")
 
 
 def write_prediction_set(folder: str | os.PathLike, preds: dict[tuple[str, str], tuple[list[str], np.ndarray]],
