@@ -165,6 +165,27 @@ def test_bad_inputs_and_paths_are_refused_in_one_line(run, tmp_path):
             load(run.out_dir, device="cuda")
 
 
+@pytest.mark.parametrize("kw, message", [
+    (dict(precision="fp8"), "precision must be one of auto, fp32, fp32-strict, bf16, fp16 or None (the run's), not 'fp8'"),
+    (dict(batch_size=0), "batch_size must be an int >= 1, not 0"),
+    (dict(batch_size=2.5), "batch_size must be an int >= 1, not 2.5"),
+    (dict(eval_tokens=-1), "eval_tokens must be an int >= 0, not -1 (0: no budget; None: the device's default)"),
+])
+def test_loads_own_arguments_are_checked_as_the_commands_flags_are(run, kw, message, monkeypatch):
+    """A wrong precision was a KeyError; a batch size of 0 and a negative budget went through. Refused before the
+    weights are read."""
+    import training.api
+    monkeypatch.setattr(training.api, "_from_checkpoint", lambda *a: pytest.fail("the weights were read"))
+    with pytest.raises(LoadError) as e:
+        load(run.out_dir, device="cpu", **kw)
+    assert str(e.value) == message
+
+
+def test_a_call_with_a_batch_size_below_one_is_refused(run):
+    with pytest.raises(ValueError, match="batch_size must be an int >= 1, not 0"):
+        load(run.out_dir, device="cpu").sentiment(["a great film"], batch_size=0)
+
+
 def test_a_task_the_run_did_not_train_is_refused(tmp_path):
     cfg, _ = tiny_run(tmp_path, tasks=("sst",), epochs=1)
     model = load(cfg.out_dir, device="cpu")

@@ -132,6 +132,8 @@ class Model:
     def batching(self, batch_size: int | None = None) -> EvalBatching:
         """How the model's inputs are cut into batches: `batch_size` examples at most (else the model's own),
         within its padded-token budget."""
+        if batch_size is not None and _count_problem(batch_size, 1):
+            raise ValueError(f"batch_size {_count_problem(batch_size, 1)}")
         return EvalBatching(batch_size or self.batch_size, self.max_tokens)
 
 
@@ -155,6 +157,25 @@ def _examples(task: str, items) -> list[Example]:
 
 # --------------------------------------------------------------------------- loading
 
+def _reading_problem(precision, batch_size, eval_tokens) -> str | None:
+    """load()'s own arguments checked as the commands check their flags (a wrong precision was a KeyError, a
+    batch size of 0 or a negative token budget went through)."""
+    choices = TrainConfig.__dataclass_fields__["precision"].metadata["choices"]
+    if precision is not None and precision not in choices:
+        return f"precision must be one of {', '.join(choices)} or None (the run's), not {precision!r}"
+    if _count_problem(batch_size, 1):
+        return f"batch_size {_count_problem(batch_size, 1)}"
+    if eval_tokens is not None and _count_problem(eval_tokens, 0):
+        return f"eval_tokens {_count_problem(eval_tokens, 0)} (0: no budget; None: the device's default)"
+    return None
+
+
+def _count_problem(value, least: int) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        return f"must be an int >= {least}, not {value!r}"
+    return None
+
+
 def load(path: str | Path, device: str = "auto", precision: str | None = None, batch_size: int = 64,
          both_orders: bool | None = None, raw_weights: bool = False, tokenizer: str | Path | None = None,
          eval_tokens: int | None = None) -> Model:
@@ -166,6 +187,9 @@ def load(path: str | Path, device: str = "auto", precision: str | None = None, b
     the run's. both_orders: average each pair's two orders (cross encoding only), default the run's.
     tokenizer: a tokenizer folder for a checkpoint file away from its run directory. eval_tokens: padded
     tokens at most per batch (None: 1024 on CPU, no budget on CUDA; 0: no budget)."""
+    problem = _reading_problem(precision, batch_size, eval_tokens)
+    if problem:  # before the seconds of reading the weights
+        raise LoadError(problem)
     path = Path(path)
     if path.is_dir() and (path / HEADS_FILE).is_file():
         network, tok, cfg, info = _from_export(path)
