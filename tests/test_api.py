@@ -166,7 +166,8 @@ def test_bad_inputs_and_paths_are_refused_in_one_line(run, tmp_path):
 
 
 @pytest.mark.parametrize("kw, message", [
-    (dict(precision="fp8"), "precision must be one of auto, fp32, fp32-strict, bf16, fp16 or None (the run's), not 'fp8'"),
+    (dict(precision="fp8"),
+     "precision must be one of auto, fp32, fp32-strict, bf16, fp16 or None (the run's), not 'fp8'"),
     (dict(batch_size=0), "batch_size must be an int >= 1, not 0"),
     (dict(batch_size=2.5), "batch_size must be an int >= 1, not 2.5"),
     (dict(eval_tokens=-1), "eval_tokens must be an int >= 0, not -1 (0: no budget; None: the device's default)"),
