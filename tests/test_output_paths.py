@@ -63,7 +63,7 @@ def files_of(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() if p.is_file() else b"<dir>" for p in sorted(folder.rglob("*"))}
 
 
-# ----------------------------------------------------------------------------- item 1: a file as a folder
+# ----------------------------------------------------------------------------- a file as a folder
 
 FOLDER, UNDER = "is a directory, not a file", "sents.txt is a file, not a directory"
 CPU = ["--device", "cpu"]
@@ -93,7 +93,7 @@ def test_write_prediction_set_never_moves_a_file_aside(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["file.txt"] and mine.read_text() == "mine\n"
 
 
-# ----------------------------------------------------------------------------- item 2: OUT over an input or a file
+# ----------------------------------------------------------------------------- OUT over an input or a file
 
 SAME = "is an input of this command too: the predictions would be written over it; name another OUT"
 
@@ -182,7 +182,7 @@ def test_an_existing_out_is_replaced_only_with_overwrite(run, here, capsys, monk
     capsys.readouterr()
 
 
-# ----------------------------------------------------------------------------- item 3: bad output paths, up front
+# ----------------------------------------------------------------------------- bad output paths, up front
 
 ENSEMBLE = ["RUN", "RUN", "--predictions-dir", "o/e", "--data-dir", "DATA"]
 
@@ -224,7 +224,7 @@ def test_a_bad_output_path_of_submit_stats_and_report_is_one_line(run, here, cap
     assert files_of(here) == before
 
 
-# ----------------------------------------------------------------------------- item 4: every ensemble member first
+# ----------------------------------------------------------------------------- every ensemble member first
 
 
 def test_a_bad_ensemble_member_is_refused_before_any_member_predicts(run, here, capsys, monkeypatch):
@@ -240,7 +240,7 @@ def test_a_bad_ensemble_member_is_refused_before_any_member_predicts(run, here, 
     assert not (here / "ens").exists()
 
 
-# ----------------------------------------------------------------------------- item 5: report's figures
+# ----------------------------------------------------------------------------- report's figures
 
 
 def test_report_says_the_figure_it_wrote(run, here, capsys):
