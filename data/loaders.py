@@ -7,8 +7,9 @@ loudly: every skipped record comes back as a BadRow naming the line it starts on
 per file gives the count, and `strict=True` turns the first one into an error. A quoted field may
 hold a tab or a line break, but not both: that is a quote which opened in one record and closed
 in a later one, swallowing the records between (which may leave the field count right). A bad
-record of several lines is such a quote's work: the lines after its first are read again on their own,
-so that the stray quote costs one record, not the rest of the file.
+record of several lines that bears such a quote's marks (unreadable, the wrong field count, or that
+field) has the lines after its first read again on their own, so that the stray quote costs one record,
+not the rest of the file.
 A file without a single usable row is an error. An id holding a comma or a line break is a bad row
 too: the prediction files, one `id , prediction` per line, could not carry it.
 
@@ -187,7 +188,7 @@ def _parse_row(row: list[str], start: int, end: int, cols: _Columns, task: str,
     if len(row) != cols.n_fields:
         span = (f" (a stray quote may have joined lines {start}-{end})" if end > start else "")
         return f"expected {cols.n_fields} tab-separated fields, got {len(row)}{span}"
-    joined = next((cols.names[i] for i, f in enumerate(row) if "\t" in f and ("\n" in f or "\r" in f)), None)
+    joined = next((cols.names[i] for i, f in enumerate(row) if _tab_and_break(f)), None)
     if joined is not None:  # the right field count by chance: the swallowed record would be lost quietly
         return f"{joined or 'a field'} holds a tab and a line break: a stray quote may have joined lines {start}-{end}"
     ex_id = row[cols.id_idx].strip()
@@ -212,7 +213,12 @@ def _swallowed(row: list[str] | None, cols: _Columns) -> bool:
     """Whether a record of several lines bears a stray quote's marks: unreadable, the wrong field count, or a
     field holding a tab and a line break (a record well formed over several lines, bad for another reason,
     keeps its lines)."""
-    return row is None or len(row) != cols.n_fields or any("\t" in f and ("\n" in f or "\r" in f) for f in row)
+    return row is None or len(row) != cols.n_fields or any(map(_tab_and_break, row))
+
+
+def _tab_and_break(field: str) -> bool:
+    """A field holding a tab and a line break: a quote that opened in one record and closed in a later one."""
+    return "\t" in field and ("\n" in field or "\r" in field)
 
 
 def load_task_file(path: str | os.PathLike[str], task: str, *, labelled: bool | None = None,
