@@ -25,6 +25,7 @@ import torch
 
 from data.batching import TaskData
 from heads import MultitaskBert
+from training.config.freeze_spec import parse_schedule
 from training.config.train_config import TrainConfig, default_of
 from training.methods.frozen_cache import build_frozen_cache, estimate_bytes
 
@@ -121,18 +122,16 @@ def maybe_frozen_cache(cfg: TrainConfig, model: MultitaskBert, train: dict[str, 
 def _warn_of_unused_options(cfg: TrainConfig, model: MultitaskBert) -> None:
     """The frozen layers' options on a run whose depth stays below one encoder layer do nothing: said once at
     the start rather than refused, as a sweep or search may fix them over trials of every depth."""
-    if cfg.unfreeze_schedule.split(":")[0] != "fixed" or model.first_trainable_layer >= 1:
+    if parse_schedule(cfg.unfreeze_schedule).kind != "fixed" or model.first_trainable_layer >= 1:
         return
+    default_cache_dir = default_of(TrainConfig.__dataclass_fields__["cache_dir"])
     unused = [flag for flag, given in (("--frozen-cache " + cfg.frozen_cache, cfg.frozen_cache in ("memory", "disk")),
                                        ("--frozen-dropout", cfg.frozen_dropout),
-                                       ("--cache-dir " + cfg.cache_dir, cfg.cache_dir != default_of(_CACHE_DIR)))
+                                       ("--cache-dir " + cfg.cache_dir, cfg.cache_dir != default_cache_dir))
               if given]
     if unused:
         log.warning("%s: %s nothing here, as no encoder layer is frozen (they are for --freeze-upto N >= 1)",
                     ", ".join(unused), "does" if len(unused) == 1 else "do")
-
-
-_CACHE_DIR = TrainConfig.__dataclass_fields__["cache_dir"]
 
 
 def dev_frozen_cache(cfg: TrainConfig, model: MultitaskBert, dev: dict[str, TaskData], tokenizer, device,
