@@ -132,8 +132,8 @@ class Model:
     def batching(self, batch_size: int | None = None) -> EvalBatching:
         """How the model's inputs are cut into batches: `batch_size` examples at most (else the model's own),
         within its padded-token budget."""
-        if batch_size is not None and _count_problem(batch_size, 1):
-            raise ValueError(f"batch_size {_count_problem(batch_size, 1)}")
+        if batch_size is not None and (problem := _count_problem(batch_size, 1)):
+            raise ValueError(f"batch_size {problem}")
         return EvalBatching(batch_size or self.batch_size, self.max_tokens)
 
 
@@ -163,10 +163,10 @@ def _reading_problem(precision, batch_size, eval_tokens) -> str | None:
     choices = TrainConfig.__dataclass_fields__["precision"].metadata["choices"]
     if precision is not None and precision not in choices:
         return f"precision must be one of {', '.join(choices)} or None (the run's), not {precision!r}"
-    if _count_problem(batch_size, 1):
-        return f"batch_size {_count_problem(batch_size, 1)}"
-    if eval_tokens is not None and _count_problem(eval_tokens, 0):
-        return f"eval_tokens {_count_problem(eval_tokens, 0)} (0: no budget; None: the device's default)"
+    if problem := _count_problem(batch_size, 1):
+        return f"batch_size {problem}"
+    if eval_tokens is not None and (problem := _count_problem(eval_tokens, 0)):
+        return f"eval_tokens {problem} (0: no budget; None: the device's default)"
     return None
 
 

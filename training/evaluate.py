@@ -108,14 +108,13 @@ def check_paths(p: Parser, args) -> None:
     """What evaluate writes, refused in one line before the model loads: found after the predictions, a bad
     path costs them, and an OUT that is an input (the course's files too), or is given twice, loses what
     was there."""
+    inputs = [f for _, f in args.score] + [f for _, f, _ in args.predict + args.predict_text]
     if args.course:
         folder = output_folder(args.predictions_dir, args.source, "predictions")
         check_outputs(p, folders={"--predictions-dir": folder})
         lost = None if args.overwrite else lost_test_outputs(folder, args.course)
         if lost:
             p.fail(lost)
-    inputs = [f for _, f in args.score] + [f for _, f, _ in args.predict + args.predict_text]
-    if args.course:
         inputs += [Path(args.course) / COURSE_FILES[t][s] for t in TASKS for s in ("dev", "test")]
     outs = [("--predict", out) for *_, out in args.predict] + [("--predict-text", out) for *_, out in args.predict_text]
     for i, (flag, out) in enumerate(outs):
