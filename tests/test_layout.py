@@ -307,17 +307,6 @@ def test_each_command_help_and_unknown_flag(name):
     assert lines[0].endswith("(see --help)")
 
 
-@pytest.mark.parametrize("name", ["evaluate", "predict", "analyze", "export"])
-def test_missing_run_directory_is_one_line(name, tmp_path):
-    """The same missing model, the same one line from each command that reads one, before any work."""
-    missing = tmp_path / "no-such-run"
-    rest = {"evaluate": ["--score", "sst", "x.csv"], "predict": ["sst", "x.csv", str(tmp_path / "o.csv")],
-            "export": [str(tmp_path / "out")]}.get(name, [])
-    p = run("-m", "training", name, str(missing), *rest)
-    assert p.returncode == 2, p.stderr
-    assert p.stderr == f"minbert {name}: error: argument RUN: {missing} does not exist (see --help)\n", p.stderr
-
-
 @pytest.mark.parametrize("module", sorted(COMMAND_MODULES - {"training.main", "training.__main__", "training.args"}))
 def test_python_m_runs_each_command(module):
     """`python -m training.X --help` keeps working for every command (sweep, study and search are packages)."""
