@@ -123,3 +123,35 @@ def test_another_epochs_on_a_run_with_steps_left_says_why_too(run, capsys):
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and "the checkpoint comes from an incompatible config: --epochs was 2, now 3. A run's " \
                               "learning rate warms up and then decays linearly to 0" in err[0], err
+
+
+@pytest.mark.parametrize("flags, lost", [
+    (["--sst-test", "gone.csv"], "sst-test-output.csv (gone.csv: not found)"),
+    (["--no-test-predictions"], "sst-test-output.csv (--no-test-predictions); para-test-output.csv "
+                                "(--no-test-predictions); sts-test-output.csv (--no-test-predictions)"),
+])
+def test_a_finished_run_writing_its_set_again_without_a_test_file_is_refused(run, monkeypatch, capsys, flags, lost):
+    """Another --max-eval-examples makes a finished run write its prediction set again, replacing the folder
+    whole: the test files it cannot (or is told not to) write again would be lost. Refused in one line, before
+    a model is built; --overwrite writes the new set without them."""
+    resume(run)
+    before = snapshot(run)
+    monkeypatch.chdir(run.parent)
+    _no_model_may_be_built(monkeypatch)
+    assert resume(run, "--max-eval-examples", "5", *flags) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == [f"run_multitask.py: error: --predictions-dir {run / 'predictions'} holds test predictions this "
+                   f"resumed run would not write again, and its new set replaces the folder whole: {lost}; give the "
+                   f"test file (--data-dir, --sst-test, ...), another --predictions-dir, or --overwrite to lose them"]
+    assert contents(snapshot(run)) == contents(before)  # train.log reopened and left as it was: its mtime moves
+    monkeypatch.undo()
+    monkeypatch.chdir(run.parent)
+    assert resume(run, "--max-eval-examples", "5", "--overwrite", *flags) == 0
+    manifest = json.loads((run / "predictions" / "manifest.json").read_text())
+    assert sorted(manifest["files"]) == sorted(
+        ["sst-dev-output.csv", "para-dev-output.csv", "sts-dev-output.csv"]
+        + ([] if "--no-test-predictions" in flags else ["para-test-output.csv", "sts-test-output.csv"]))
+
+
+def contents(snap: dict) -> dict:
+    return {path: digest_and_size[:2] for path, digest_and_size in snap.items()}

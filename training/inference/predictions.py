@@ -71,14 +71,18 @@ def lost_test_outputs(folder: str | os.PathLike, data_dir: str | os.PathLike) ->
     """Why a set written from `data_dir` must not replace `folder`'s: the test prediction files there whose test
     set `data_dir` lacks (a set is replaced as a whole, so they would go). None when there are none. evaluate
     and ensemble refuse this unless --overwrite."""
-    lost = [f"{task}-test-output.csv" for task in TASKS if (Path(folder) / f"{task}-test-output.csv").is_file()
-            and not (Path(data_dir) / COURSE_FILES[task]["test"]).is_file()]
+    lost = test_outputs_in(folder, [t for t in TASKS if not (Path(data_dir) / COURSE_FILES[t]["test"]).is_file()])
     if not lost:
         return None
     one = len(lost) == 1
     return (f"--predictions-dir {folder} holds {', '.join(lost)}, and {data_dir} lacks the test file behind "
             f"{'it' if one else 'each'}: the new set would lose {'it' if one else 'them'}; pass --overwrite, or "
             f"another --predictions-dir")
+
+
+def test_outputs_in(folder: str | os.PathLike, tasks) -> list[str]:
+    """The test prediction files of `tasks` that `folder` holds (the course's names)."""
+    return [f"{task}-test-output.csv" for task in tasks if (Path(folder) / f"{task}-test-output.csv").is_file()]
 
 
 def write_prediction_set(folder: str | os.PathLike, preds: dict[tuple[str, str], tuple[list[str], np.ndarray]],

@@ -14,12 +14,13 @@ from pathlib import Path
 
 import numpy as np
 
+from data.loaders import TASKS
 from minbert.checkpoint import human_bytes
 from training.common.errors import ConfigError, write_error
 from training.common.processes import process_alive
 from training.common.progress import LOG_FORMAT
 from training.config.train_config import TrainConfig, resume_may_differ
-from training.inference.predictions import read_manifest
+from training.inference.predictions import read_manifest, test_outputs_in
 from training.run.checkpointing import RollingCheckpoints, read_checkpoint
 from training.run.metrics_file import truncate_metrics
 
@@ -150,6 +151,27 @@ def finished_run(cfg: TrainConfig, out_dir: Path) -> dict | None:
     if changed or not written or (cfg.export_hf and not Path(cfg.export_hf).is_dir()):
         return None  # the resume refuses another config, or writes the predictions (and export) again
     return state
+
+
+def check_test_predictions_kept(cfg: TrainConfig) -> None:
+    """A resumed run writes its prediction set again at its end (a finished run whose prediction options
+    changed, at once), and a set replaces the folder whole: a test file there that the run will not write
+    again would be lost. Refused unless --overwrite, before any work."""
+    def not_written(task: str) -> str | None:  # why the run writes no test predictions for task
+        if task not in cfg.tasks:
+            return "not in --tasks"
+        if not cfg.test_predictions:
+            return "--no-test-predictions"
+        path = cfg.file(task, "test")
+        return None if os.path.isfile(path) else f"{path}: not found"
+
+    folder = cfg.predictions_folder()
+    lost = test_outputs_in(folder, [t for t in TASKS if not_written(t)])
+    if lost and not cfg.overwrite:
+        why = "; ".join(f"{name} ({not_written(name.split('-')[0])})" for name in lost)
+        raise ConfigError(f"--predictions-dir {folder} holds test predictions this resumed run would not write "
+                          f"again, and its new set replaces the folder whole: {why}; give the test file "
+                          f"(--data-dir, --sst-test, ...), another --predictions-dir, or --overwrite to lose them")
 
 
 def more_epochs_hint(cfg: TrainConfig, out_dir: Path) -> str:

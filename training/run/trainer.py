@@ -55,6 +55,7 @@ from training.run.checkpointing import RollingCheckpoints, load_model_state, sav
 from training.run.preflight import check_disk, check_model, settle
 from training.run.rundir import (
     MetricsLog,
+    check_test_predictions_kept,
     drop_earlier_log,
     earlier_run_to_replace,
     find_resume_checkpoint,
@@ -195,6 +196,8 @@ class Run:
         self.settings = settle(cfg)
         footprint = check_model(cfg, self.device, self.settings)
         resume = find_resume_checkpoint(cfg, self.out_dir)
+        if resume is not None and self.main:
+            check_test_predictions_kept(cfg)
         self.earlier = (earlier_run_to_replace(self.out_dir, cfg.overwrite, cfg.resume == "auto")
                         if resume is None and self.main else [])
         if self.main:
