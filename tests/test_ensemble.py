@@ -260,9 +260,11 @@ def test_the_ensembles_set_has_a_manifest_and_zips(runs, tmp_path, capsys):
     assert sorted(manifest["files"]) == sorted(p.name for p in out.glob("*-output.csv")) and len(manifest["files"]) == 6
     assert submit_mod.main([str(out), "--no-code", "--zip", str(tmp_path / "ens.zip")]) == 0
     assert "6 prediction files of the ensemble of 2 checkpoints" in capsys.readouterr().out
-    assert ensemble_mod.main(args) == 0  # the same members: replaced
+    assert "--json " + str(js) + ": exists; pass --overwrite" in _error(capsys, *args)  # a file named: asked
+    same = args[:-2]  # without --json
+    assert ensemble_mod.main(same) == 0  # the same members: replaced
     before = {p.name: p.read_bytes() for p in out.iterdir()}
-    other = [str(dirs["cross"]), str(dirs["siamese"]), *args[2:]]
+    other = [str(dirs["cross"]), str(dirs["siamese"]), *same[2:]]
     assert "--predictions-dir " + str(out) + " holds the predictions of the ensemble of 2 checkpoints" in _error(
         capsys, *other)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # untouched

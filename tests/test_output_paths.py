@@ -1,6 +1,7 @@
 """The paths the commands that read a trained model (and stats, report, submit) write: a bad one is one line
 naming it, exit status 2, before the model loads; nothing the user or an earlier run wrote is written over
 unless asked (--overwrite), and an input never is. One tiny run, its files copied where a test changes them."""
+import json
 import os
 import shutil
 from pathlib import Path
@@ -262,3 +263,65 @@ def test_report_refuses_curves_of_nothing_as_stats_does(run, here, capsys):
         f"{empty / 'metrics.jsonl'}: no training loss and no dev evaluation recorded (yet): nothing to draw"
     assert error(capsys, stats, run.out_dir, "--vs", empty) == f"{empty / 'metrics.jsonl'}: no dev evaluation"
     assert not (empty / "curves.png").exists()
+
+
+# ----------------------------------------------------------------------------- a summary file that exists
+
+EXISTS = "exists; pass --overwrite to replace it, or name another"
+
+
+@pytest.mark.parametrize("command,argv,flag,name", [
+    (stats, ["RUN", "--vs", "RUN"], "--json", "file"),
+    (ensemble, ["RUN", "RUN", "--predictions-dir", "e", "--data-dir", "DATA", *CPU], "--json", "file"),
+    (report, ["--compare", "RUN", "RUN"], "--csv", "file"),
+    (report, ["--compare", "RUN", "RUN"], "-o", "figure"),
+    (report, ["--curves", "RUN"], "-o", "figure"),
+], ids=["stats-json", "ensemble-json", "compare-csv", "compare-figure", "curves-figure"])
+def test_a_named_file_that_exists_is_replaced_only_with_overwrite(run, here, capsys, monkeypatch, command, argv,
+                                                                   flag, name):
+    """It may be an earlier summary, or anything else (a run's metrics.jsonl): the command asks, as predict and
+    submit do, before the runs are read or a model loads."""
+    if flag == "-o":
+        pytest.importorskip("matplotlib")
+    mine = here / ("mine.png" if flag == "-o" else "mine.txt")
+    mine.write_bytes(b"mine\n")
+    argv = [*filled(argv, run), flag, mine.name]
+    with monkeypatch.context() as m:
+        import training.api
+        m.setattr(training.api, "load", lambda *a, **k: pytest.fail("the model was loaded"))
+        assert error(capsys, command, *argv) == f"{flag} {mine.name}: {EXISTS} {name}"
+    assert mine.read_bytes() == b"mine\n"
+    assert command.main([*argv, "--overwrite"]) == 0
+    assert mine.read_bytes() != b"mine\n" and mine.stat().st_size > 0
+    capsys.readouterr()
+
+
+def test_a_runs_own_curves_figure_is_drawn_again_without_overwrite(run, here, capsys):
+    pytest.importorskip("matplotlib")
+    own = here / "own"
+    shutil.copytree(run.out_dir, own)
+    for _ in range(2):
+        assert report.main(["--curves", str(own)]) == 0
+        assert capsys.readouterr().out == f"wrote {own / 'curves.png'}\n"
+
+
+def test_analyze_replaces_its_own_analysis_and_asks_before_another_models(run, here, capsys):
+    """A run's best.pt and its checkpoints share RUN/analysis by default: analysing a checkpoint there would
+    replace best.pt's analysis without a word."""
+    pytest.importorskip("matplotlib")
+    own = here / "own"
+    shutil.copytree(run.out_dir, own)
+    step = sorted((own / "checkpoints").glob("step-*.pt"))[-1]
+    for _ in range(2):  # the same model's analysis: written again
+        assert analyze.main([str(own), *CPU]) == 0
+    before = files_of(own / "analysis")
+    assert error(capsys, analyze, step, *CPU) == (f"--out {own / 'analysis'}: holds the analysis of {own / 'best.pt'}; "
+                                                 f"pass --overwrite to replace it, or another --out")
+    assert files_of(own / "analysis") == before
+    (here / "theirs").mkdir()
+    (here / "theirs" / "analysis.md").write_text("mine\n")
+    assert error(capsys, analyze, own, "--out", "theirs", *CPU) == \
+        "--out theirs: holds analysis.md; pass --overwrite to replace it, or another --out"
+    assert analyze.main([str(step), "--overwrite", *CPU]) == 0
+    assert json.loads((own / "analysis" / "analysis.json").read_text())["source"] == str(step)
+    capsys.readouterr()

@@ -48,6 +48,28 @@ DPI = 100
 FIGURES = {"sst": "sst_confusion.png", "para": "para_confusion.png", "sts": "sts_scatter.png"}
 
 
+# The files an analysis writes in OUT (its {task}-dev.tsv too).
+WRITTEN = ("analysis.json", "analysis.md", *FIGURES.values(), *(f"{task}-dev.tsv" for task in FIGURES))
+
+
+def earlier_analysis_problem(out: Path, source: str, overwrite: bool) -> str | None:
+    """Why OUT's files may not be replaced: they are an analysis of another model (a run's best.pt and one of
+    its checkpoints share RUN/analysis), or files whose model no analysis.json names; unless --overwrite.
+    The analysis of this model is written again."""
+    found = [name for name in WRITTEN if (out / name).exists()]
+    if overwrite or not found:
+        return None
+    try:
+        earlier = json.loads((out / "analysis.json").read_text())["source"]
+    except (OSError, ValueError, KeyError, TypeError):
+        earlier = None
+    if isinstance(earlier, str) and Path(earlier).resolve() in (Path(source).resolve(),
+                                                                (Path(source) / "best.pt").resolve()):
+        return None
+    whose = f"the analysis of {earlier}" if isinstance(earlier, str) else ", ".join(found)
+    return f"holds {whose}; pass --overwrite to replace it, or another --out"
+
+
 # --------------------------------------------------------------------------- the numbers
 
 def confusion_matrix(gold: np.ndarray, pred: np.ndarray, k: int) -> np.ndarray:
@@ -268,11 +290,15 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     add_model_source(p, "the model to analyse")
     p.add_argument("--data-dir", default=None, help=DATA_HELP)
     p.add_argument("--out", default=None, help="where to write (default: RUN/analysis, in the run's folder)")
+    p.add_argument("--overwrite", action="store_true", help="replace an analysis of another model in --out")
     add_inference_flags(p, "the run's")
     args = p.parse_args(argv)
     setup_logging()
     out = output_folder(args.out, args.source, "analysis")
     check_outputs(p, folders={"--out": out})  # before the model loads and predicts every dev set
+    problem = earlier_analysis_problem(out, args.source, args.overwrite)
+    if problem:
+        p.fail(f"--out {out}: {problem}")
     data_dir = course_data(p, args.data_dir)
     try:
         model = load_model(args)

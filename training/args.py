@@ -261,16 +261,26 @@ def output_file_problem(path: str | os.PathLike) -> str | None:
 
 
 def check_outputs(p: Parser, files: dict[str, str | os.PathLike | None] | None = None,
-                  folders: dict[str, str | os.PathLike | None] | None = None) -> None:
+                  folders: dict[str, str | os.PathLike | None] | None = None, overwrite: bool = False) -> None:
     """Refuse (p.fail) the first output that cannot be written, before the command's work: found after it, a
-    bad path would cost that work, or (a file where a folder goes) its traceback. Keys say where a path came
-    from ("--json"); None values (an output not asked for) are skipped."""
-    named = [(k, v, output_file_problem) for k, v in (files or {}).items()]
+    bad path would cost that work, or (a file where a folder goes) its traceback. A file named in `files` that
+    exists is replaced only with `overwrite` (the command's --overwrite): it may be what an earlier command
+    wrote, or anything else. Keys say where a path came from ("--json"); None values (an output not asked
+    for) are skipped."""
+    named = [(k, v, lambda f: output_file_problem(f) or existing_file_problem(f, overwrite))
+             for k, v in (files or {}).items()]
     named += [(k, v, output_folder_problem) for k, v in (folders or {}).items()]
     for where, path, problem_of in named:
         problem = problem_of(path) if path is not None else None
         if problem:
             p.fail(f"{where} {path}: {problem}")
+
+
+def existing_file_problem(path: str | os.PathLike, overwrite: bool, name: str = "file") -> str | None:
+    """Why `path` may not be written: it exists and `overwrite` (the command's --overwrite) was not given."""
+    if os.path.lexists(path) and not overwrite:
+        return f"exists; pass --overwrite to replace it, or name another {name}"
+    return None
 
 
 def prediction_out_problem(out: str | os.PathLike, inputs: Iterable[str | os.PathLike],
@@ -282,9 +292,7 @@ def prediction_out_problem(out: str | os.PathLike, inputs: Iterable[str | os.Pat
         return problem
     if any(same_file(out, f) for f in inputs):
         return "is an input of this command too: the predictions would be written over it; name another OUT"
-    if os.path.lexists(out) and not overwrite:
-        return "exists; pass --overwrite to replace it, or name another OUT"
-    return None
+    return existing_file_problem(out, overwrite, "OUT")
 
 
 def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:

@@ -194,11 +194,13 @@ def main(argv=None, prog: str = PROG) -> int:
     p.add_argument("--json", default=None, metavar="FILE", help="also write every dev metric to FILE as JSON")
     p.add_argument("--overwrite", action="store_true",
                    help="replace a --predictions-dir holding other predictions (another run's, or other members'), "
-                        "or test predictions that --data-dir lacks the test files to write again")
+                        "or test predictions that --data-dir lacks the test files to write again; and an "
+                        "existing --json FILE")
     add_inference_flags(p, "each member's")
     args = p.parse_args(argv)
     setup_logging()
-    check_outputs(p, files={"--json": args.json})  # --predictions-dir: check_ensemble_folder, for the library too
+    # --predictions-dir: check_ensemble_folder, for the library too
+    check_outputs(p, files={"--json": args.json}, overwrite=args.overwrite)
     data_dir = course_data(p, args.data_dir)
     try:
         result = ensemble(args.members, data_dir, args.predictions_dir, args.overwrite, args.device,

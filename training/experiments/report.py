@@ -25,7 +25,7 @@ import math
 import sys
 from pathlib import Path
 
-from training.args import Parser, check_outputs, output_file_problem
+from training.args import Parser, check_outputs, existing_file_problem, output_file_problem
 from training.common.progress import setup_logging
 from training.config.train_config import flag_of, locations
 from training.experiments.sweep.records import RESULTS, read_results
@@ -381,6 +381,8 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     p.add_argument("--csv", metavar="FILE", help="--compare: also write the table as CSV")
     p.add_argument("-o", "--output", metavar="PNG", help="where --curves writes (default: RUN_DIR/curves.png); with "
                    "--compare, draw the runs' dev curves overlaid there")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --csv FILE or -o figure (the "
+                   "default RUN_DIR/curves.png, that run's own, is drawn again without it)")
     args = p.parse_args(argv)
     setup_logging()
     if args.compare and (args.out or args.curves):
@@ -400,11 +402,12 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
 def check_paths(p: Parser, args) -> None:
     """The files --compare and --curves write, refused in one line before any run is read or drawn; -o
     becomes the path the figure is written to (figure_path)."""
-    check_outputs(p, files={"--csv": args.csv})
+    check_outputs(p, files={"--csv": args.csv}, overwrite=args.overwrite)
     if args.curves or (args.compare and args.output):
         given = args.output
         args.output = figure_path(given or Path(args.curves) / "curves.png")
-        problem = figure_problem(args.output)
+        problem = figure_problem(args.output) or (existing_file_problem(args.output, args.overwrite, "figure")
+                                                  if given else None)
         if problem:
             p.fail(f"{'-o ' if given else ''}{args.output}: {problem}")
 

@@ -79,6 +79,7 @@ def main(argv=None, prog: str = PROG) -> int:
     p.add_argument("--pair-by-order", action="store_true",
                    help="pair the i-th run of A with the i-th of B instead of by seed")
     p.add_argument("--json", default=None, metavar="FILE", help="also write the rows to FILE as JSON")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --json FILE")
     args = p.parse_args(argv)
     setup_logging()
     if args.bootstrap < 1:
@@ -87,7 +88,8 @@ def main(argv=None, prog: str = PROG) -> int:
         p.error(f"--alpha must be in (0, 1), not {args.alpha}")
     if args.data_dir is not None and not Path(args.data_dir).is_dir():
         p.error(f"--data-dir {args.data_dir}: no such directory")
-    check_outputs(p, files={"--json": args.json})  # before the runs are read and the bootstrap runs
+    # before the runs are read and the bootstrap runs
+    check_outputs(p, files={"--json": args.json}, overwrite=args.overwrite)
     try:
         a, b = [read_run(r) for r in args.a], [read_run(r) for r in args.vs]
         rows = compare(a, b, args.data_dir, args.bootstrap, args.seed, args.alpha, args.pair_by_order)
