@@ -107,10 +107,12 @@ def average_ranks(x: np.ndarray) -> np.ndarray:
 
 
 def pearson(x: np.ndarray, y: np.ndarray) -> float | None:
-    """None where undefined (fewer than two points, or a constant side)."""
+    """None where undefined (fewer than two points, or a constant side: ptp, as a constant's deviations from
+    its mean are rounding, not 0)."""
+    if len(x) < 2 or np.ptp(x) == 0 or np.ptp(y) == 0:
+        return None
     dx, dy = x - x.mean(), y - y.mean()
-    denom = math.sqrt(float((dx * dx).sum() * (dy * dy).sum()))
-    return float((dx * dy).sum() / denom) if len(x) > 1 and denom > 0 else None
+    return float((dx * dy).sum() / math.sqrt(float((dx * dx).sum() * (dy * dy).sum())))
 
 
 def spearman(x: np.ndarray, y: np.ndarray) -> float | None:

@@ -15,8 +15,10 @@ METRIC = {"sst": "sst_acc", "para": "para_acc", "sts": "sts_pearson"}
 def score(task: str, preds: np.ndarray, labels) -> float:
     labels = np.asarray(labels, dtype=np.float64)
     if task == "sts":
-        if len(labels) < 2 or np.std(preds) == 0 or np.std(labels) == 0:
-            return 0.0  # Pearson is undefined for constant inputs; count it as no correlation
+        # Pearson is undefined for constant inputs; count it as no correlation. ptp, not std: ten copies of
+        # 0.3 have a std of 5.6e-17 (the mean rounds), and pearsonr would return nan
+        if len(labels) < 2 or np.ptp(preds) == 0 or np.ptp(labels) == 0:
+            return 0.0
         from scipy.stats import pearsonr  # a second of import: only once an STS score is asked for
         return float(pearsonr(preds, labels)[0])
     return float(np.mean(preds == labels))

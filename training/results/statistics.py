@@ -108,6 +108,12 @@ def mean_sd(values) -> tuple[float, float]:
     return float(xs.mean()), float(xs.std(ddof=1)) if len(xs) > 1 else math.nan
 
 
+def constant(x: np.ndarray) -> bool:
+    """x's values equal up to rounding (SAME, relative to their size): ten copies of 0.3 have a std of 5.6e-17,
+    and a + 0.1 - a is not 0.1 everywhere."""
+    return len(x) == 0 or float(np.ptp(x)) <= SAME * max(1.0, float(np.abs(x).max()))
+
+
 def paired_tests(a, b) -> dict:
     """B - A over pairs: mean and sd of the differences, paired t (statistic, two-sided p), Wilcoxon p."""
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
@@ -120,16 +126,17 @@ def paired_tests(a, b) -> dict:
 
     # no spread beyond rounding (the same gain on every seed): t is 0/0 or +-inf, where scipy would
     # divide rounding noise by rounding noise
-    if np.ptp(d) <= SAME * max(1.0, float(np.abs(d).max())):
+    if constant(d):
         mean = float(d.mean())
         out["t"], out["t_p"] = (math.nan, math.nan) if abs(mean) <= SAME else (math.copysign(math.inf, mean), 0.0)
     else:
         res = sps.ttest_rel(b, a)
         out["t"], out["t_p"] = float(res.statistic), float(res.pvalue)
+    d = np.where(np.abs(d) <= SAME, 0.0, d)  # rounding is no difference here either (as for t)
     if np.any(d != 0):
         with warnings.catch_warnings():  # few pairs, ties: scipy's notes about its method
             warnings.simplefilter("ignore")
-            out["wilcoxon_p"] = float(sps.wilcoxon(b, a).pvalue)
+            out["wilcoxon_p"] = float(sps.wilcoxon(d).pvalue)
     return out
 
 
@@ -238,7 +245,7 @@ def bootstrap(pairs: list[tuple[FinishedRun, FinishedRun]], data_dir: Path, task
               seed: int) -> dict:
     """{metric: (reps,) differences B - A} for every task's metric and overall."""
     diffs = {}
-    for k, task in enumerate(tasks):
+    for task in tasks:
         examples = load_task_file(data_dir / COURSE_FILES[task]["dev"], task, labelled=True).examples
         ids, labels = [e.id for e in examples], np.array([e.label for e in examples], dtype=np.float64)
         groups = ([], [])
@@ -247,8 +254,10 @@ def bootstrap(pairs: list[tuple[FinishedRun, FinishedRun]], data_dir: Path, task
                 preds = dev_predictions(run, task, ids)
                 check_predictions(run, task, preds, labels, f"{task} dev predictions")
                 groups[g].append(preds)
-        # one stream per task: adding a task does not change the others' resamples
-        diffs[task] = bootstrap_diffs(task, groups[0], groups[1], labels, reps, np.random.default_rng([seed, k]))
+        # one stream per task, keyed by the task (not its place among the runs' tasks): adding a task does not
+        # change the others' resamples
+        stream = np.random.default_rng([seed, list(METRIC).index(task)])
+        diffs[task] = bootstrap_diffs(task, groups[0], groups[1], labels, reps, stream)
     out = {METRIC[t]: d for t, d in diffs.items()}
     if len(tasks) > 1:
         out["overall"] = overall_diffs(diffs)

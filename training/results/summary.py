@@ -21,11 +21,14 @@ class RunDirError(ValueError):
 
 
 def summarize(values) -> dict:
-    """n, mean, median, std (sample, ddof=1; nan for one value), min, max."""
+    """n, mean, median, std (sample, ddof=1; nan for one value), min, max; each nan where a value is (a run's
+    score nan: sorted() would leave it anywhere, and min and max would be wrong)."""
     xs = sorted(float(v) for v in values)
     n = len(xs)
     if n == 0:
         raise ValueError("no values to summarise")
+    if any(math.isnan(x) for x in xs):
+        return {"seeds": n, **dict.fromkeys(("mean", "median", "std", "min", "max"), math.nan)}
     mean = math.fsum(xs) / n
     median = xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
     std = math.sqrt(math.fsum((x - mean) ** 2 for x in xs) / (n - 1)) if n > 1 else math.nan

@@ -18,7 +18,7 @@ from scipy import stats as sps
 from training.experiments.study.arms_cost import epoch_kind
 from training.experiments.study.protocol import Protocol, borrows
 from training.inference.metrics import METRIC, score
-from training.results.statistics import bootstrap_diffs, interval, mean_sd, overall_diffs, paired_tests
+from training.results.statistics import bootstrap_diffs, constant, interval, mean_sd, overall_diffs, paired_tests
 
 log = logging.getLogger(__name__)
 
@@ -61,10 +61,10 @@ def spread_ratio(a, b, level: float = LEVEL) -> dict:
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     n = len(a)
     out = {"ratio": math.nan, "ratio_ci": (math.nan, math.nan), "p": math.nan}
-    if n < 3 or a.std() == 0 or b.std() == 0:  # no degrees of freedom left, or nothing to divide
+    if n < 3 or constant(a) or constant(b):  # no degrees of freedom left, or nothing to divide
         return out
     f = b.var(ddof=1) / a.var(ddof=1)
-    if np.ptp(b - a) == 0:  # b is a shifted by a constant: the same spread, and no test to run
+    if constant(b - a):  # b is a shifted by a constant: the same spread, and no test to run
         return out | {"ratio": math.sqrt(f)}
     r_ab = float(np.corrcoef(a, b)[0, 1])
     r = float(np.corrcoef(a + b, b - a)[0, 1])
