@@ -33,7 +33,7 @@ import sys
 import time
 
 import torch
-from common import REPO, data_parser  # noqa: E402  (puts the repository on sys.path)
+from common import data_parser  # noqa: E402  (puts the repository on sys.path)
 
 from data.batching import encode_task, make_batch  # noqa: E402
 from data.loaders import load_task_file  # noqa: E402
@@ -117,8 +117,12 @@ def main(argv=None) -> None:
           f"torch {torch.__version__}; each arm in a fresh process")
     print(f"{'arm':<22}{'lengths':>8}{'first s':>9}{'second s':>10}{'ratio':>7}{'excess ms per length':>22}")
     for precision, multiple, cudnn in arms(args):
+        # in this folder, as relative --model and --data-dir paths were given
         out = subprocess.run([sys.executable, __file__, *common, "--arm", precision, str(multiple), cudnn],
-                             capture_output=True, text=True, cwd=REPO, check=True)
+                             capture_output=True, text=True)
+        if out.returncode:
+            last = (out.stderr.strip().splitlines() or ["no message"])[-1]
+            sys.exit(f"shape_warmup.py: the arm {precision} x{multiple} failed (exit {out.returncode}): {last}")
         r = json.loads(out.stdout.strip().splitlines()[-1])
         first, second = r["passes"]
         excess = f"{(first - second) / r['lengths'] * 1e3:.1f}" if r["lengths"] else "-"
