@@ -32,9 +32,15 @@ class TaskData:
         return len(self.examples)
 
     @property
+    def side_lengths(self) -> np.ndarray:
+        """(sides, n) tokens of each sequence a batch pads (each side to its own longest): one row, or two
+        for a siamese pair."""
+        return np.array([[len(ids) for ids, _ in seq] for seq in self.sequences])
+
+    @property
     def lengths(self) -> np.ndarray:
         """Tokens per example: what bucketing sorts by (the longer side of a siamese pair)."""
-        return np.max([[len(ids) for ids, _ in seq] for seq in self.sequences], axis=0)
+        return self.side_lengths.max(axis=0)
 
     @property
     def labelled(self) -> bool:

@@ -180,14 +180,16 @@ def epoch_schedule(sizes: dict[str, int], batch_size: int, *, epoch: int, seed: 
 def padding_efficiency(schedule: list[TaskBatch], lengths: dict[str, Sequence[int]], multiple: int = 1,
                        cap: int | None = None) -> float:
     """Real tokens / tokens computed when each batch is padded to its longest member (rounded up to a
-    multiple of `multiple` tokens, at most `cap`: --pad-multiple)."""
+    multiple of `multiple` tokens, at most `cap`: --pad-multiple). lengths[task]: (n,) tokens per example, or
+    (sides, n) for sequences padded side by side (a siamese pair's two: TaskData.side_lengths)."""
     real = computed = 0
     for b in schedule:
         if not b.indices:
             continue
-        lens = [int(lengths[b.task][i]) for i in b.indices]
-        real += sum(lens)
-        computed += padded_length(max(lens), multiple, cap) * len(lens)
+        for side in np.atleast_2d(np.asarray(lengths[b.task])):
+            lens = [int(side[i]) for i in b.indices]
+            real += sum(lens)
+            computed += padded_length(max(lens), multiple, cap) * len(lens)
     if computed == 0:
         raise ValueError("schedule has no tokens: padding efficiency is undefined")
     return real / computed
@@ -202,7 +204,8 @@ def mixed_schedule(sizes: dict[str, int], batch_size: int, *, epoch: int, seed: 
     Each step is one TaskBatch per task present in it, in the order of `sizes`, so the caller
     can compute one loss (and one gradient) per task. Uncapped, every example appears exactly
     once per epoch; with a cap, each task contributes its next max_examples_per_task examples
-    of a per-pass permutation, rotating across epochs like epoch_schedule's cap.
+    of a per-pass permutation, rotating across epochs like epoch_schedule's cap, never one twice in an
+    epoch (_mixed_passes).
 
     Without `lengths`: the pooled examples in a random order, cut into steps of batch_size (each
     step's task mix multinomial). With `lengths`: stratified and length-bucketed steps (see
@@ -237,8 +240,30 @@ def _mixed_epoch_examples(n: int, task_id: int, epoch: int, seed: int, cap: int 
     k = n if cap is None else min(n, cap)
     start = epoch * k
     first, last = start // n, (start + k - 1) // n  # an epoch spans at most two passes
-    stream = np.concatenate([_rng(seed, p, _MIXED_PASS, task_id).permutation(n) for p in range(first, last + 1)])
+    stream = np.concatenate(_mixed_passes(n, task_id, seed, k, first, last))
     return stream[start - first * n:start - first * n + k]
+
+
+def _mixed_passes(n: int, task_id: int, seed: int, k: int, first: int, last: int) -> list[np.ndarray]:
+    """Passes first..last of a task's stream, epochs of k cut from it: each pass a fresh permutation of the n
+    examples, except that where an epoch reaches over from the pass before, the pass begins with the
+    examples that epoch still needs drawn among those the earlier pass's tail did not hold (so that no epoch,
+    and no step, holds an example twice). Where k divides n (and uncapped) no epoch reaches over."""
+    passes, order = [], None
+    for p in range(last + 1):
+        perm = _rng(seed, p, _MIXED_PASS, task_id).permutation(n)
+        tail = p * n - (p * n // k) * k  # examples of pass p - 1 in the epoch that reaches into pass p
+        if tail:
+            in_tail = np.zeros(n, dtype=bool)
+            in_tail[order[n - tail:]] = True
+            head = perm[~in_tail[perm]][:k - tail]
+            taken = np.zeros(n, dtype=bool)
+            taken[head] = True
+            perm = np.concatenate([head, perm[~taken[perm]]])
+        order = perm
+        if p >= first:
+            passes.append(order)
+    return passes
 
 
 def _step_counts(k: np.ndarray, steps: int) -> np.ndarray:

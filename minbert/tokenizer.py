@@ -93,17 +93,21 @@ class Tokenizer:
             except Exception as e:  # the Rust side raises plain Exceptions
                 raise ValueError(f"{path / 'tokenizer.json'}: cannot read the tokenizer: {e}") from e
         if (path / "vocab.txt").is_file():
-            lowercase = True
+            settings = {}
             if (path / "tokenizer_config.json").is_file():
                 try:
-                    lowercase = json.loads((path / "tokenizer_config.json").read_text()).get("do_lower_case", True)
-                except (ValueError, AttributeError) as e:  # not JSON, or not an object
+                    settings = json.loads((path / "tokenizer_config.json").read_text())
+                except ValueError as e:
                     raise ValueError(f"{path / 'tokenizer_config.json'}: cannot read it: {e}") from None
+                if not isinstance(settings, dict):
+                    raise ValueError(f"{path / 'tokenizer_config.json'}: cannot read it: not a JSON object")
             _check_utf8(path / "vocab.txt")  # else a bare Exception from the Rust side
             special = {f"{k}_token": v for k, v in SPECIAL_TOKENS[model_type].items()}
-            try:
-                wp = BertWordPieceTokenizer(str(path / "vocab.txt"), lowercase=lowercase, strip_accents=None,
-                                            clean_text=True, handle_chinese_chars=True, **special)
+            try:  # the normalisation the config sets, with transformers' BertTokenizer's defaults
+                wp = BertWordPieceTokenizer(str(path / "vocab.txt"), lowercase=settings.get("do_lower_case", True),
+                                            strip_accents=settings.get("strip_accents"), clean_text=True,
+                                            handle_chinese_chars=settings.get("tokenize_chinese_chars", True),
+                                            **special)
                 return cls(wp._tokenizer, model_type)
             except Exception as e:  # "cls_token not found in the vocabulary", and the Rust side's plain ones
                 raise ValueError(f"{path / 'vocab.txt'}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") \
@@ -117,7 +121,9 @@ class Tokenizer:
     def encode(self, texts: Sequence[str], pairs: Sequence[str] | None = None,
                max_length: int = 128) -> list[tuple[list[int], list[int]]]:
         """Token ids (and token type ids) of single sentences or sentence pairs, unpadded,
-        truncated to max_length (longest-first for pairs, as BERT does; MPNet's too)."""
+        truncated to max_length: longest-first for pairs, as the `tokenizers` library (and so transformers'
+        AutoTokenizer) does it, which leaves an odd budget's extra token to the second sentence where the two
+        are cut to the same length (Google BERT's _truncate_seq_pair leaves it to the first)."""
         if max_length != self._max_length:
             self.backend.enable_truncation(max_length, strategy="longest_first")
             self._max_length = max_length

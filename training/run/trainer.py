@@ -426,7 +426,8 @@ class Run:
         cfg, state, data = self.cfg, self.state, self.data
         schedule = updates_for_epoch(cfg, data.train, epoch)  # global: the same on every rank
         flat = [tb for update in schedule for s in update for tb in s]
-        eff = padding_efficiency(flat, {t: d.lengths for t, d in data.train.items()}, cfg.pad_multiple, cfg.max_length)
+        eff = padding_efficiency(flat, {t: d.side_lengths for t, d in data.train.items()}, cfg.pad_multiple,
+                                 cfg.max_length)
         log.info("epoch %d: %d steps, padding efficiency %.2f (real tokens / tokens computed)",
                  epoch, len(schedule), eff)
         t0, built = time.time() - state.epoch_seconds, self.caches.seconds or 0.0
