@@ -53,3 +53,15 @@ def tiny_ckpt(tmp_path_factory):
     d = save_hf(Bert(cfg), tmp_path_factory.mktemp("ckpt") / "tiny")
     (d / "vocab.txt").write_text("\n".join(TINY_VOCAB) + "\n")
     return d
+
+
+# The files of a minute or more of the suite, collected first. Under `-n auto --dist loadfile` (the README's
+# command) a worker takes whole files in collection order, and one of these drawn last ran alone while the
+# other worker had nothing left: test_worker_restart.py (w) was about two minutes of the suite's ten.
+SLOW_FILES = ("test_bench.py", "test_worker_restart.py", "test_front_clock.py", "test_gpu_speed.py",
+              "test_driver_faults.py", "test_resume.py", "test_schedules.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(SLOW_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file keeps its own order
