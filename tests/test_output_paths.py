@@ -312,16 +312,18 @@ def test_analyze_replaces_its_own_analysis_and_asks_before_another_models(run, h
     own = here / "own"
     shutil.copytree(run.out_dir, own)
     step = sorted((own / "checkpoints").glob("step-*.pt"))[-1]
+    data = ["--data-dir", str(run.data_dir)]
     for _ in range(2):  # the same model's analysis: written again
-        assert analyze.main([str(own), *CPU]) == 0
+        assert analyze.main([str(own), *data, *CPU]) == 0
     before = files_of(own / "analysis")
-    assert error(capsys, analyze, step, *CPU) == (f"--out {own / 'analysis'}: holds the analysis of {own / 'best.pt'}; "
-                                                 f"pass --overwrite to replace it, or another --out")
+    assert error(capsys, analyze, step, *data, *CPU) == (
+        f"--out {own / 'analysis'}: holds the analysis of {own / 'best.pt'}; pass --overwrite to replace it, or "
+        f"another --out")
     assert files_of(own / "analysis") == before
     (here / "theirs").mkdir()
     (here / "theirs" / "analysis.md").write_text("mine\n")
-    assert error(capsys, analyze, own, "--out", "theirs", *CPU) == \
+    assert error(capsys, analyze, own, "--out", "theirs", *data, *CPU) == \
         "--out theirs: holds analysis.md; pass --overwrite to replace it, or another --out"
-    assert analyze.main([str(step), "--overwrite", *CPU]) == 0
+    assert analyze.main([str(step), "--overwrite", *data, *CPU]) == 0
     assert json.loads((own / "analysis" / "analysis.json").read_text())["source"] == str(step)
     capsys.readouterr()
