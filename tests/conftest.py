@@ -55,11 +55,18 @@ def tiny_ckpt(tmp_path_factory):
     return d
 
 
-# The files of a minute or more of the suite, collected first. Under `-n auto --dist loadfile` (the README's
-# command) a worker takes whole files in collection order, and one of these drawn last ran alone while the
-# other worker had nothing left: test_worker_restart.py (w) was about two minutes of the suite's ten.
+# The files of a minute or more of the suite, collected and handed out first. Under `-n auto --dist loadfile`
+# (the README's command) a worker takes whole files, by default those with the most tests first: one of these
+# (test_gpu_speed.py holds one test of 80 s) then came last and ran alone while the other worker had nothing
+# left. pytest_configure keeps xdist to the collection order (its --no-loadscope-reorder, set here and not in
+# addopts, which a pytest without xdist would refuse: bench/gpu_speed.sh runs one on the GPU machine).
 SLOW_FILES = ("test_bench.py", "test_worker_restart.py", "test_front_clock.py", "test_gpu_speed.py",
               "test_driver_faults.py", "test_resume.py", "test_schedules.py")
+
+
+def pytest_configure(config):
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
 
 
 def pytest_collection_modifyitems(config, items):
