@@ -42,10 +42,6 @@ class TaskData:
         """Tokens per example: what bucketing sorts by (the longer side of a siamese pair)."""
         return self.side_lengths.max(axis=0)
 
-    @property
-    def labelled(self) -> bool:
-        return len(self.examples) > 0 and self.examples[0].label is not None
-
     def digest(self) -> str:
         """sha256 of the labels and token ids: what training reads, so a resume can tell that
         a file changed even when its number of rows did not."""
@@ -109,10 +105,12 @@ def with_swapped_pairs(examples: list[Example]) -> list[Example]:
 
 
 def batch_labels(data: TaskData, indices: Sequence[int]) -> torch.Tensor | None:
-    if not data.labelled:
+    """The batch's labels, or None where one of its examples has none (a test set, or an API call's mix of
+    labelled and unlabelled examples, whose predictions need no label)."""
+    labels = [data.examples[i].label for i in indices]
+    if any(label is None for label in labels):
         return None
-    dtype = torch.long if data.task == "sst" else torch.float
-    return torch.tensor([data.examples[i].label for i in indices], dtype=dtype)
+    return torch.tensor(labels, dtype=torch.long if data.task == "sst" else torch.float)
 
 
 def make_batch(data: TaskData, indices: Sequence[int], tokenizer: Tokenizer, multiple: int = 1,
