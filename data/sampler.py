@@ -248,9 +248,12 @@ def _mixed_passes(n: int, task_id: int, seed: int, k: int, first: int, last: int
     """Passes first..last of a task's stream, epochs of k cut from it: each pass a fresh permutation of the n
     examples, except that where an epoch reaches over from the pass before, the pass begins with the
     examples that epoch still needs drawn among those the earlier pass's tail did not hold (so that no epoch,
-    and no step, holds an example twice). Where k divides n (and uncapped) no epoch reaches over."""
+    and no step, holds an example twice). Where k divides n (and uncapped) no epoch reaches over. A pass
+    that begins with an epoch (every k / gcd(n, k)-th) depends on none before it: the walk starts at the last
+    such pass, so an uncapped epoch draws one permutation, as it did before passes could depend."""
     passes, order = [], None
-    for p in range(last + 1):
+    period = k // math.gcd(n, k)  # passes p with p * n a multiple of k: no epoch reaches into them
+    for p in range(first - first % period, last + 1):
         perm = _rng(seed, p, _MIXED_PASS, task_id).permutation(n)
         tail = p * n - (p * n // k) * k  # examples of pass p - 1 in the epoch that reaches into pass p
         if tail:
