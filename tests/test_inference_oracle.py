@@ -34,7 +34,6 @@ from training.run.checkpointing import model_from_checkpoint
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 HEADER = {"sst": "Predicted_Sentiment", "para": "Predicted_Is_Paraphrase", "sts": "Predicted_Similiary"}
-DATA = Path(os.environ.get("MINBERT_DATA_DIR", "data"))
 
 
 # ----------------------------------------------------------------------------- runs and the hand reference
@@ -293,13 +292,12 @@ def test_file_writer_matches_the_course_writer(tmp_path):
         np.testing.assert_allclose(got, preds, atol=5e-5 + 1e-12)
 
 
-@pytest.mark.skipif(not (DATA / COURSE_FILES["sst"]["test"]).is_file(), reason="no course data folder")
-def test_real_course_files_give_the_courses_ids_in_order():
+def test_real_course_files_give_the_courses_ids_in_order(course_data_dir):
     """Every row the course's load_multitask_data reads (csv.DictReader, id lower().strip()) is predicted, in
     the file's order, for each dev and test file of the real course data."""
     for task in TASKS:
         for split in ("dev", "test"):
-            path = DATA / COURSE_FILES[task][split]
+            path = course_data_dir / COURSE_FILES[task][split]
             with open(path) as f:
                 course_ids = [r["id"].lower().strip() for r in csv.DictReader(f, delimiter="\t")]
             ours = [e.id for e in load_task_file(path, task, labelled=split == "dev").examples]
