@@ -152,7 +152,8 @@ def test_same_bits_ignores_timings_and_names_the_first_difference(tmp_path):
 
 def test_the_cost_benchmark_writes_what_it_prints_and_the_study_reads_it(tmp_path):
     """bench/study_cost.py on a tiny model: --json holds the printed medians and quartiles, per point, and
-    the study's cost model reads the file where the report looks for it."""
+    the study's cost model reads the file where the report looks for it (one round: the quartiles are of the
+    two epochs; `quartiles` over more runs is checked against numpy below)."""
     import re
 
     sys.path.insert(0, str(Path(__file__).parent))
@@ -163,13 +164,13 @@ def test_the_cost_benchmark_writes_what_it_prints_and_the_study_reads_it(tmp_pat
     data, enc = tiny_runs.inputs(tmp_path)
     out = tmp_path / "study" / "cost" / "cost.json"
     r = subprocess.run([sys.executable, str(BENCH / "study_cost.py"), "--model", str(enc), "--data-dir", str(data),
-                        "--threads", "1", "--examples", "12", "--eval-examples", "20", "--epochs", "2", "--rounds", "2",
+                        "--threads", "1", "--examples", "12", "--eval-examples", "20", "--epochs", "2", "--rounds", "1",
                         "--points", "full fine-tuning", "half the layers frozen", "--json", str(out)],
                        cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     (cost,) = read_cost(tmp_path / "study")
     assert set(cost["points"]) == {"full fine-tuning", "half the layers frozen", "half the layers frozen (cache off)"}
-    assert cost["epochs"] == 2 and cost["rounds"] == 2 and cost["threads"] == 1
+    assert cost["epochs"] == 2 and cost["rounds"] == 1 and cost["threads"] == 1
     assert cost["n_eval"] == {t: tiny_runs.N for t in ("sst", "para", "sts")}  # the dev files' 12, under 20
     for name, got in cost["points"].items():
         row = re.search(rf"^{re.escape(name)}\s+([\d.]+) \[\s*([\d.]+)-\s*([\d.]+)\]\s+([\d.]+)\s+([\d.]+)",
@@ -183,6 +184,16 @@ def test_the_cost_benchmark_writes_what_it_prints_and_the_study_reads_it(tmp_pat
     assert cost["points"]["full fine-tuning"]["kind"] == [None, []]
     assert cost["points"]["half the layers frozen"]["kind"] == [1, []]
     assert cost["points"]["half the layers frozen (cache off)"]["kind"] == [1, [["frozen_cache", "off"]]]
+
+
+@pytest.mark.parametrize("xs", [[3.0], [2.0, 5.0], [4.0, 1.0, 9.0], [1.5, 0.5, 7.0, 2.0, 2.0, 11.0, 3.25]])
+def test_the_cost_benchmarks_quartiles_are_numpys_linear_percentiles(xs):
+    """Median, first and third quartile of the epochs' seconds: numpy's percentiles 50, 25 and 75 with linear
+    interpolation between the sorted values (a single value is all three)."""
+    import numpy as np
+    sys.path.insert(0, str(BENCH))
+    from study_cost import quartiles
+    assert quartiles(xs) == pytest.approx(tuple(np.percentile(xs, [50, 25, 75])), abs=1e-12)
 
 
 def test_the_cost_benchmark_trains_every_point_for_its_own_epochs():
@@ -374,9 +385,10 @@ def test_an_mpnet_folder_is_timed_against_mpnet_model(tiny_mpnet, tmp_path, prec
 
 
 def test_the_mpnet_base_shape_is_all_mpnet_base_v2s_and_its_step_runs(tmp_path):
-    """--mpnet-base at a tiny batch (2 x 8, one step: about 12 s and 4 GB, the two 110M-parameter models with
-    their AdamW states): the folder transformers writes loads on both sides to the same function, and its
-    config reads as the real all-mpnet-base-v2's where that is in the cache (`--model mpnet-base`)."""
+    """--mpnet-base at a tiny batch (2 x 8, one step in fp32: 20 s and 4 GB on a Zen 3 core, the two
+    110M-parameter models with their AdamW states; bf16, emulated on a CPU without AVX512-BF16, took 29 s): the
+    folder transformers writes loads on both sides to the same function, and its config reads as the real
+    all-mpnet-base-v2's where that is in the cache (`--model mpnet-base`)."""
     sys.path.insert(0, str(BENCH))
     from common import MPNET_BASE_SHAPE
     from transformers import MPNetConfig
@@ -388,10 +400,10 @@ def test_the_mpnet_base_shape_is_all_mpnet_base_v2s_and_its_step_runs(tmp_path):
     if real.is_file():  # assembled on this machine
         assert BertConfig.from_json(tmp_path / "shape" / "config.json") == BertConfig.from_json(real)
     r = bench("encoder_vs_hf.py", "--mpnet-base", "--batch-size", "2", "--seq-len", "8", "--steps", "1",
-              "--warmup", "0", "--precision", "bf16", cwd=tmp_path)
+              "--warmup", "0", "--precision", "fp32", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "# model: mpnet-base shape, random (mpnet, 12 layers, hidden 768)" in r.stdout, r.stdout
-    assert float(r.stdout.split("max|diff| ")[1].split()[0]) < 1e-4, r.stdout
+    assert float(r.stdout.split("max|diff| ")[1].split()[0]) < 1e-5, r.stdout
 
 
 def test_equivalence_resolves_a_recipe_on_the_model_it_names(tmp_path, capsys):

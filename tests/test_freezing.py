@@ -2,6 +2,7 @@
 encoder but the pooler). Frozen tensors must stay bit-identical through real optimiser steps, stay out of
 the optimiser, and run in eval mode; out-of-range N is an error naming the depth, on the CLI too."""
 import pytest
+import tiny_runs
 import torch
 
 from data.batching import Batch
@@ -30,15 +31,7 @@ def tiny_model(pair_encoding="cross", seed=0) -> MultitaskBert:
 
 
 def _seq(g, B, T, pair=False):
-    ids = torch.randint(5, len(VOCAB), (B, T), generator=g)
-    ids[:, 0] = 2
-    mask = torch.ones(B, T, dtype=torch.long)
-    mask[-1, T - 1:] = 0
-    ids[-1, T - 1:] = 0
-    types = torch.zeros(B, T, dtype=torch.long)
-    if pair:
-        types[:, T // 2:] = 1
-    return {"input_ids": ids, "token_type_ids": types, "attention_mask": mask}
+    return tiny_runs.random_batch(g, B, T, len(VOCAB), padded=1, pair=pair)
 
 
 def batches(pair_encoding, seed=0, B=4) -> list[Batch]:

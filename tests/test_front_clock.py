@@ -1,6 +1,8 @@
 """bench/front_clock.py: a study's reporting runs trained again end to end, set beside their modelled cost."""
 import json
+import shutil
 
+import pytest
 import tiny_runs
 from bench_scripts import bench_script
 from test_study_protocol import arms_recipe
@@ -12,22 +14,33 @@ front_clock = bench_script("front_clock")
 S_PER_EPOCH, CACHE_S = {"full": 10.0, "one": 4.0}, {"full": 0.0, "one": 3.0}
 
 
-def tiny_study(tmp_path):
+@pytest.fixture(scope="module")
+def built_study(tmp_path_factory):
     """A two-point arms study on the tiny model (tuning seed 7, reporting seed 1), and a cost measurement
     written by hand beside its results: full fine-tuning 10 s an epoch, the frozen layer 4 s and 3 s to
-    build its cache."""
-    data, enc = tiny_runs.inputs(tmp_path)
-    recipe = arms_recipe(tmp_path, seeds=[1], points=[{"label": "full", "depth": "none", "arm": ""},
-                                                      {"label": "one", "depth": 1, "arm": "b"}])
-    out = tmp_path / "study"
+    build its cache. Built once: the tests read it and write elsewhere."""
+    base = tmp_path_factory.mktemp("front")
+    data, enc = tiny_runs.inputs(base)
+    recipe = arms_recipe(base, seeds=[1], points=[{"label": "full", "depth": "none", "arm": ""},
+                                                  {"label": "one", "depth": 1, "arm": "b"}])
+    out = base / "study"
     assert C.main([str(recipe), "--model", str(enc), "--data-dir", str(data), "--in-process", "--threads", "1",
-                   "--runs-dir", str(tmp_path / "runs"), "--out", str(out)]) == 0
+                   "--runs-dir", str(base / "runs"), "--out", str(out)]) == 0
     points = {label: {"s_per_epoch": [s, s, s], "cache_s": CACHE_S[label], "run_s": 1.0, "peak_rss_mib": 1.0}
               for label, s in S_PER_EPOCH.items()}
     (out / "cost").mkdir()
     (out / "cost" / "cost.json").write_text(json.dumps({"machine": "by hand", "date": "2026-11-27", "threads": 1,
                                                         "examples_per_task": 6, "epochs": 2, "points": points}))
-    return recipe, out, ["--recipe", str(recipe), "--model", str(enc), "--data-dir", str(data), "--results", str(out)]
+    return recipe, out, data, enc
+
+
+@pytest.fixture
+def tiny_study(built_study, tmp_path):
+    """The built study with the test's own copy of its recipe (some tests change it): recipe, results, args."""
+    recipe, out, data, enc = built_study
+    own = tmp_path / recipe.name
+    shutil.copyfile(recipe, own)
+    return own, out, ["--recipe", str(own), "--model", str(enc), "--data-dir", str(data), "--results", str(out)]
 
 
 def seed_1_runs(out) -> dict[str, dict]:
@@ -40,8 +53,8 @@ def cost_by_hand(runs: dict[str, dict]) -> dict[str, float]:
     return {label: CACHE_S[label] + S_PER_EPOCH[label] * len(r["tune_curve"]) for label, r in runs.items()}
 
 
-def test_each_run_trains_again_to_its_recorded_scores_beside_its_modelled_speedup(tmp_path, capsys):
-    _, out, args = tiny_study(tmp_path)
+def test_each_run_trains_again_to_its_recorded_scores_beside_its_modelled_speedup(tiny_study, tmp_path, capsys):
+    _, out, args = tiny_study
     reporting = seed_1_runs(out)
     clock = tmp_path / "clock"
     assert front_clock.main(args + ["--points", "one", "--out", str(clock), "--json", str(clock / "rows.json")]) == 0
@@ -61,8 +74,8 @@ def test_each_run_trains_again_to_its_recorded_scores_beside_its_modelled_speedu
     assert f"| {by_wall:.2f}x |" in table and f"| {rows[1]['modelled']:.2f}x |" in table
 
 
-def test_the_front_is_the_points_no_cheaper_point_matches(tmp_path):
-    recipe_path, out, _ = tiny_study(tmp_path)
+def test_the_front_is_the_points_no_cheaper_point_matches(tiny_study, tmp_path):
+    recipe_path, out, _ = tiny_study
     from training.experiments.study.arms_cost import read_cost
     from training.experiments.study.recipe import load_recipe
     recipe = load_recipe(str(recipe_path)).resolve(2)
@@ -74,8 +87,8 @@ def test_the_front_is_the_points_no_cheaper_point_matches(tmp_path):
     assert front_clock.front_labels(recipe, read_results(out / "results.jsonl"), read_cost(out), "full") == want
 
 
-def test_a_point_without_the_seed_is_one_line_before_any_run(tmp_path, capsys):
-    _, _, args = tiny_study(tmp_path)
+def test_a_point_without_the_seed_is_one_line_before_any_run(tiny_study, tmp_path, capsys):
+    _, _, args = tiny_study
     capsys.readouterr()
     assert front_clock.main(args + ["--points", "one", "--seed", "9", "--out", str(tmp_path / "clock")]) == 2
     err = capsys.readouterr().err
@@ -83,8 +96,8 @@ def test_a_point_without_the_seed_is_one_line_before_any_run(tmp_path, capsys):
     assert not (tmp_path / "clock").exists()
 
 
-def test_a_stopped_clock_goes_on_where_its_records_stop(tmp_path, capsys):
-    _, _, args = tiny_study(tmp_path)
+def test_a_stopped_clock_goes_on_where_its_records_stop(tiny_study, tmp_path, capsys):
+    _, _, args = tiny_study
     clock = tmp_path / "clock"
     assert front_clock.main(args + ["--points", "one", "--out", str(clock)]) == 0
     first = read_results(clock / "results.jsonl")
@@ -94,10 +107,10 @@ def test_a_stopped_clock_goes_on_where_its_records_stop(tmp_path, capsys):
     assert f"| {first[0]['wall_seconds']:.0f} |" in capsys.readouterr().out
 
 
-def test_the_recipes_own_model_trains_again_without_model(tmp_path, capsys):
+def test_the_recipes_own_model_trains_again_without_model(tiny_study, tmp_path, capsys):
     """A recipe naming its model in "train" (as mpnet-depth.json does) is timed on that model without
     --model: the dry run lists the runs with no setting changed (minilm-l6 would change the model)."""
-    recipe, out, args = tiny_study(tmp_path)
+    recipe, out, args = tiny_study
     model = args[args.index("--model") + 1]
     raw = json.loads(recipe.read_text())
     recipe.write_text(json.dumps({**raw, "train": {**raw["train"], "model": model}}))
@@ -108,8 +121,8 @@ def test_the_recipes_own_model_trains_again_without_model(tmp_path, capsys):
     assert "one: seed 1" in printed and "settings differ" not in printed
 
 
-def test_results_of_another_recipe_are_one_line_naming_it(tmp_path, capsys):
-    recipe, out, args = tiny_study(tmp_path)
+def test_results_of_another_recipe_are_one_line_naming_it(tiny_study, tmp_path, capsys):
+    recipe, out, args = tiny_study
     raw = json.loads(recipe.read_text())
     other = tmp_path / "other.json"  # the same points under other arms: none of the results is its run
     other.write_text(json.dumps({**raw, "arms": {"c": {}, "b": {"head_dropout": 0.2}},

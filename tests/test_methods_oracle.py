@@ -18,6 +18,7 @@ import math
 
 import numpy as np
 import pytest
+import tiny_runs
 import torch
 
 from data.batching import Batch
@@ -45,15 +46,7 @@ def tiny_model(seed: int = 0, pair_encoding: str = "cross") -> MultitaskBert:
 
 
 def _seq(g, B, T, pair=False):
-    ids = torch.randint(5, V, (B, T), generator=g)
-    ids[:, 0] = 2
-    mask = torch.ones(B, T, dtype=torch.long)
-    mask[-1, T - 2:] = 0
-    ids[-1, T - 2:] = 0
-    types = torch.zeros(B, T, dtype=torch.long)
-    if pair:
-        types[:, T // 2:] = 1
-    return {"input_ids": ids, "token_type_ids": types, "attention_mask": mask}
+    return tiny_runs.random_batch(g, B, T, V, padded=2, pair=pair)
 
 
 def task_batches(seed: int = 0, B: int = 4, T: int = 7) -> list[Batch]:

@@ -24,6 +24,20 @@ N = 12  # labelled examples per task (train = dev)
 STS_GOLD = [0.0, 0.4, 1.0, 1.0, 2.2, 2.5, 2.5, 2.5, 3.6, 4.0, 4.8, 5.0]  # ties, for Spearman's average ranks
 
 
+def random_batch(g: torch.Generator, B: int, T: int, vocab_size: int, padded: int = 1, pair: bool = False) -> dict:
+    """B random sequences of T ids (first id 2, [CLS]); the last sequence's final `padded` positions padding;
+    token types 1 from T // 2 on where `pair`."""
+    ids = torch.randint(5, vocab_size, (B, T), generator=g)
+    ids[:, 0] = 2
+    mask = torch.ones(B, T, dtype=torch.long)
+    mask[-1, T - padded:] = 0
+    ids[-1, T - padded:] = 0
+    types = torch.zeros(B, T, dtype=torch.long)
+    if pair:
+        types[:, T // 2:] = 1
+    return {"input_ids": ids, "token_type_ids": types, "attention_mask": mask}
+
+
 def sent(i: int, k: int = 3) -> str:
     return " ".join(WORDS[(i * 7 + j * 3) % len(WORDS)] for j in range(k))
 
