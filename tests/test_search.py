@@ -152,7 +152,7 @@ def test_grid_points_and_duplicates_follow_the_live_trials(tmp_path):
     assert E.next_grid_point(space, trials) is None
     late = t(5, "RUNNING", 0.2, None)
     assert E.duplicate_of(late, trials + [late]) == 2 and E.duplicate_of(trials[2], trials + [late]) is None
-    assert E.budget_left(space, trials) and not E.budget_left(NS(trials=4), trials)
+    assert E.budget_left(space, trials) and not E.budget_left(NS(trials=4, sampler="grid"), trials)
 
 
 @pytest.mark.parametrize("over, says", [
@@ -161,7 +161,8 @@ def test_grid_points_and_duplicates_follow_the_live_trials(tmp_path):
     ({"params": {"lr": {"low": 0.0, "high": 1e-2, "log": True}}}, "params.lr: a log range must be above zero"),
     ({"params": {"pooling": {"choices": ["cls", "max"]}}}, "params.pooling: the choice 'max' is not accepted"),
     ({"params": {"freeze_upto": {"choices": ["150%"]}}}, "params.freeze_upto: the choice '150%' is not accepted"),
-    ({"params": {"seed": {"choices": [1, 2]}}}, "params: seed is set by the search"),
+    ({"params": {"seed": {"choices": [1, 2]}}}, "params: seed is not searched"),
+    ({"params": {"overwrite": {"choices": [False]}}}, "params: overwrite is set by the search"),
     ({"objective": "loss"}, "objective must be one of"),
     ({"sampler": "grid"}, "sampler grid needs choices for every option"),
     ({"fixed": {"epochs": 0}}, "fixed: --epochs must be >= 1"),

@@ -42,7 +42,7 @@ def build_parser(prog: str = PROG) -> Parser:
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--sampler-seed", dest="seed", type=int, default=None,
                    help="the sampler's seed (default: the space's, else 0; "
-                   "each worker adds its process id and the number of trials so far, so that workers, and a "
+                   "each worker adds its process id and 100003 times the trials so far, so that workers, and a "
                    "restarted one, do not propose the same settings)")
     p.add_argument("--keep-checkpoints", action="store_true", help="keep every trial's best.pt")
     p.add_argument("--report-only", action="store_true", help="run no trial: write the summary")

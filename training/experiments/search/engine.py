@@ -8,8 +8,12 @@ Rules that keep several workers honest, all decided through the storage alone:
 - a trial left RUNNING by a worker that is gone (same machine, dead process) is marked FAIL when a
   worker starts, and its place in the budget (and, for the grid, its point) is free again;
 - a trial whose settings equal those of a lower-numbered live trial is a duplicate (two workers
-  picked the same grid point at once): it is marked FAIL unrun, and the lower number keeps the point;
-- the budget counts trials finished or running, so workers stop together.
+  picked the same grid point at once, or a sampler proposed settings already tried): it is marked FAIL
+  unrun, and the lower number keeps the point;
+- the budget counts trials finished or running, and the duplicates of a tpe or random sampler (a grid's
+  are races, whose point another trial holds), so workers stop together and a sampler that keeps
+  proposing tried settings cannot go on for ever; a space of fewer settings than the budget (choices
+  and integer ranges only) ends once each has been tried.
 """
 from __future__ import annotations
 
@@ -27,6 +31,7 @@ from pathlib import Path
 from training.common.processes import process_alive
 from training.config.train_config import TrainConfig
 from training.experiments.search.space import Space
+from training.experiments.search.summary import is_duplicate
 from training.run.trainer import train
 
 log = logging.getLogger(__name__)
@@ -201,7 +206,14 @@ def next_grid_point(space: Space, trials) -> dict | None:
 
 
 def budget_left(space: Space, trials) -> bool:
-    return len(_live(trials)) < space.trials
+    spent = len(_live(trials)) + (0 if space.sampler == "grid" else sum(map(is_duplicate, trials)))
+    return spent < space.trials
+
+
+def space_exhausted(space: Space, trials) -> bool:
+    """Whether live trials hold every setting of a space that has finitely many."""
+    settings = {json.dumps(t.params, sort_keys=True) for t in _live(trials) if len(t.params) == len(space.params)}
+    return len(settings) >= space.size
 
 
 def duplicate_of(trial, trials) -> int | None:
@@ -241,6 +253,9 @@ def run_trial(optuna, study, space: Space, base: TrainConfig, out: Path, seed: i
     budget (or the grid) is used up."""
     trials = study.get_trials(deepcopy=False)
     if not budget_left(space, trials):
+        return None
+    if space_exhausted(space, trials):
+        log.info("every one of the space's %d settings has been tried: no trial left to run", space.size)
         return None
     if space.sampler == "grid":
         point = next_grid_point(space, trials)

@@ -29,8 +29,8 @@ METRICS = (*METRIC.values(), "overall")
 COST = "train_seconds"
 SAMPLERS = ("tpe", "random", "grid")
 KEYS = {"objective", "trials", "sampler", "pruner", "fixed", "params", "seed"}
-# Options a trial's run directory and the search itself set
-NOT_SEARCHABLE = set(PER_RUN) - {"freeze_upto", "max_train_examples"}
+# Options a trial's run directory and the search itself set (the training seed is the user's: `fixed` may set it)
+NOT_SEARCHABLE = set(PER_RUN) - {"freeze_upto", "max_train_examples", "seed"} | {"overwrite"}
 
 
 @dataclass
@@ -41,11 +41,24 @@ class Param:
     log: bool = False
     choices: list | None = None
 
+    @property
+    def integer(self) -> bool:
+        """A range of an integer option with whole bounds: its settings are the integers in it."""
+        kind = TrainConfig.__dataclass_fields__[self.name].type
+        return (self.choices is None and str(kind).startswith("int") and float(self.low).is_integer()
+                and float(self.high).is_integer())
+
+    @property
+    def size(self) -> float:
+        """How many settings it has (infinite for a float range)."""
+        if self.choices is not None:
+            return len(self.choices)
+        return int(self.high) - int(self.low) + 1 if self.integer else math.inf
+
     def suggest(self, trial):
         if self.choices is not None:
             return trial.suggest_categorical(self.name, self.choices)
-        kind = TrainConfig.__dataclass_fields__[self.name].type
-        if str(kind).startswith("int") and float(self.low).is_integer() and float(self.high).is_integer():
+        if self.integer:
             return trial.suggest_int(self.name, int(self.low), int(self.high), log=self.log)
         return trial.suggest_float(self.name, self.low, self.high, log=self.log)
 
@@ -68,6 +81,11 @@ class Space:
 
     def grid(self) -> dict[str, list]:
         return {name: p.choices for name, p in self.params.items()}
+
+    @property
+    def size(self) -> float:
+        """How many distinct settings the space holds (infinite where a float range is searched)."""
+        return math.prod(p.size for p in self.params.values())
 
 
 def load_space(path: str | Path) -> Space:
@@ -97,13 +115,19 @@ def _space(path: Path, raw: dict) -> Space:
         raise ValueError(f"sampler must be one of {', '.join(SAMPLERS)}, not {sampler!r}")
     pruner = raw.get("pruner", "median")
     if not (pruner in ("median", "none") or (isinstance(pruner, dict) and set(pruner) == {"threshold"}
-                                             and isinstance(pruner["threshold"], (int, float)))):
+                                             and _finite_number(pruner["threshold"]))):
         raise ValueError(f"pruner must be \"median\", \"none\" or {{\"threshold\": X}}, not {pruner!r}")
-    fixed = raw.get("fixed", {})
+    fixed, params = raw.get("fixed", {}), raw.get("params") or {}
+    for key, value in (("fixed", fixed), ("params", params)):
+        if not isinstance(value, dict):
+            raise ValueError(f"{key} must be an object of options, {{\"option\": ...}}, not {value!r}")
+    seed = raw.get("seed", 0)
+    if not (isinstance(seed, int) and not isinstance(seed, bool)):
+        raise ValueError(f"seed must be an integer, not {seed!r}")
     problem = _options_problem(fixed)
     if problem:
         raise ValueError(f"fixed: {problem}")
-    params = {name: _param(name, spec) for name, spec in (raw.get("params") or {}).items()}
+    params = {name: _param(name, spec) for name, spec in params.items()}
     if not params:
         raise ValueError("params: nothing to search (give at least one option)")
     clash = sorted(set(params) & set(fixed))
@@ -113,7 +137,7 @@ def _space(path: Path, raw: dict) -> Space:
         ranged = next(n for n, p in params.items() if p.choices is None)
         raise ValueError(f"sampler grid needs choices for every option, not a range ({ranged})")
     directions = ["maximize"] + ["minimize"] * (len(objective) - 1)
-    return Space(path, objective, trials, sampler, pruner, fixed, params, raw.get("seed", 0), directions)
+    return Space(path, objective, trials, sampler, pruner, fixed, params, seed, directions)
 
 
 def _param(name: str, spec) -> Param:
@@ -121,6 +145,9 @@ def _param(name: str, spec) -> Param:
         raise ValueError(f"params: {name} is not a training option")
     if name in NOT_SEARCHABLE:
         raise ValueError(f"params: {name} is set by the search for each trial, not searched")
+    if name == "seed":  # the best of several seeds is the luckiest draw, not a better setting
+        raise ValueError("params: seed is not searched (a setting chosen over seeds is chosen for its luck); "
+                         "fix it in \"fixed\" if another than the default is wanted")
     if not isinstance(spec, dict):
         raise ValueError(f"params.{name}: expected {{\"low\", \"high\"[, \"log\"]}} or {{\"choices\": [...]}}")
     if "choices" in spec:
@@ -135,8 +162,10 @@ def _param(name: str, spec) -> Param:
     if not ({"low", "high"} <= set(spec) <= {"low", "high", "log"}):
         raise ValueError(f"params.{name}: a range needs low and high (and optionally log)")
     low, high, log = spec["low"], spec["high"], spec.get("log", False)
-    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in (low, high)):
+    if not all(_finite_number(v) for v in (low, high)):
         raise ValueError(f"params.{name}: low and high must be finite numbers")
+    if not isinstance(log, bool):
+        raise ValueError(f"params.{name}: log must be true or false, not {log!r}")
     if not low < high:
         raise ValueError(f"params.{name}: empty range [{low}, {high}] (low must be below high)")
     if log and low <= 0:
@@ -145,8 +174,12 @@ def _param(name: str, spec) -> Param:
         problem = _options_problem({name: v})
         if problem:
             raise ValueError(f"params.{name}: {v} is outside what the option accepts ({problem})")
-    return Param(name, low, high, bool(log))
+    return Param(name, low, high, log)
 
 
 def _options_problem(options: dict) -> str | None:
     return options_problem(options, NOT_SEARCHABLE, "set by the search for each trial")
+
+
+def _finite_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

@@ -14,11 +14,16 @@ from training.experiments.search.space import Space
 log = logging.getLogger(__name__)
 
 
+def is_duplicate(trial) -> bool:
+    """A trial told FAIL unrun: its settings were a lower-numbered live trial's."""
+    return trial.state.name == "FAIL" and trial.user_attrs.get("state_note", "").startswith("duplicate of trial")
+
+
 def rows(study, space: Space) -> list[dict]:
     out = []
     for t in study.get_trials(deepcopy=False):
-        if t.state.name == "FAIL" and "duplicate" in t.user_attrs.get("state_note", ""):
-            continue  # a point another worker ran: not a trial of the search
+        if is_duplicate(t):
+            continue  # settings another trial holds: not a trial of the search
         dev = t.user_attrs.get("dev", {})
         out.append({"trial": t.number, "state": t.state.name, **{f"param:{k}": t.params.get(k) for k in space.params},
                     "score": dev.get(space.objective[0]) if dev else _last_report(t),
@@ -40,6 +45,14 @@ def best_numbers(study, space: Space) -> list[int]:
     return [study.best_trial.number]
 
 
+def _repeats(study, space: Space) -> str:
+    """What the sampler's proposals of settings already tried cost (a grid's are workers' races: nothing)."""
+    n = sum(map(is_duplicate, study.get_trials(deepcopy=False)))
+    if not n or space.sampler == "grid":
+        return ""
+    return f" {n} proposal(s) repeated settings already tried: not run, counted in the budget."
+
+
 def front(table: list[dict]) -> list[dict]:
     """The completed trials no other completed trial beats on both dev score (up) and training seconds
     (down): for a given accuracy, the fastest settings. Sorted by training seconds."""
@@ -50,6 +63,12 @@ def front(table: list[dict]) -> list[dict]:
     return sorted(keep, key=lambda r: (r["train_seconds"], -r["score"]))
 
 
+def _by_score(row: dict) -> tuple:
+    """Completed trials by score, best first (a score of 0 is a score), then the rest by number."""
+    scored = row["state"] == "COMPLETE" and row["score"] is not None
+    return (-row["score"] if scored else math.inf, row["trial"])
+
+
 def markdown(study, space: Space, table: list[dict]) -> str:
     best = best_numbers(study, space)
     states = {s: sum(r["state"] == s for r in table) for s in ("COMPLETE", "PRUNED", "RUNNING", "FAIL")}
@@ -57,7 +76,8 @@ def markdown(study, space: Space, table: list[dict]) -> str:
             else f"dev {space.objective[0]} (up)")
     lines = [f"# Search: {space.path.name}", "",
              f"Objective: {what}. Trials: {', '.join(f'{n} {s.lower()}' for s, n in states.items() if n)} "
-             f"(budget {space.trials}; sampler {space.sampler}, pruner {space.pruner if not space.multi else 'none'}).",
+             f"(budget {space.trials}; sampler {space.sampler}, pruner {space.pruner if not space.multi else 'none'})."
+             + _repeats(study, space),
              f"Fixed options: `{space.fixed}`. Score: the trial's kept dev evaluation (pruned: its last one); "
              f"train s: training steps only.", ""]
     if best:
@@ -67,8 +87,7 @@ def markdown(study, space: Space, table: list[dict]) -> str:
     names = list(space.params)
     lines += ["| trial | state | " + " | ".join(names) + f" | dev {space.objective[0]} | train s | note |",
               "|---:|---|" + "---|" * len(names) + "---:|---:|---|"]
-    for r in sorted(table, key=lambda r: (-(r["score"] or -math.inf) if r["state"] == "COMPLETE" else math.inf,
-                                          r["trial"])):
+    for r in sorted(table, key=_by_score):
         mark = " **best**" if r["trial"] in best else ""
         params = " | ".join(_cell(r[f"param:{n}"]) for n in names)
         lines.append(f"| {r['trial']}{mark} | {r['state'].lower()} | {params}"
