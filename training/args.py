@@ -5,6 +5,7 @@ flag means one thing in every command. Commands import this; the library never d
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 from pathlib import Path
 from typing import Iterable, NoReturn
@@ -15,12 +16,20 @@ from training.config.freeze_spec import freeze_error
 from training.config.train_config import TrainConfig, default_of, dir_problem, flag_of, options
 
 
-def _opt_int(s: str) -> int | None:
-    return None if s.lower() in ("none", "off") else int(s)
+@functools.cache  # one function per kind and words: parsers built from the same fields compare equal
+def optional(kind: type, none_words: tuple[str, ...] = ()):
+    """A flag's type that also takes none/off (and the words --help shows for its default, e.g. all) for None."""
+    words = {"none", "off", *none_words}
 
-
-def _opt_float(s: str) -> float | None:
-    return None if s.lower() in ("none", "off") else float(s)
+    def parse(s: str):
+        if s.lower() in words:
+            return None
+        try:
+            return kind(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid {kind.__name__} value: {s!r} (or one of "
+                                             f"{', '.join(sorted(words))})") from None
+    return parse
 
 
 def depth_or_share(s: str) -> int | str | None:
@@ -113,16 +122,18 @@ def add_option(group, f, default=None, help_suffix: str = "") -> None:
     elif meta["onoff"]:
         group.add_argument(flag, choices=["off", "on"], default="on" if default else "off", help=text,
                            metavar=meta["metavar"])
-    elif kind == "bool":
-        if default:  # an off-switch
-            group.add_argument(f"--no-{flag[2:]}", dest=f.name, action="store_false", help=text)
-        else:
-            group.add_argument(flag, action="store_true", help=text)
+    elif kind == "bool":  # the switch --help lists, then its opposite, unlisted: it undoes a --config file's
+        on, off = flag, f"--no-{flag[2:]}"
+        listed, opposite = (off, on) if default else (on, off)
+        group.add_argument(listed, dest=f.name, action="store_false" if default else "store_true", help=text)
+        group.add_argument(opposite, dest=f.name, action="store_true" if default else "store_false",
+                           help=argparse.SUPPRESS)
     elif f.name == "tasks":
         group.add_argument(flag, nargs="+", choices=meta["choices"], default=list(default), help=text,
                            metavar=meta["metavar"])
     else:
-        parse = {"int": int, "float": float, "int | None": _opt_int, "float | None": _opt_float,
+        words = ("all",) if meta.get("default_text") == "all" else ()  # --help's word for the default
+        parse = {"int": int, "float": float, "int | None": optional(int, words), "float | None": optional(float, words),
                  "int | str | None": depth_or_share}.get(kind, str)
         group.add_argument(flag, type=parse, choices=meta["choices"], default=default, metavar=meta["metavar"],
                            help=text)

@@ -58,7 +58,7 @@ def parse(argv: list[str] | None = None, prog: str = PROG) -> tuple[argparse.Nam
         except ConfigError as e:
             parser.fail(str(e))
         # checked before argparse sees them: it would run a string default through the flag's type
-        errors = field_errors(TrainConfig.from_dict(values))
+        errors = field_errors(TrainConfig.from_dict(values), given=values)
         if errors:
             parser.exit(2, "".join(f"{prog}: error: --config {first.config}: {e}\n" for e in errors))
         parser.set_defaults(**defaults_from(values))

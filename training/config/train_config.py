@@ -331,7 +331,7 @@ def options_problem(options: dict, reserved=(), why: str = "") -> str | None:
     if taken:
         return f"{', '.join(taken)}: {why}"
     try:
-        errors = field_errors(TrainConfig(**options))
+        errors = field_errors(TrainConfig(**options), given=options)
     except TypeError as e:
         return str(e)
     return errors[0] if errors else None
@@ -397,7 +397,15 @@ def _type_error(f, value) -> str | None:
           "float": isinstance(value, (int, float)) and not isinstance(value, bool),
           "bool": isinstance(value, bool), "str": isinstance(value, str),
           "dict": isinstance(value, dict), "tuple": isinstance(value, (tuple, list))}.get(kind, True)
-    return None if ok else f"{flag_of(f.name)} must be {_kind(kind)}, not {value!r}"
+    return None if ok else f"{_named(f)} must be {_kind(kind)}, not {value!r}"
+
+
+def _named(f) -> str:
+    """A field as a refusal of its value names it: its flag, or, for an option on by default (whose flag is
+    the off-switch --no-X), its name with that switch."""
+    if str(f.type) == "bool" and default_of(f) is True:
+        return f"{f.name} (--no-{f.name.replace('_', '-')})"
+    return flag_of(f.name)
 
 
 def _kind(type_name: str) -> str:
@@ -406,16 +414,17 @@ def _kind(type_name: str) -> str:
     return f"{'an' if shown == 'int' else 'a'} {shown}"
 
 
-def field_errors(cfg: TrainConfig) -> list[str]:
-    """Each field's own type, choices and range (a feature's options only while the feature is on)."""
+def field_errors(cfg: TrainConfig, given=()) -> list[str]:
+    """Each field's own type, choices and range: a feature's options while the feature is on, and those
+    named in `given` (a --config file's, a recipe's: a flag may turn the feature on later)."""
     errors = []
     for f in options():
         value, meta = getattr(cfg, f.name), f.metadata
-        if meta["feature"] and not getattr(cfg, meta["feature"]):
+        if meta["feature"] and not getattr(cfg, meta["feature"]) and f.name not in given:
             continue
         if value is None:  # "none" where the option has one; a --config file's null elsewhere
             if "None" not in str(f.type).split(" | "):
-                errors.append(f"{flag_of(f.name)} must be {_kind(str(f.type))}, not None")
+                errors.append(f"{_named(f)} must be {_kind(str(f.type))}, not None")
             continue
         if f.name == "freeze_upto":
             errors += [e for e in (freeze_error(value),) if e]
@@ -427,6 +436,8 @@ def field_errors(cfg: TrainConfig) -> list[str]:
             errors.append(f"{flag_of(f.name)} must be one of {', '.join(meta['choices'])}, not {value!r}")
         elif f.name == "tasks" and (not value or any(t not in TASKS for t in value)):
             errors.append(f"--tasks must be some of {', '.join(TASKS)}, not {' '.join(map(str, value)) or 'none'}")
+        elif f.name == "tasks" and len(set(value)) < len(value):
+            errors.append(f"--tasks names a task more than once: {' '.join(value)}")
         elif meta["range"] is not None and not meta["range"].holds(value):
             errors.append(f"{flag_of(f.name)} must be {meta['range'].describe()}, not {value}")
         elif isinstance(value, float) and not math.isfinite(value):  # ranged or not (--smart-lambda)
