@@ -28,7 +28,7 @@ from training.common.progress import setup_logging
 from training.config.train_config import TrainConfig, validate
 from training.experiments.study.arms_cost import measured_where, read_cost, remaining_work
 from training.experiments.study.figures import FIGURES
-from training.experiments.study.protocol import ArmOverrides, role_of
+from training.experiments.study.protocol import ArmOverrides, foreign_run, role_of
 from training.experiments.study.recipe import Recipe, available, load_recipe
 from training.experiments.study.tables import MARKDOWN, write_csv
 from training.experiments.sweep.engine import Workers, default_runs_dir, model_layers, work, writable_problem
@@ -132,6 +132,9 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     records = read_results(results / RESULTS, repair=not (args.dry_run or args.report_only))
     if not (args.report_only or args.dry_run):  # reading the records is safe; only training must not mix settings
         errors += [e for e in [settings_clash(records, settings_of(base), results / RESULTS)] if e]
+    if recipe.kind == "arms":  # nor may a report, or a plan, take another recipe's runs for this one's
+        foreign = foreign_run(recipe, records)
+        errors += [f"{results / RESULTS}: {foreign}: another recipe's run; use another --out"] if foreign else []
     if errors:
         print(f"{prog}: error: {errors[0]}" + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""),
               file=sys.stderr)

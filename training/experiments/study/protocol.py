@@ -182,3 +182,32 @@ class ArmOverrides:
     def get(self, name: str, default=None) -> dict:
         arm, lr = split_run_arm(name)
         return {**self.recipe.arms.get(arm, {}), "lr": lr}
+
+
+def foreign_run(recipe, records: list[dict]) -> str | None:
+    """Why the first record that this arms recipe would take for one of its runs (its tasks, and a point's
+    depth, size and arm, at any seed and rate) is another recipe's, else None: a run key does not name the
+    tuning split nor an arm's options, so two recipes given one --out would take each other's runs. A
+    record of another split (or of none: a sweep's, whose kept epoch the dev sets chose) or of other arm
+    options is such a run."""
+    tasks, arms = "+".join(recipe.tasks), ArmOverrides(recipe)
+    points = {(recipe.depth(p["depth"]), p.get("size", recipe.sizes[0]), p["arm"]) for p in recipe.points}
+    split = (recipe.tuning_split["share"], recipe.tuning_split["seed"])
+    for r in records:
+        key = RunKey.of(r)
+        try:
+            arm, _ = split_run_arm(key.arm)
+        except ValueError:  # no rate in its arm: not a key this recipe makes
+            continue
+        if key.tasks != tasks or (key.depth, key.size, arm) not in points:
+            continue
+        theirs = r.get("split", {"share": split[0], "seed": split[1]})  # a tuned record names its split
+        if "tune" not in r or (theirs.get("share"), theirs.get("seed")) != split:
+            held = (f"a tuning split of share {theirs.get('share')}, seed {theirs.get('seed')}" if "tune" in r
+                    else "no tuning split (its kept epoch chosen on the dev sets)")
+            return (f"run {key.name} was recorded with {held}, where this recipe holds out share {split[0]}, "
+                    f"seed {split[1]}")
+        if "overrides" in r and r["overrides"] != arms.get(key.arm):
+            return (f"run {key.name} was trained with {r['overrides']}, where this recipe's arm {arm!r} at its "
+                    f"rate is {arms.get(key.arm)}")
+    return None

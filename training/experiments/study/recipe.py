@@ -246,10 +246,11 @@ def _extras_problem(raw: dict) -> str | None:
         return _arms_problem(raw)
     grid = raw.get("lr_grid")
     if grid is not None and not (isinstance(grid, dict) and set(grid) == {"lrs", "tuning_seeds"}
-                                 and _list_of(grid["lrs"], (int, float)) and all(x > 0 for x in grid["lrs"])
+                                 and _rates_ok(grid["lrs"])
                                  and _list_of(grid["tuning_seeds"], int)
                                  and set(grid["tuning_seeds"]) <= set(raw["seeds"])):
-        return "lr_grid must be {\"lrs\": [rates > 0], \"tuning_seeds\": [some of seeds]}"
+        return ("lr_grid must be {\"lrs\": [rates > 0, of 6 significant digits at most], "
+                "\"tuning_seeds\": [some of seeds]}")
     cost = raw.get("cost")
     if cost is not None and not (isinstance(cost, dict) and set(cost) == {"seeds", "overrides"}
                                  and _list_of(cost["seeds"], int) and set(cost["seeds"]) <= set(raw["seeds"])
@@ -281,8 +282,8 @@ def _arms_problem(raw: dict) -> str | None:
             and _rates_ok(grid["lrs"]) and _list_of(grid["tuning_seeds"], int) and grid["tuning_seeds"]
             and not set(grid["tuning_seeds"]) & set(raw["seeds"])
             and isinstance(grid.get("max_extensions", 0), int) and grid.get("max_extensions", 0) >= 0):
-        return ('lr_grid must be {"lrs": [rates > 0], "tuning_seeds": [seeds apart from the reporting seeds], '
-                '"max_extensions": N >= 0 (optional)}')
+        return ('lr_grid must be {"lrs": [rates > 0, of 6 significant digits at most], "tuning_seeds": [seeds apart '
+                'from the reporting seeds], "max_extensions": N >= 0 (optional)}')
     bad_seed = next((e for e in [*(seed_error(s, "lr_grid.tuning_seeds") for s in grid["tuning_seeds"]),
                                  seed_error(split["seed"], "tuning_split.seed")] if e), None)
     if bad_seed:
@@ -299,7 +300,8 @@ def _arms_problem(raw: dict) -> str | None:
                 and len({"lrs", *BORROWS} & set(p)) <= 1 and all(p[k] in labels for k in BORROWS if k in p)
                 and isinstance(p.get("published", ""), str)):
             return (f"points: {p!r} needs a unique label, a depth, one of the arms, at most one of lrs "
-                    f"(rates > 0), lr_of or runner_up_of (another point's label), and a size among sizes, a vs among "
+                    f"(rates > 0, of 6 significant digits at most), lr_of or runner_up_of (another point's label), "
+                    f"and a size among sizes, a vs among "
                     f"the labels and a published (text: the paper's figure the report quotes), if any")
     chained = [p["label"] for p in points if borrows(p) and borrows(points[labels.index(borrows(p))])]
     if chained:
@@ -313,7 +315,9 @@ def _arms_problem(raw: dict) -> str | None:
 
 
 def _rates_ok(lrs) -> bool:
-    return _list_of(lrs, (int, float)) and bool(lrs) and all(0 < x < math.inf for x in lrs)  # JSON has Infinity
+    """Rates > 0, each as its run's name writes it (6 significant digits: a run trains at its name's rate)."""
+    return (_list_of(lrs, (int, float)) and bool(lrs) and all(0 < x < math.inf for x in lrs)  # JSON has Infinity
+            and all(float(lr_arm(x)[2:]) == x for x in lrs))
 
 
 def options_problem(options: dict) -> str | None:

@@ -7,6 +7,7 @@ stratified: each label class gets its share of the full training set, rounded by
 from __future__ import annotations
 
 import csv
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +15,8 @@ from typing import Hashable, Sequence
 
 from data.loaders import LABEL_COLUMN, TEXT_COLUMNS, Example, load_task_file
 from training.config.train_config import TrainConfig
+
+log = logging.getLogger(__name__)
 
 TUNE = "tune"  # training_subsets' key of a task's tuning split: (task, TUNE)
 
@@ -88,7 +91,14 @@ def stratified_nested_subsets(labels: Sequence[Hashable], sizes: Sequence[int], 
         members.setdefault(y, []).append(i)
     rng = np.random.default_rng(seed)
     order = {k: [members[k][j] for j in rng.permutation(len(members[k]))] for k in sorted(members, key=_sort_key)}
-    counts = nested_counts({k: len(v) for k, v in members.items()}, sizes)
+    class_sizes = {k: len(v) for k, v in members.items()}
+    counts = nested_counts(class_sizes, sizes)
+    moved = [n for n in counts if counts[n] != largest_remainder(class_sizes, n)]
+    if moved:  # a run key (size, seed) then names other examples beside other sizes: say so
+        log.warning("subset size(s) %s: counts moved from largest remainder so that the subsets nest; the "
+                    "examples of such a size depend on the other sizes drawn with it (%s): recipes sharing "
+                    "a results file must list the same sizes", ", ".join(map(str, moved)),
+                    ", ".join(map(str, sorted(set(sizes)))))
     return {n: sorted(i for k, c in counts[n].items() for i in order[k][:c]) for n in sizes}
 
 
