@@ -157,7 +157,7 @@ def test_nan_losses_are_skipped_and_a_run_of_them_stops(files, tmp_path, monkeyp
     monkeypatch.setattr(T, "task_loss", lambda task, out, labels: real(task, out, labels) * float("nan"))
     code = cli_main(_args(ckpt, data, tmp_path / "b", "--max-bad-steps", "3"))
     err = capsys.readouterr().err
-    assert code == 1 and "3 consecutive non-finite steps, the last at step 2 on task" in err
+    assert code == 1 and "3 consecutive non-finite steps, the last at step 3 on task" in err
 
 
 def test_out_of_memory_names_the_batch_and_what_to_lower(files, tmp_path, monkeypatch, capsys):

@@ -64,10 +64,17 @@ def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.devi
         return torch.optim.AdamW(groups, lr=cfg.peak_lr())
 
 
+def warmup_steps(total_steps: int, warmup_ratio: float) -> int:
+    """The warm-up's updates: the share of the updates, rounded down, where a product within floating point's
+    rounding of a whole number is that number (50 * 0.58 is 28.999999999999996: 29 updates, not 28)."""
+    share = total_steps * warmup_ratio
+    return round(share) if abs(share - round(share)) < 1e-9 else math.floor(share)
+
+
 def linear_warmup_decay(optimizer, total_steps: int, warmup_ratio: float, group_factors: list | None = None):
     """Linear warm-up over warmup_ratio of the steps, then linear decay to 0. group_factors: one more
     factor per parameter group, f(step) (a freezing schedule's warm-up of the layers it unfreezes)."""
-    warmup = int(total_steps * warmup_ratio)
+    warmup = warmup_steps(total_steps, warmup_ratio)
 
     def factor(step: int) -> float:
         if step < warmup:
@@ -471,6 +478,7 @@ class Stepper:
         self.bad_steps += 1
         self.optimizer.zero_grad(set_to_none=True)
         self._schedule_on()
+        step += 1  # numbered as metrics.jsonl and the checkpoints number the updates, from 1
         log.warning("step %d (%s): non-finite loss or gradient (%s); step skipped (%d in a row)",
                     step, task, value, self.bad_steps)
         if self.bad_steps >= self.cfg.max_bad_steps:

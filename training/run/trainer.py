@@ -49,7 +49,7 @@ from training.inference.predictions import check_predictions_dir, write_run_pred
 from training.methods.cache_keeper import CacheKeeper
 from training.methods.freezing import FreezeSchedule
 from training.methods.peft import share, trainable_counts
-from training.methods.stepper import Stepper
+from training.methods.stepper import Stepper, warmup_steps
 from training.run.build import build_model, load_data, updates_for_epoch
 from training.run.checkpointing import RollingCheckpoints, load_model_state, save_checkpoint
 from training.run.preflight import check_disk, check_model, settle
@@ -247,7 +247,7 @@ class Run:
         total = self.steps_per_epoch * cfg.epochs
         self.schedule = FreezeSchedule(self.settings.schedule, self.settings.freeze_depth,
                                        self.settings.num_layers, self.steps_per_epoch, total,
-                                       int(total * cfg.warmup_ratio), cfg.peak_lr())
+                                       warmup_steps(total, cfg.warmup_ratio), cfg.peak_lr())
         if problem := self.schedule.check_length():
             raise ConfigError(problem)
         self.stepper = Stepper.build(self.model, cfg, total, self.device, self.amp_dtype, dist, self.schedule)
@@ -431,9 +431,11 @@ class Run:
         log.info("epoch %d: %d steps, padding efficiency %.2f (real tokens / tokens computed)",
                  epoch, len(schedule), eff)
         t0, built = time.time() - state.epoch_seconds, self.caches.seconds or 0.0
+        evaluating = 0.0  # seconds of this epoch's mid-epoch evaluations
 
         def epoch_start() -> float:  # the clock of the epoch's training: a cache a schedule builds mid-epoch
-            return t0 + (self.caches.seconds or 0.0) - built  # (freezing deeper) is not training, here or resumed
+            # (freezing deeper) is not training, here or resumed, nor is a mid-epoch evaluation
+            return t0 + (self.caches.seconds or 0.0) - built + evaluating
 
         todo = schedule[state.step_in_epoch:]
         mid_evals = eval_points(len(schedule), cfg.evals_per_epoch)[:-1]  # the last is the epoch end's
@@ -441,7 +443,9 @@ class Run:
         for update in bar:
             self.train_step(update, bar)
             if state.step_in_epoch in mid_evals:  # before the step's checkpoint, which then holds its best
+                began = time.time()
                 self.evaluate_mid_epoch(epoch, len(schedule))
+                evaluating += time.time() - began
                 if self.patience_spent():
                     self.stopped_early = True  # the rest of the epoch, its evaluation included, is not run
                     return
