@@ -145,13 +145,15 @@ def dev_frozen_cache(cfg: TrainConfig, model: MultitaskBert, dev: dict[str, Task
 
 def frozen_cache_per_rank(d, model, train, tokenizer, device, mode: str, cache_dir, compute_dtype=None):
     """The frozen-prefix cache of the WHOLE training set on every rank (a rank's slices change every
-    epoch). In memory: one copy per process, built at once; 'auto' counts the node's ranks against
-    its RAM. On disk: the ranks take turns, so the first rank on a filesystem writes the cache and
-    the others find and memory-map the same files (one copy in the page cache, no write races)."""
+    epoch). In memory: one copy per process, built at once; 'auto' counts each node's ranks against
+    its RAM, and takes the disk everywhere if one node is short (the ranks must make the same collective
+    calls: the disk's turns are barriers). On disk: the ranks take turns, so the first rank on a
+    filesystem writes the cache and the others find and memory-map the same files (one copy in the page
+    cache, no write races)."""
     if mode == "auto":
         size = estimate_bytes(train, model.encoder.config.hidden_size) * d.local_world_size
         ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        mode = "memory" if size < ram // 4 else "disk"
+        mode = "disk" if d.any(size >= ram // 4) else "memory"
     if mode != "disk":
         return build_frozen_cache(model, train, tokenizer, device, mode, compute_dtype=compute_dtype)
     cache = None
