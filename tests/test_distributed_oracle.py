@@ -36,7 +36,6 @@ import json
 import math
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -44,6 +43,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from test_distributed import _free_port
 from tiny_runs import VOCAB, make_encoder, sent
 
 from data.loaders import COURSE_FILES
@@ -203,12 +203,6 @@ sys.path[:0] = [{repo!r}, {tests!r}]
 from test_distributed_oracle import rank_runs
 rank_runs(Path(sys.argv[1]))
 """
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
