@@ -4,7 +4,7 @@ capped by a padded-token budget, on the three dev sets, in one run.
 Each arm is `training.evaluate.evaluate` over the same model and dev sets (the course files,
 MiniLM-L6 with freshly initialised heads: the timing and the agreement of the outputs do not
 depend on training). A round evaluates every arm once, the order rotating from round to round,
-after --warmup untimed rounds; a ratio is the median over rounds of (arm / default) within a round,
+after --warmup untimed rounds; a ratio is the median over rounds of (default / arm) within a round (> 1: faster),
 printed with its interquartile range. Also printed: batches, padding efficiency (real tokens /
 tokens computed) and the largest difference of any dev metric from the default arm's.
 

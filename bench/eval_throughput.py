@@ -12,7 +12,7 @@ interleaved after warm-up passes (A B C, then C B A, ...), so that background lo
 
 Every pass ends with its outputs on the CPU, as evaluation needs them. The table gives the median
 seconds per pass, pairs per second, and the median over passes of the per-pass ratio minbert /
-arm (below 1: ours is faster).
+arm with its interquartile range (below 1: ours is faster).
 
     python bench/eval_throughput.py                              # CUDA + bf16 where available
     python bench/eval_throughput.py --device cpu --max-examples 64 --passes 1 --warmup 0
@@ -24,7 +24,7 @@ import statistics
 import time
 
 import torch
-from common import data_parser  # noqa: E402  (puts the repository on sys.path)
+from common import data_parser, paired_ratios  # noqa: E402  (puts the repository on sys.path)
 
 from data.batching import EvalBatching, encode_task  # noqa: E402
 from data.loaders import load_task_file  # noqa: E402
@@ -134,11 +134,11 @@ def main(argv=None) -> None:
     print(f"# {path}: {n} pairs, cross-encoded, batch {args.batch_size}, {args.model}, --pooling {args.pooling}, "
           f"{'bf16 autocast' if bf16 else 'fp32'}, {device} ({name}), torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads; {args.passes} timed passes per arm after {args.warmup}")
-    print(f"{'arm':<16}{'median s/pass':>14}{'pairs/s':>10}{'minbert/arm':>13}")
+    print(f"{'arm':<16}{'median s/pass':>14}{'pairs/s':>10}{'minbert/arm [IQR]':>25}")
     for k in keys:
-        ratio = statistics.median(a / b for a, b in zip(times["minbert"], times[k]))
+        ratio, q1, q3 = paired_ratios(times["minbert"], times[k])
         med = statistics.median(times[k])
-        print(f"{k:<16}{med:>14.4f}{n / med:>10.0f}{ratio:>12.2f}x")
+        print(f"{k:<16}{med:>14.4f}{n / med:>10.0f}{ratio:>12.2f}x [{q1:.2f}-{q3:.2f}]")
 
 
 if __name__ == "__main__":

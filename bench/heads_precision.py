@@ -8,6 +8,7 @@ score to steps of 1/32 above 4).
 """
 from __future__ import annotations
 
+import statistics
 import sys
 from pathlib import Path
 
@@ -66,7 +67,7 @@ def main(argv=None) -> int:
     print(f"{cpu_model()}, {torch.get_num_threads()} thread(s), bf16 autocast, batch {args.batch_size} STS pairs, "
           f"{args.steps} rounds, {clock_name}")
     for name, ts in times.items():
-        print(f"  {name:15s} median {sorted(ts)[len(ts) // 2] * 1000:8.1f} ms per step")
+        print(f"  {name:15s} median {statistics.median(ts) * 1000:8.1f} ms per step")
     print(f"  fp32 heads / autocast heads: {med:.3f} [IQR {q1:.3f}-{q3:.3f}] (target <= 1.02)")
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         for name, model in arms.items():

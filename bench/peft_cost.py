@@ -127,7 +127,8 @@ def time_arms(arms: dict, args, dev) -> tuple[dict, dict]:
                 stepper.step([b], i)
             if dev.type == "cuda":
                 torch.cuda.synchronize()
-                peaks[name] = max(peaks[name], torch.cuda.max_memory_allocated() / 2**20)
+                if i >= args.warmup:  # the timed steps' peak, as the docstring says: not the warm-up's
+                    peaks[name] = max(peaks[name], torch.cuda.max_memory_allocated() / 2**20)
             if i >= args.warmup:
                 times[name].append((clock() - t0) / len(batches))
     return times, peaks

@@ -17,7 +17,8 @@ kernels replayed as CUDA graphs, one per batch shape (three here), which is what
 step would gain from.
 
 Rounds (one step on each of the three batches) are interleaved over the arms, order reversed
-every other round, after warm-up rounds that also absorb compilation; medians are reported.
+every other round, after warm-up rounds that also absorb compilation; medians are reported, and each
+arm's speed-up is the median of its per-round ratios to fp32 with their interquartile range.
 The last column is how far each arm's loss after the timed steps is from fp32's, a first check
 that bf16 trains the same way (eager arms draw the same dropout masks; compiled code draws its own,
 so its column also holds dropout noise). The accuracy check is a real run: see docs/benchmarks.md.
@@ -36,7 +37,7 @@ import statistics
 import time
 
 import torch
-from common import step_bench_parser  # noqa: E402  (puts the repository on sys.path)
+from common import paired_ratios, step_bench_parser  # noqa: E402  (puts the repository on sys.path)
 from smart_cost import task_batches  # noqa: E402
 
 from data.batching import make_batch  # noqa: E402
@@ -107,11 +108,11 @@ def main(argv=None) -> None:
           f"{platform.processor() or platform.machine()}")
     print(f"# {args.steps} timed rounds per arm after {args.warmup} warm-up, interleaved; seconds per step "
           f"(mean of the three task steps in a round), median and min over rounds")
-    print(f"{'arm':<16}{'median':>9}{'min':>9}{'speed-up':>10}  {'loss - fp32 loss after the last round':>38}")
-    base = statistics.median(times["fp32"])
+    print(f"{'arm':<16}{'median':>9}{'min':>9}{'speed-up [IQR]':>22}  {'loss - fp32 loss after the last round':>38}")
     for k in keys:
-        med = statistics.median(times[k])
-        print(f"{k:<16}{med:>9.3f}{min(times[k]):>9.3f}{base / med:>9.2f}x  {last_loss[k] - last_loss['fp32']:>+38.4f}")
+        up, q1, q3 = paired_ratios(times["fp32"], times[k])  # fp32's round over the arm's: > 1 is faster
+        print(f"{k:<16}{statistics.median(times[k]):>9.3f}{min(times[k]):>9.3f}{up:>9.2f}x [{q1:.2f}-{q3:.2f}]"
+              f"  {last_loss[k] - last_loss['fp32']:>+38.4f}")
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from common import data_parser  # noqa: E402  (puts the repository on sys.path)
+from common import data_parser, paired_ratios  # noqa: E402  (puts the repository on sys.path)
 
 from data.loaders import load_task_split  # noqa: E402
 from training.common.device import machine_name  # noqa: E402
@@ -164,9 +164,11 @@ def report(args, names: list[str], runs: dict[str, list[dict]], figures: dict[st
               + (f" ({len(got)}/{len(reach)} rounds)" if got and len(got) < len(reach) else "")
               + (f"  {fig['cuda_peak_mib']:.0f}" if fig["cuda_peak_mib"] is not None else ""))
     for name in names:
-        if name + NOCACHE in runs:
-            on, off = figures[name]["s_per_epoch"][0], figures[name + NOCACHE]["s_per_epoch"][0]
-            gain = f"{off / on:.2f}x" if on > 0 else "n/a (epochs under the clock's resolution)"
+        if name + NOCACHE in runs:  # per round: the cache-off run's mean epoch over the cache-on run's
+            on = [statistics.mean(r["epochs"]) for r in runs[name]]
+            off = [statistics.mean(r["epochs"]) for r in runs[name + NOCACHE]]
+            gain = ("n/a (epochs under the clock's resolution)" if min(on) <= 0
+                    else "{:.2f}x [IQR {:.2f}-{:.2f}]".format(*paired_ratios(off, on)))
             print(f"cache gain per epoch, {name}: {gain}")
 
 
