@@ -64,8 +64,9 @@ def training_seconds(rows: list[dict]) -> float:
 
 
 def truncate_metrics(path: Path, step: int) -> None:
-    """Drop the records after `step` from metrics.jsonl: a resumed run writes those steps again. A torn
-    or damaged line is dropped with a warning."""
+    """Drop the records after `step` from metrics.jsonl, and those written in a later update (a depth change
+    recorded as its update begins: written_in_step): a resumed run writes those again. A torn or damaged
+    line is dropped with a warning."""
     if not path.is_file():
         return
     text = path.read_bytes().decode("utf-8", errors="replace")
@@ -73,7 +74,8 @@ def truncate_metrics(path: Path, step: int) -> None:
     if bad:
         log.warning("%s: dropped line(s) %s, not a whole JSON record (a write cut short by a crash?)", path,
                     ", ".join(map(str, bad)))
-    keep = "".join(x for x in lines if json.loads(x).get("step", 0) <= step)
+    keep = "".join(x for x in lines if (r := json.loads(x)).get("step", 0) <= step
+                   and r.get("written_in_step", 0) <= step)
     if keep == text:
         return
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")

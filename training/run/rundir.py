@@ -49,9 +49,12 @@ def find_resume_checkpoint(cfg: TrainConfig, out_dir: Path, quiet: bool = False)
     old, may_differ = ckpt["config"], resume_may_differ()
     diff = [f"--{k.replace('_', '-')} was {old.get(k)!r}, now {v!r}" for k, v in cfg.to_dict().items()
             if k not in may_differ and old.get(k) != v]
-    if (old.get("frozen_cache") == "off") != (cfg.frozen_cache == "off"):  # the cache keeps the prefix in fp16
-        diff.append(f"--frozen-cache was {old.get('frozen_cache')!r}, now {cfg.frozen_cache!r} (on and off give "
-                    f"different numbers)")
+    # the cache keeps the prefix in fp16, and auto runs a phase too short to be worth one without it: only
+    # memory and disk, the same cache in two places, may stand for each other
+    caches = {old.get("frozen_cache"), cfg.frozen_cache}
+    if len(caches) > 1 and caches != {"memory", "disk"}:
+        diff.append(f"--frozen-cache was {old.get('frozen_cache')!r}, now {cfg.frozen_cache!r} (only memory and disk "
+                    f"give the same numbers)")
     if diff:
         hint = f". {more_epochs_hint(cfg, out_dir)}" if old.get("epochs") != cfg.epochs else ""
         raise ConfigError(f"--resume {path}: the checkpoint comes from an incompatible config: {'; '.join(diff)}{hint}")

@@ -468,7 +468,7 @@ class Run:
     def train_step(self, update: list[list[TaskBatch]], bar) -> None:
         """One optimiser update from the steps of `update` (one, or --grad-accum-steps of them)."""
         state = self.state
-        self.follow_schedule(self.schedule.depth_at(state.global_step))
+        self.follow_schedule(self.schedule.depth_at(state.global_step), in_update=state.global_step + 1)
         parts = self.stepper.take(update, self.load_batch, state.global_step)
         state.step_in_epoch += 1
         state.global_step += 1
@@ -506,9 +506,10 @@ class Run:
         """The updates left in the phase holding `step` (None for a fixed depth: the whole run)."""
         return self.schedule.phase_end(step) - step if self.schedule.scheduled else None
 
-    def follow_schedule(self, depth: int | None) -> None:
+    def follow_schedule(self, depth: int | None, in_update: int | None = None) -> None:
         """The model at `depth` from the next update on, with the caches that serve it, and the change
-        logged and recorded."""
+        logged and recorded. in_update: the update this is called in, when that is after the previous
+        update's checkpoint (its record says so: a resume from that checkpoint drops it and writes it again)."""
         model, state = self.model, self.state
         if depth == model.frozen_upto:
             return
@@ -522,7 +523,8 @@ class Run:
         log.info("step %d: %s (--freeze-upto %s from here)", state.global_step, what, depth)
         self.caches.serve(self.phase_steps(state.global_step))
         if self.main and self.metrics_log is not None:
-            self.metrics_log.write({"step": state.global_step, "epoch": state.epoch, "frozen_depth": depth})
+            self.metrics_log.write({"step": state.global_step, "epoch": state.epoch, "frozen_depth": depth,
+                                    **({"written_in_step": in_update} if in_update is not None else {})})
 
     def end_epoch(self, epoch: int, train_time: float, padding_eff: float) -> None:
         """The epoch's record and dev evaluation (rank 0), then the loop state of the next epoch."""
