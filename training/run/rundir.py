@@ -51,7 +51,7 @@ def find_resume_checkpoint(cfg: TrainConfig, out_dir: Path, quiet: bool = False)
             if k not in may_differ and old.get(k) != v]
     # the cache keeps the prefix in fp16, and auto runs a phase too short to be worth one without it: only
     # memory and disk, the same cache in two places, may stand for each other
-    caches = {old.get("frozen_cache"), cfg.frozen_cache}
+    caches = {old.get("frozen_cache", cfg.frozen_cache), cfg.frozen_cache}
     if len(caches) > 1 and caches != {"memory", "disk"}:
         diff.append(f"--frozen-cache was {old.get('frozen_cache')!r}, now {cfg.frozen_cache!r} (only memory and disk "
                     f"give the same numbers)")
