@@ -22,7 +22,8 @@ from training.config.train_config import TrainConfig, validate
 from training.experiments.study import aggregate as A
 from training.experiments.study import cli as C
 from training.experiments.study import tables as T
-from training.experiments.study.recipe import COST_ARM, Recipe, load_recipe, lr_arm
+from training.experiments.study.protocol import lr_name
+from training.experiments.study.recipe import COST_ARM, Recipe, load_recipe
 from training.experiments.sweep import engine
 from training.experiments.sweep import measure as measure_mod
 from training.experiments.sweep import records as sweep_records
@@ -190,7 +191,7 @@ def test_the_minilm_scale_twins_train_each_point_at_its_runner_up_rate_with_the_
     done = {sweep_records.RunKey.of(r) for r in records}
     todo = [k for k in twins.resolve(6).plan(records) if k not in done]
     assert len(todo) == 15 and {k.seed for k in todo} == {1, 2, 3, 4, 5}
-    assert {(k.depth, k.arm) for k in todo} == {(d, lr_arm(runner_up[d])) for d in runner_up}
+    assert {(k.depth, k.arm) for k in todo} == {(d, lr_name(runner_up[d])) for d in runner_up}
 
 
 def test_the_12_layer_post_hoc_pair_reads_the_studies_own_points_and_trains_nothing():
@@ -225,16 +226,16 @@ def test_the_grid_then_tuning_then_each_depths_best_rate(tmp_path):
     r = recipe(tmp_path, lr_grid={"lrs": [1e-2, 1e-1], "tuning_seeds": [1]}, cost={"seeds": [1], "overrides":
                                                                                       {"frozen_cache": "off"}})
     grid = [sweep_records.RunKey(TASKS, d, 6, s) for s in (1, 2) for d in (None, 1, 2)]
-    tuning = [sweep_records.RunKey(TASKS, d, 6, 1, lr_arm(lr)) for d in (1, 2) for lr in (1e-2, 1e-1)]
+    tuning = [sweep_records.RunKey(TASKS, d, 6, 1, lr_name(lr)) for d in (1, 2) for lr in (1e-2, 1e-1)]
     cost = [sweep_records.RunKey(TASKS, d, 6, 1, COST_ARM) for d in (1, 2)]
     assert r.plan([]) == grid + tuning + cost
     # depth 1: 1e-2 wins on the tuning seed; depth 2: a tie with --lr (1e-3) keeps --lr; so seed 2 runs depth 1 at 1e-2
-    done = [record(1, 1, dev(0.3, 0.6, 0.2)), record(1, 1, dev(0.4, 0.6, 0.2), lr_arm(1e-2)),
-            record(1, 1, dev(0.1, 0.6, 0.2), lr_arm(1e-1)),
-            record(2, 1, dev(0.3, 0.6, 0.2)), record(2, 1, dev(0.3, 0.6, 0.2), lr_arm(1e-2)),
-            record(2, 1, dev(0.2, 0.6, 0.2), lr_arm(1e-1))]
+    done = [record(1, 1, dev(0.3, 0.6, 0.2)), record(1, 1, dev(0.4, 0.6, 0.2), lr_name(1e-2)),
+            record(1, 1, dev(0.1, 0.6, 0.2), lr_name(1e-1)),
+            record(2, 1, dev(0.3, 0.6, 0.2)), record(2, 1, dev(0.3, 0.6, 0.2), lr_name(1e-2)),
+            record(2, 1, dev(0.2, 0.6, 0.2), lr_name(1e-1))]
     assert r.best_lrs(done) == {(1, 6): 1e-2, (2, 6): 1e-3}
-    assert r.plan(done) == grid + tuning + [sweep_records.RunKey(TASKS, 1, 6, 2, lr_arm(1e-2))] + cost
+    assert r.plan(done) == grid + tuning + [sweep_records.RunKey(TASKS, 1, 6, 2, lr_name(1e-2))] + cost
     assert r.best_lrs(done[:-1]) == {(1, 6): 1e-2}  # depth 2's tuning not all in: no decision yet
     assert r.all_arms() == {"": {}, "lr0.01": {"lr": 1e-2}, "lr0.1": {"lr": 1e-1}, COST_ARM: {"frozen_cache": "off"}}
 

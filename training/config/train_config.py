@@ -404,7 +404,7 @@ def _named(f) -> str:
     """A field as a refusal of its value names it: its flag, or, for an option on by default (whose flag is
     the off-switch --no-X), its name with that switch."""
     if str(f.type) == "bool" and default_of(f) is True:
-        return f"{f.name} (--no-{f.name.replace('_', '-')})"
+        return f"{f.name} (--no-{flag_of(f.name)[2:]})"
     return flag_of(f.name)
 
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from training.experiments.study.recipe import COST_ARM, Recipe, lr_arm
+from training.experiments.study.protocol import lr_name
+from training.experiments.study.recipe import COST_ARM, Recipe
 from training.experiments.sweep.records import RunKey
 from training.results.statistics import paired_tests
 from training.results.summary import metric_names, summarize
@@ -75,7 +76,7 @@ def arm_for(recipe: Recipe, records: list[dict], protocol: str):
 
     def arm(d, n, s):
         lr = best.get((d, n))
-        return "" if d is None or lr is None or lr == base_lr else lr_arm(lr)
+        return "" if d is None or lr is None or lr == base_lr else lr_name(lr)
     return arm
 
 

@@ -38,7 +38,7 @@ from training.common.errors import ConfigError
 from training.config.freeze_spec import freeze_depth, freeze_error
 from training.config.train_config import TrainConfig, read_json_object, seed_error
 from training.config.train_config import options_problem as config_options_problem
-from training.experiments.study.protocol import BORROWS, borrows
+from training.experiments.study.protocol import BORROWS, borrows, lr_name, split_run_arm
 from training.experiments.sweep.records import PER_RUN, RunKey
 
 RECIPES = Path(__file__).with_name("recipes")
@@ -51,10 +51,6 @@ COST_ARM = "nocache"
 # the point it is measured against (vs); what its paper reported, quoted beside its result (published); or
 # the rate another point's tuning ranked second (runner_up_of: does a near tie decide that point's result?)
 POINT_KEYS = {"label", "depth", "arm", "lrs", "lr_of", "runner_up_of", "size", "vs", "published"}
-
-
-def lr_arm(lr: float) -> str:
-    return f"lr{lr:g}"
 
 
 @dataclass
@@ -105,7 +101,7 @@ class Recipe:
         runs add their rate to their point's arm: protocol.ArmOverrides)."""
         arms = dict(self.arms)
         if self.lr_grid and self.kind != "arms":
-            arms.update({lr_arm(lr): {"lr": lr} for lr in self.lr_grid["lrs"]})
+            arms.update({lr_name(lr): {"lr": lr} for lr in self.lr_grid["lrs"]})
         if self.cost:
             arms[COST_ARM] = dict(self.cost["overrides"])
         return arms
@@ -141,7 +137,7 @@ class Recipe:
 
     def tuning_keys(self) -> list[RunKey]:
         name = "+".join(self.tasks)
-        return [RunKey(name, d, n, s, lr_arm(lr)) for s in self.lr_grid["tuning_seeds"] for n in self.sizes
+        return [RunKey(name, d, n, s, lr_name(lr)) for s in self.lr_grid["tuning_seeds"] for n in self.sizes
                 for d in self.grid_depths() for lr in self.lr_grid["lrs"]]
 
     def best_lrs(self, records: list[dict]) -> dict[tuple, float]:
@@ -152,7 +148,7 @@ class Recipe:
         name, out = "+".join(self.tasks), {}
         for n in self.sizes:
             for d in self.grid_depths():
-                candidates = {base_lr: ""} | {lr: lr_arm(lr) for lr in self.lr_grid["lrs"]}
+                candidates = {base_lr: ""} | {lr: lr_name(lr) for lr in self.lr_grid["lrs"]}
                 scores = {}
                 for lr, arm in candidates.items():
                     runs = [by_key.get(RunKey(name, d, n, s, arm)) for s in self.lr_grid["tuning_seeds"]]
@@ -166,7 +162,7 @@ class Recipe:
     def tuned_keys(self, records: list[dict]) -> list[RunKey]:
         name, base_lr = "+".join(self.tasks), self.base_lr
         others = [s for s in self.seeds if s not in self.lr_grid["tuning_seeds"]]
-        return [RunKey(name, d, n, s, lr_arm(lr)) for (d, n), lr in self.best_lrs(records).items()
+        return [RunKey(name, d, n, s, lr_name(lr)) for (d, n), lr in self.best_lrs(records).items()
                 if lr != base_lr for s in others]
 
     # ------------------------------------------------------------------ loading
@@ -317,7 +313,7 @@ def _arms_problem(raw: dict) -> str | None:
 def _rates_ok(lrs) -> bool:
     """Rates > 0, each as its run's name writes it (6 significant digits: a run trains at its name's rate)."""
     return (_list_of(lrs, (int, float)) and bool(lrs) and all(0 < x < math.inf for x in lrs)  # JSON has Infinity
-            and all(float(lr_arm(x)[2:]) == x for x in lrs))
+            and all(split_run_arm(lr_name(x))[1] == x for x in lrs))
 
 
 def options_problem(options: dict) -> str | None:
